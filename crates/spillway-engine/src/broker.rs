@@ -1,0 +1,1131 @@
+//! The broker: every operation a session can perform, as methods on the state
+//! behind the engine's one lock. Methods never wait: what must reach the disk
+//! is handed to the [`StoreWriter`] in order, what must reach a client is sent
+//! on its session's event channel.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use amq_protocol_types::{AMQPValue, FieldTable};
+use rand::distr::{Alphanumeric, SampleString};
+use spillway_proto::engine::{self as pb, session_event::Event, AmqpError, SessionEvent};
+use spillway_proto::storage::{self as store, write_op, WriteOp};
+use tokio::sync::oneshot;
+
+use crate::errors::{self, codes};
+use crate::model::*;
+use crate::persistence::StoreWriter;
+use crate::routing::{headers_match, topic_matches, values_equal, ExchangeKind};
+
+pub type OpResult<T> = Result<T, AmqpError>;
+
+pub struct Broker {
+    pub vhosts: HashMap<String, VHost>,
+    pub sessions: HashMap<SessionId, SessionState>,
+    next_message_id: u64,
+    persist: StoreWriter,
+    /// Deliveries in flight to one gateway session before it must report
+    /// them written.
+    session_credit: u32,
+}
+
+/// What publishing did, for the session to confirm.
+pub enum PublishOutcome {
+    /// Nothing to wait for.
+    Done,
+    /// Confirm once this fires: the message is on disk.
+    AfterWrite(oneshot::Receiver<()>),
+}
+
+impl Broker {
+    pub fn new(persist: StoreWriter, session_credit: u32) -> Self {
+        let mut vhosts = HashMap::new();
+        vhosts.insert("/".to_string(), VHost::new("/"));
+        Self {
+            vhosts,
+            sessions: HashMap::new(),
+            next_message_id: 1,
+            persist,
+            session_credit: session_credit.max(1),
+        }
+    }
+
+    pub fn set_next_message_id(&mut self, next: u64) {
+        self.next_message_id = self.next_message_id.max(next);
+    }
+
+    // ------------------------------------------------------------ sessions
+
+    pub fn open_session(
+        &mut self,
+        id: SessionId,
+        open: &pb::OpenSession,
+        events: tokio::sync::mpsc::UnboundedSender<SessionEvent>,
+    ) -> OpResult<()> {
+        if !self.vhosts.contains_key(&open.vhost) {
+            return Err(errors::error(
+                codes::NOT_ALLOWED,
+                format!("vhost '{}' not found", open.vhost),
+            ));
+        }
+        self.sessions.insert(
+            id,
+            SessionState {
+                vhost: open.vhost.clone(),
+                user: open.user.clone(),
+                client_address: open.client_address.clone(),
+                events,
+                channels: HashMap::new(),
+                credit: self.session_credit,
+            },
+        );
+        tracing::debug!(session = id, vhost = %open.vhost, user = %open.user, "session opened");
+        Ok(())
+    }
+
+    pub fn close_session(&mut self, id: SessionId) {
+        let Some(session) = self.sessions.get(&id) else {
+            return;
+        };
+        let channels: Vec<ChannelId> = session.channels.keys().copied().collect();
+        let vhost = session.vhost.clone();
+        for channel in channels {
+            self.close_channel(id, channel);
+        }
+        let exclusive: Vec<String> = self
+            .vhosts
+            .get(&vhost)
+            .map(|v| {
+                v.queues
+                    .values()
+                    .filter(|q| q.exclusive_owner == Some(id))
+                    .map(|q| q.name.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        for queue in exclusive {
+            self.remove_queue(&vhost, &queue);
+        }
+        self.sessions.remove(&id);
+    }
+
+    pub fn open_channel(&mut self, session: SessionId, channel: ChannelId) -> OpResult<()> {
+        let state = self.session_mut(session)?;
+        if state.channels.contains_key(&channel) {
+            return Err(errors::error(
+                codes::CHANNEL_ERROR,
+                format!("channel {channel} already open"),
+            ));
+        }
+        state.channels.insert(channel, ChannelState::default());
+        Ok(())
+    }
+
+    /// Cancels the channel's consumers and requeues its unacked deliveries.
+    pub fn close_channel(&mut self, session: SessionId, channel: ChannelId) {
+        let Some(state) = self.sessions.get_mut(&session) else {
+            return;
+        };
+        let vhost = state.vhost.clone();
+        let Some(channel_state) = state.channels.remove(&channel) else {
+            return;
+        };
+        let mut touched = Vec::new();
+        for (tag, consumer) in &channel_state.consumers {
+            self.detach_consumer(&vhost, &consumer.queue, session, channel, tag);
+            touched.push(consumer.queue.clone());
+        }
+        for (_, unacked) in channel_state.unacked.into_iter().rev() {
+            if let Some(queue) = self.queue_mut_opt(&vhost, &unacked.queue) {
+                queue.requeue(unacked.message);
+                touched.push(unacked.queue);
+            }
+        }
+        touched.sort();
+        touched.dedup();
+        for queue in &touched {
+            self.auto_delete_if_unused(&vhost, queue);
+            self.dispatch(&vhost, queue);
+        }
+    }
+
+    // ------------------------------------------------------------ exchanges
+
+    pub fn declare_exchange(&mut self, session: SessionId, cmd: &pb::ExchangeDeclare) -> OpResult<()> {
+        let vhost_name = self.session_vhost(session)?;
+        let vhost = self.vhost_mut(&vhost_name)?;
+        if let Some(existing) = vhost.exchanges.get(&cmd.exchange) {
+            if cmd.passive {
+                return Ok(());
+            }
+            if existing.kind.as_str() != cmd.kind {
+                return Err(errors::error(
+                    codes::PRECONDITION_FAILED,
+                    format!(
+                        "inequivalent arg 'type' for exchange '{}' in vhost '{}': received '{}' but current is '{}'",
+                        cmd.exchange, vhost_name, cmd.kind, existing.kind.as_str()
+                    ),
+                ));
+            }
+            if existing.durable != cmd.durable && !existing.is_builtin() {
+                return Err(errors::inequivalent("durable", "exchange", &cmd.exchange, &vhost_name, cmd.durable, existing.durable));
+            }
+            if existing.auto_delete != cmd.auto_delete && !existing.is_builtin() {
+                return Err(errors::inequivalent("auto_delete", "exchange", &cmd.exchange, &vhost_name, cmd.auto_delete, existing.auto_delete));
+            }
+            if existing.is_builtin() && !cmd.exchange.is_empty() {
+                return Ok(());
+            }
+            if cmd.exchange.is_empty() {
+                return Err(errors::error(codes::ACCESS_REFUSED, "operation not permitted on the default exchange"));
+            }
+            return Ok(());
+        }
+        if cmd.passive {
+            return Err(errors::error(
+                codes::NOT_FOUND,
+                format!("no exchange '{}' in vhost '{}'", cmd.exchange, vhost_name),
+            ));
+        }
+        let Some(kind) = ExchangeKind::parse(&cmd.kind) else {
+            return Err(errors::error(
+                codes::COMMAND_INVALID,
+                format!("invalid exchange type '{}'", cmd.kind),
+            ));
+        };
+        if cmd.exchange.starts_with("amq.") {
+            return Err(errors::error(
+                codes::ACCESS_REFUSED,
+                format!(
+                    "exchange name '{}' contains reserved prefix 'amq.*'",
+                    cmd.exchange
+                ),
+            ));
+        }
+        errors::decode_table(&cmd.arguments)?;
+        let exchange = Exchange {
+            name: cmd.exchange.clone(),
+            kind,
+            durable: cmd.durable,
+            auto_delete: cmd.auto_delete,
+            internal: cmd.internal,
+            arguments: cmd.arguments.clone(),
+            bindings: Vec::new(),
+        };
+        if exchange.durable {
+            self.persist.submit(
+                vec![op(write_op::Op::PutExchange(store::ExchangeDefinition {
+                    vhost: vhost_name.clone(),
+                    name: exchange.name.clone(),
+                    kind: cmd.kind.clone(),
+                    auto_delete: exchange.auto_delete,
+                    internal: exchange.internal,
+                    arguments: exchange.arguments.clone(),
+                }))],
+                None,
+            );
+        }
+        let vhost = self.vhost_mut(&vhost_name)?;
+        vhost.exchanges.insert(cmd.exchange.clone(), exchange);
+        Ok(())
+    }
+
+    pub fn delete_exchange(&mut self, session: SessionId, cmd: &pb::ExchangeDelete) -> OpResult<()> {
+        let vhost_name = self.session_vhost(session)?;
+        let vhost = self.vhost_mut(&vhost_name)?;
+        let Some(exchange) = vhost.exchanges.get(&cmd.exchange) else {
+            return Ok(());
+        };
+        if exchange.is_builtin() {
+            return Err(errors::error(
+                codes::ACCESS_REFUSED,
+                format!("operation not permitted on exchange '{}'", cmd.exchange),
+            ));
+        }
+        if cmd.if_unused && !exchange.bindings.is_empty() {
+            return Err(errors::error(
+                codes::PRECONDITION_FAILED,
+                format!("exchange '{}' in vhost '{}' in use", cmd.exchange, vhost_name),
+            ));
+        }
+        self.remove_exchange(&vhost_name, &cmd.exchange);
+        Ok(())
+    }
+
+    fn remove_exchange(&mut self, vhost_name: &str, name: &str) {
+        let Some(vhost) = self.vhosts.get_mut(vhost_name) else {
+            return;
+        };
+        let Some(exchange) = vhost.exchanges.remove(name) else {
+            return;
+        };
+        if exchange.durable {
+            let mut ops: Vec<WriteOp> = exchange
+                .bindings
+                .iter()
+                .map(|b| op(write_op::Op::DeleteBinding(binding_definition(vhost_name, name, b))))
+                .collect();
+            ops.push(op(write_op::Op::DeleteExchange(store::ExchangeKey {
+                vhost: vhost_name.to_string(),
+                name: name.to_string(),
+            })));
+            self.persist.submit(ops, None);
+        }
+    }
+
+    // --------------------------------------------------------------- queues
+
+    pub fn declare_queue(&mut self, session: SessionId, cmd: &pb::QueueDeclare) -> OpResult<pb::QueueDeclareOk> {
+        let vhost_name = self.session_vhost(session)?;
+        let vhost = self.vhost_mut(&vhost_name)?;
+        let name = if cmd.queue.is_empty() {
+            if cmd.passive {
+                return Err(errors::error(codes::NOT_FOUND, "no queue named '' (passive declare)"));
+            }
+            format!("amq.gen-{}", Alphanumeric.sample_string(&mut rand::rng(), 22))
+        } else {
+            cmd.queue.clone()
+        };
+        if let Some(existing) = vhost.queues.get(&name) {
+            check_exclusive(existing, session, &vhost_name)?;
+            if !cmd.passive {
+                if existing.durable != cmd.durable {
+                    return Err(errors::inequivalent("durable", "queue", &name, &vhost_name, cmd.durable, existing.durable));
+                }
+                if existing.exclusive_owner.is_some() != cmd.exclusive {
+                    return Err(errors::inequivalent("exclusive", "queue", &name, &vhost_name, cmd.exclusive, existing.exclusive_owner.is_some()));
+                }
+                if existing.auto_delete != cmd.auto_delete {
+                    return Err(errors::inequivalent("auto_delete", "queue", &name, &vhost_name, cmd.auto_delete, existing.auto_delete));
+                }
+                let arguments = errors::decode_table(&cmd.arguments)?;
+                if let Some(key) = first_inequivalent_argument(&existing.argument_table, &arguments) {
+                    return Err(errors::error(
+                        codes::PRECONDITION_FAILED,
+                        format!("inequivalent arg '{key}' for queue '{name}' in vhost '{vhost_name}'"),
+                    ));
+                }
+            }
+            return Ok(pb::QueueDeclareOk {
+                queue: name,
+                message_count: existing.messages.len() as u32,
+                consumer_count: existing.consumers.len() as u32,
+            });
+        }
+        if cmd.passive {
+            return Err(errors::error(
+                codes::NOT_FOUND,
+                format!("no queue '{name}' in vhost '{vhost_name}'"),
+            ));
+        }
+        if name.starts_with("amq.") && !cmd.queue.is_empty() {
+            return Err(errors::error(
+                codes::ACCESS_REFUSED,
+                format!("queue name '{name}' contains reserved prefix 'amq.*'"),
+            ));
+        }
+        let argument_table = errors::decode_table(&cmd.arguments)?;
+        let queue = Queue {
+            name: name.clone(),
+            durable: cmd.durable,
+            auto_delete: cmd.auto_delete,
+            exclusive_owner: cmd.exclusive.then_some(session),
+            arguments: cmd.arguments.clone(),
+            argument_table,
+            messages: Default::default(),
+            consumers: Vec::new(),
+            next_consumer: 0,
+            exclusive_consumer: false,
+        };
+        if queue.stores_messages() {
+            self.persist.submit(
+                vec![op(write_op::Op::PutQueue(store::QueueDefinition {
+                    vhost: vhost_name.clone(),
+                    name: name.clone(),
+                    auto_delete: queue.auto_delete,
+                    arguments: queue.arguments.clone(),
+                }))],
+                None,
+            );
+        }
+        let vhost = self.vhost_mut(&vhost_name)?;
+        vhost.queues.insert(name.clone(), queue);
+        // Every queue is bound to the default exchange by its name.
+        Ok(pb::QueueDeclareOk {
+            queue: name,
+            message_count: 0,
+            consumer_count: 0,
+        })
+    }
+
+    pub fn bind_queue(&mut self, session: SessionId, cmd: &pb::QueueBind) -> OpResult<()> {
+        let vhost_name = self.session_vhost(session)?;
+        let arguments = errors::decode_table(&cmd.arguments)?;
+        let vhost = self.vhost_mut(&vhost_name)?;
+        let queue = find_queue(vhost, &cmd.queue, &vhost_name)?;
+        check_exclusive(queue, session, &vhost_name)?;
+        let queue_stored = queue.stores_messages();
+        let exchange = find_exchange(vhost, &cmd.exchange, &vhost_name)?;
+        if exchange.name.is_empty() {
+            return Err(errors::error(
+                codes::ACCESS_REFUSED,
+                "operation not permitted on the default exchange",
+            ));
+        }
+        let binding = Binding {
+            queue: cmd.queue.clone(),
+            routing_key: cmd.routing_key.clone(),
+            arguments: cmd.arguments.clone(),
+            argument_table: arguments,
+        };
+        let already = exchange.bindings.iter().any(|b| same_binding(b, &binding));
+        if already {
+            return Ok(());
+        }
+        let durable = exchange.durable && queue_stored;
+        if durable {
+            self.persist.submit(
+                vec![op(write_op::Op::PutBinding(binding_definition(&vhost_name, &cmd.exchange, &binding)))],
+                None,
+            );
+        }
+        let vhost = self.vhost_mut(&vhost_name)?;
+        if let Some(exchange) = vhost.exchanges.get_mut(&cmd.exchange) {
+            exchange.bindings.push(binding);
+        }
+        Ok(())
+    }
+
+    pub fn unbind_queue(&mut self, session: SessionId, cmd: &pb::QueueUnbind) -> OpResult<()> {
+        let vhost_name = self.session_vhost(session)?;
+        let arguments = errors::decode_table(&cmd.arguments)?;
+        let vhost = self.vhost_mut(&vhost_name)?;
+        let queue = find_queue(vhost, &cmd.queue, &vhost_name)?;
+        check_exclusive(queue, session, &vhost_name)?;
+        let queue_stored = queue.stores_messages();
+        let exchange = find_exchange(vhost, &cmd.exchange, &vhost_name)?;
+        if exchange.name.is_empty() {
+            return Err(errors::error(codes::ACCESS_REFUSED, "operation not permitted on the default exchange"));
+        }
+        let probe = Binding {
+            queue: cmd.queue.clone(),
+            routing_key: cmd.routing_key.clone(),
+            arguments: cmd.arguments.clone(),
+            argument_table: arguments,
+        };
+        let durable = exchange.durable && queue_stored;
+        let Some(exchange) = vhost.exchanges.get_mut(&cmd.exchange) else {
+            return Ok(());
+        };
+        let Some(position) = exchange.bindings.iter().position(|b| same_binding(b, &probe)) else {
+            return Ok(());
+        };
+        let removed = exchange.bindings.remove(position);
+        let now_unused = exchange.auto_delete && exchange.bindings.is_empty();
+        if durable {
+            self.persist.submit(
+                vec![op(write_op::Op::DeleteBinding(binding_definition(&vhost_name, &cmd.exchange, &removed)))],
+                None,
+            );
+        }
+        if now_unused {
+            self.remove_exchange(&vhost_name, &cmd.exchange);
+        }
+        Ok(())
+    }
+
+    pub fn purge_queue(&mut self, session: SessionId, cmd: &pb::QueuePurge) -> OpResult<u32> {
+        let vhost_name = self.session_vhost(session)?;
+        let vhost = self.vhost_mut(&vhost_name)?;
+        let queue = find_queue_mut(vhost, &cmd.queue, &vhost_name)?;
+        check_exclusive(queue, session, &vhost_name)?;
+        let purged: Vec<QueuedMessage> = queue.messages.drain(..).collect();
+        if queue.stores_messages() {
+            let ops = purged
+                .iter()
+                .filter(|m| m.message.persistent)
+                .map(|m| delete_message_op(&vhost_name, &cmd.queue, m.id))
+                .collect();
+            self.persist.submit(ops, None);
+        }
+        Ok(purged.len() as u32)
+    }
+
+    pub fn delete_queue(&mut self, session: SessionId, cmd: &pb::QueueDelete) -> OpResult<u32> {
+        let vhost_name = self.session_vhost(session)?;
+        let vhost = self.vhost_mut(&vhost_name)?;
+        let Some(queue) = vhost.queues.get(&cmd.queue) else {
+            return Ok(0);
+        };
+        check_exclusive(queue, session, &vhost_name)?;
+        if cmd.if_unused && !queue.consumers.is_empty() {
+            return Err(errors::error(
+                codes::PRECONDITION_FAILED,
+                format!("queue '{}' in vhost '{}' in use", cmd.queue, vhost_name),
+            ));
+        }
+        if cmd.if_empty && !queue.messages.is_empty() {
+            return Err(errors::error(
+                codes::PRECONDITION_FAILED,
+                format!("queue '{}' in vhost '{}' is not empty", cmd.queue, vhost_name),
+            ));
+        }
+        let count = queue.messages.len() as u32;
+        self.remove_queue(&vhost_name, &cmd.queue);
+        Ok(count)
+    }
+
+    /// Deletes a queue: its consumers are cancelled (clients told), its
+    /// bindings removed, its stored messages dropped.
+    fn remove_queue(&mut self, vhost_name: &str, name: &str) {
+        let Some(vhost) = self.vhosts.get_mut(vhost_name) else {
+            return;
+        };
+        let Some(queue) = vhost.queues.remove(name) else {
+            return;
+        };
+        let mut ops = Vec::new();
+        let mut emptied_auto_delete = Vec::new();
+        for exchange in vhost.exchanges.values_mut() {
+            let before = exchange.bindings.len();
+            let durable = exchange.durable;
+            let exchange_name = exchange.name.clone();
+            exchange.bindings.retain(|b| {
+                let keep = b.queue != name;
+                if !keep && durable && queue.stores_messages() {
+                    ops.push(op(write_op::Op::DeleteBinding(binding_definition(vhost_name, &exchange_name, b))));
+                }
+                keep
+            });
+            if before > 0 && exchange.bindings.is_empty() && exchange.auto_delete {
+                emptied_auto_delete.push(exchange_name);
+            }
+        }
+        if queue.stores_messages() {
+            ops.push(op(write_op::Op::DeleteQueue(store::QueueKey {
+                vhost: vhost_name.to_string(),
+                name: name.to_string(),
+            })));
+        }
+        self.persist.submit(ops, None);
+        for consumer in &queue.consumers {
+            if let Some(session) = self.sessions.get_mut(&consumer.session) {
+                if let Some(channel) = session.channels.get_mut(&consumer.channel) {
+                    channel.consumers.remove(&consumer.tag);
+                }
+                let _ = session.events.send(event(Event::ConsumerCancelled(pb::ConsumerCancelled {
+                    channel: consumer.channel,
+                    consumer_tag: consumer.tag.clone(),
+                })));
+            }
+        }
+        for exchange in emptied_auto_delete {
+            self.remove_exchange(vhost_name, &exchange);
+        }
+    }
+
+    fn auto_delete_if_unused(&mut self, vhost_name: &str, name: &str) {
+        let unused = self
+            .queue_mut_opt(vhost_name, name)
+            .is_some_and(|q| q.auto_delete && q.consumers.is_empty());
+        if unused {
+            self.remove_queue(vhost_name, name);
+        }
+    }
+
+    // ------------------------------------------------------------ consumers
+
+    pub fn consume(&mut self, session: SessionId, cmd: &pb::Consume) -> OpResult<String> {
+        let vhost_name = self.session_vhost(session)?;
+        errors::decode_table(&cmd.arguments)?;
+        let tag = if cmd.consumer_tag.is_empty() {
+            format!("amq.ctag-{}", Alphanumeric.sample_string(&mut rand::rng(), 22))
+        } else {
+            cmd.consumer_tag.clone()
+        };
+        let channel = self.channel_mut(session, cmd.channel)?;
+        if channel.consumers.contains_key(&tag) {
+            return Err(errors::error(
+                codes::NOT_ALLOWED,
+                format!("attempt to reuse consumer tag '{tag}'"),
+            ));
+        }
+        let prefetch = channel.consumer_prefetch;
+        let vhost = self.vhost_mut(&vhost_name)?;
+        let queue = find_queue_mut(vhost, &cmd.queue, &vhost_name)?;
+        check_exclusive(queue, session, &vhost_name)?;
+        if queue.exclusive_consumer || (cmd.exclusive && !queue.consumers.is_empty()) {
+            return Err(errors::error(
+                codes::ACCESS_REFUSED,
+                format!("queue '{}' in vhost '{}' in exclusive use", cmd.queue, vhost_name),
+            ));
+        }
+        queue.exclusive_consumer = cmd.exclusive;
+        queue.consumers.push(ConsumerRef {
+            session,
+            channel: cmd.channel,
+            tag: tag.clone(),
+        });
+        let channel = self.channel_mut(session, cmd.channel)?;
+        channel.consumers.insert(
+            tag.clone(),
+            Consumer {
+                queue: cmd.queue.clone(),
+                no_ack: cmd.no_ack,
+                prefetch,
+                unacked: 0,
+            },
+        );
+        Ok(tag)
+    }
+
+    /// Starts delivering to a consumer once its consume-ok has been sent.
+    pub fn after_consume(&mut self, session: SessionId, queue: &str) {
+        if let Ok(vhost) = self.session_vhost(session) {
+            self.dispatch(&vhost, queue);
+        }
+    }
+
+    pub fn cancel(&mut self, session: SessionId, cmd: &pb::Cancel) -> OpResult<()> {
+        let vhost_name = self.session_vhost(session)?;
+        let channel = self.channel_mut(session, cmd.channel)?;
+        let Some(consumer) = channel.consumers.remove(&cmd.consumer_tag) else {
+            return Ok(());
+        };
+        self.detach_consumer(&vhost_name, &consumer.queue, session, cmd.channel, &cmd.consumer_tag);
+        self.auto_delete_if_unused(&vhost_name, &consumer.queue);
+        Ok(())
+    }
+
+    fn detach_consumer(&mut self, vhost: &str, queue: &str, session: SessionId, channel: ChannelId, tag: &str) {
+        if let Some(queue) = self.queue_mut_opt(vhost, queue) {
+            queue
+                .consumers
+                .retain(|c| !(c.session == session && c.channel == channel && c.tag == tag));
+            if queue.consumers.is_empty() {
+                queue.exclusive_consumer = false;
+            }
+        }
+    }
+
+    pub fn qos(&mut self, session: SessionId, cmd: &pb::Qos) -> OpResult<()> {
+        let vhost = self.session_vhost(session)?;
+        let channel = self.channel_mut(session, cmd.channel)?;
+        if cmd.global {
+            channel.channel_prefetch = cmd.prefetch_count;
+        } else {
+            channel.consumer_prefetch = cmd.prefetch_count;
+        }
+        let queues: Vec<String> = channel.consumers.values().map(|c| c.queue.clone()).collect();
+        for queue in queues {
+            self.dispatch(&vhost, &queue);
+        }
+        Ok(())
+    }
+
+    pub fn confirm_select(&mut self, session: SessionId, channel: ChannelId) -> OpResult<()> {
+        self.channel_mut(session, channel)?.confirm = true;
+        Ok(())
+    }
+
+    // ------------------------------------------------------------ messages
+
+    pub fn publish(&mut self, session: SessionId, cmd: pb::Publish) -> OpResult<PublishOutcome> {
+        let vhost_name = self.session_vhost(session)?;
+        let vhost = self.vhost_mut(&vhost_name)?;
+        let exchange = find_exchange(vhost, &cmd.exchange, &vhost_name)?;
+        if exchange.internal {
+            return Err(errors::error(
+                codes::ACCESS_REFUSED,
+                format!("cannot publish to internal exchange '{}'", cmd.exchange),
+            ));
+        }
+        let targets = route(vhost, exchange, &cmd)?;
+        let confirm_seq = cmd.confirm_seq;
+        let channel = cmd.channel;
+        if targets.is_empty() {
+            if cmd.mandatory {
+                self.send(session, Event::Returned(pb::Return {
+                    channel,
+                    reply_code: u32::from(codes::NO_ROUTE),
+                    reply_text: "NO_ROUTE".to_string(),
+                    exchange: cmd.exchange,
+                    routing_key: cmd.routing_key,
+                    properties: cmd.properties,
+                    body: cmd.body,
+                }));
+            }
+            return Ok(PublishOutcome::Done);
+        }
+        let id = self.next_message_id;
+        self.next_message_id += 1;
+        let message = Arc::new(Message {
+            exchange: cmd.exchange,
+            routing_key: cmd.routing_key,
+            properties: cmd.properties,
+            body: cmd.body,
+            persistent: cmd.persistent,
+        });
+        let mut ops = Vec::new();
+        let vhost = self.vhost_mut(&vhost_name)?;
+        for name in &targets {
+            let Some(queue) = vhost.queues.get_mut(name) else {
+                continue;
+            };
+            if message.persistent && queue.stores_messages() {
+                ops.push(op(write_op::Op::PutMessage(stored_message(&vhost_name, name, id, &message))));
+            }
+            queue.messages.push_back(QueuedMessage {
+                id,
+                message: message.clone(),
+                redelivered: false,
+            });
+        }
+        let outcome = if ops.is_empty() {
+            PublishOutcome::Done
+        } else if confirm_seq > 0 {
+            let (done, wait) = oneshot::channel();
+            self.persist.submit(ops, Some(done));
+            PublishOutcome::AfterWrite(wait)
+        } else {
+            self.persist.submit(ops, None);
+            PublishOutcome::Done
+        };
+        for name in &targets {
+            self.dispatch(&vhost_name, name);
+        }
+        Ok(outcome)
+    }
+
+    pub fn get(&mut self, session: SessionId, cmd: &pb::Get) -> OpResult<Option<pb::GetOk>> {
+        let vhost_name = self.session_vhost(session)?;
+        self.channel_mut(session, cmd.channel)?;
+        let vhost = self.vhost_mut(&vhost_name)?;
+        let queue = find_queue_mut(vhost, &cmd.queue, &vhost_name)?;
+        check_exclusive(queue, session, &vhost_name)?;
+        let Some(message) = queue.messages.pop_front() else {
+            return Ok(None);
+        };
+        let message_count = queue.messages.len() as u32;
+        let stored = queue.stores_messages() && message.message.persistent;
+        let channel = self.channel_mut(session, cmd.channel)?;
+        let delivery_tag = channel.take_delivery_tag();
+        let get_ok = pb::GetOk {
+            delivery_tag,
+            redelivered: message.redelivered,
+            exchange: message.message.exchange.clone(),
+            routing_key: message.message.routing_key.clone(),
+            message_count,
+            properties: message.message.properties.clone(),
+            body: message.message.body.clone(),
+        };
+        if cmd.no_ack {
+            if stored {
+                self.persist.submit(vec![delete_message_op(&vhost_name, &cmd.queue, message.id)], None);
+            }
+        } else {
+            channel.unacked.insert(
+                delivery_tag,
+                Unacked {
+                    queue: cmd.queue.clone(),
+                    message,
+                    consumer_tag: None,
+                },
+            );
+        }
+        Ok(Some(get_ok))
+    }
+
+    pub fn ack(&mut self, session: SessionId, cmd: &pb::Ack) -> OpResult<()> {
+        let vhost_name = self.session_vhost(session)?;
+        let settled = self.settle(session, cmd.channel, cmd.delivery_tag, cmd.multiple)?;
+        let mut ops = Vec::new();
+        let mut touched = Vec::new();
+        for unacked in settled {
+            if let Some(queue) = self.queue_mut_opt(&vhost_name, &unacked.queue) {
+                if queue.stores_messages() && unacked.message.message.persistent {
+                    ops.push(delete_message_op(&vhost_name, &unacked.queue, unacked.message.id));
+                }
+            }
+            if unacked.consumer_tag.is_some() {
+                touched.push(unacked.queue);
+            }
+        }
+        self.persist.submit(ops, None);
+        self.dispatch_all(&vhost_name, touched);
+        Ok(())
+    }
+
+    /// basic.nack and basic.reject: requeue, or drop.
+    pub fn nack(&mut self, session: SessionId, cmd: &pb::Nack) -> OpResult<()> {
+        let vhost_name = self.session_vhost(session)?;
+        let settled = self.settle(session, cmd.channel, cmd.delivery_tag, cmd.multiple)?;
+        let mut ops = Vec::new();
+        let mut touched = Vec::new();
+        for unacked in settled.into_iter().rev() {
+            let Some(queue) = self.queue_mut_opt(&vhost_name, &unacked.queue) else {
+                continue;
+            };
+            if cmd.requeue {
+                queue.requeue(unacked.message);
+            } else if queue.stores_messages() && unacked.message.message.persistent {
+                ops.push(delete_message_op(&vhost_name, &unacked.queue, unacked.message.id));
+            }
+            touched.push(unacked.queue);
+        }
+        self.persist.submit(ops, None);
+        self.dispatch_all(&vhost_name, touched);
+        Ok(())
+    }
+
+    /// basic.recover: every unacked delivery of the channel goes back to its
+    /// queue (redelivered), with or without `requeue` — the spec allows the
+    /// server to requeue in both cases.
+    pub fn recover(&mut self, session: SessionId, cmd: &pb::Recover) -> OpResult<()> {
+        let vhost_name = self.session_vhost(session)?;
+        let channel = self.channel_mut(session, cmd.channel)?;
+        let unacked = std::mem::take(&mut channel.unacked);
+        for consumer in channel.consumers.values_mut() {
+            consumer.unacked = 0;
+        }
+        let mut touched = Vec::new();
+        for (_, entry) in unacked.into_iter().rev() {
+            if let Some(queue) = self.queue_mut_opt(&vhost_name, &entry.queue) {
+                queue.requeue(entry.message);
+                touched.push(entry.queue);
+            }
+        }
+        self.dispatch_all(&vhost_name, touched);
+        Ok(())
+    }
+
+    /// The gateway wrote `count` deliveries to its socket.
+    pub fn deliveries_written(&mut self, session: SessionId, count: u32) {
+        let Some(state) = self.sessions.get_mut(&session) else {
+            return;
+        };
+        let was_starved = state.credit == 0;
+        state.credit = state.credit.saturating_add(count).min(self.session_credit);
+        if !was_starved {
+            return;
+        }
+        let vhost = state.vhost.clone();
+        let queues: Vec<String> = state
+            .channels
+            .values()
+            .flat_map(|c| c.consumers.values().map(|consumer| consumer.queue.clone()))
+            .collect();
+        self.dispatch_all(&vhost, queues);
+    }
+
+    /// Removes the deliveries an ack/nack/reject names from the channel.
+    fn settle(&mut self, session: SessionId, channel: ChannelId, tag: u64, multiple: bool) -> OpResult<Vec<Unacked>> {
+        let state = self.channel_mut(session, channel)?;
+        let tags: Vec<u64> = if multiple {
+            let upto = if tag == 0 { u64::MAX } else { tag };
+            state.unacked.range(..=upto).map(|(t, _)| *t).collect()
+        } else if state.unacked.contains_key(&tag) {
+            vec![tag]
+        } else {
+            Vec::new()
+        };
+        if tags.is_empty() && !(multiple && tag == 0) {
+            return Err(errors::error(
+                codes::PRECONDITION_FAILED,
+                format!("unknown delivery tag {tag}"),
+            ));
+        }
+        let mut settled = Vec::with_capacity(tags.len());
+        for tag in tags {
+            if let Some(entry) = state.unacked.remove(&tag) {
+                if let Some(consumer) = entry
+                    .consumer_tag
+                    .as_ref()
+                    .and_then(|t| state.consumers.get_mut(t))
+                {
+                    consumer.unacked = consumer.unacked.saturating_sub(1);
+                }
+                settled.push(entry);
+            }
+        }
+        Ok(settled)
+    }
+
+    // ------------------------------------------------------------- dispatch
+
+    fn dispatch_all(&mut self, vhost: &str, mut queues: Vec<String>) {
+        queues.sort();
+        queues.dedup();
+        for queue in &queues {
+            self.dispatch(vhost, queue);
+        }
+    }
+
+    /// Hands ready messages to consumers with room, round robin.
+    pub fn dispatch(&mut self, vhost_name: &str, queue_name: &str) {
+        let Self {
+            vhosts,
+            sessions,
+            persist,
+            ..
+        } = self;
+        let Some(queue) = vhosts
+            .get_mut(vhost_name)
+            .and_then(|v| v.queues.get_mut(queue_name))
+        else {
+            return;
+        };
+        let mut ops = Vec::new();
+        while !queue.messages.is_empty() && !queue.consumers.is_empty() {
+            let count = queue.consumers.len();
+            let mut chosen = None;
+            for step in 0..count {
+                let index = (queue.next_consumer + step) % count;
+                let consumer_ref = &queue.consumers[index];
+                let Some(session) = sessions.get(&consumer_ref.session) else {
+                    continue;
+                };
+                if session.credit == 0 {
+                    continue;
+                }
+                let Some(channel) = session.channels.get(&consumer_ref.channel) else {
+                    continue;
+                };
+                let Some(consumer) = channel.consumers.get(&consumer_ref.tag) else {
+                    continue;
+                };
+                if channel.has_room(consumer) {
+                    chosen = Some(index);
+                    break;
+                }
+            }
+            let Some(index) = chosen else {
+                break;
+            };
+            queue.next_consumer = (index + 1) % count;
+            let consumer_ref = queue.consumers[index].clone();
+            let Some(message) = queue.messages.pop_front() else {
+                break;
+            };
+            let Some(session) = sessions.get_mut(&consumer_ref.session) else {
+                break;
+            };
+            session.credit -= 1;
+            let Some(channel) = session.channels.get_mut(&consumer_ref.channel) else {
+                break;
+            };
+            let delivery_tag = channel.take_delivery_tag();
+            let no_ack = channel
+                .consumers
+                .get(&consumer_ref.tag)
+                .is_none_or(|consumer| consumer.no_ack);
+            let deliver = pb::Deliver {
+                channel: consumer_ref.channel,
+                consumer_tag: consumer_ref.tag.clone(),
+                delivery_tag,
+                redelivered: message.redelivered,
+                exchange: message.message.exchange.clone(),
+                routing_key: message.message.routing_key.clone(),
+                properties: message.message.properties.clone(),
+                body: message.message.body.clone(),
+            };
+            if no_ack {
+                if queue.stores_messages() && message.message.persistent {
+                    ops.push(delete_message_op(vhost_name, queue_name, message.id));
+                }
+            } else {
+                if let Some(consumer) = channel.consumers.get_mut(&consumer_ref.tag) {
+                    consumer.unacked += 1;
+                }
+                channel.unacked.insert(
+                    delivery_tag,
+                    Unacked {
+                        queue: queue_name.to_string(),
+                        message,
+                        consumer_tag: Some(consumer_ref.tag.clone()),
+                    },
+                );
+            }
+            let _ = session.events.send(event(Event::Deliver(deliver)));
+        }
+        persist.submit(ops, None);
+    }
+
+    // -------------------------------------------------------------- helpers
+
+    fn send(&self, session: SessionId, event_body: Event) {
+        if let Some(state) = self.sessions.get(&session) {
+            let _ = state.events.send(event(event_body));
+        }
+    }
+
+    fn session_mut(&mut self, session: SessionId) -> OpResult<&mut SessionState> {
+        self.sessions
+            .get_mut(&session)
+            .ok_or_else(|| errors::error(codes::CHANNEL_ERROR, "session not open"))
+    }
+
+    fn session_vhost(&self, session: SessionId) -> OpResult<String> {
+        self.sessions
+            .get(&session)
+            .map(|s| s.vhost.clone())
+            .ok_or_else(|| errors::error(codes::CHANNEL_ERROR, "session not open"))
+    }
+
+    fn channel_mut(&mut self, session: SessionId, channel: ChannelId) -> OpResult<&mut ChannelState> {
+        self.session_mut(session)?
+            .channels
+            .get_mut(&channel)
+            .ok_or_else(|| errors::error(codes::CHANNEL_ERROR, format!("expected 'channel.open' on channel {channel}")))
+    }
+
+    fn vhost_mut(&mut self, name: &str) -> OpResult<&mut VHost> {
+        self.vhosts
+            .get_mut(name)
+            .ok_or_else(|| errors::error(codes::NOT_ALLOWED, format!("vhost '{name}' not found")))
+    }
+
+    fn queue_mut_opt(&mut self, vhost: &str, queue: &str) -> Option<&mut Queue> {
+        self.vhosts.get_mut(vhost)?.queues.get_mut(queue)
+    }
+}
+
+fn route(vhost: &VHost, exchange: &Exchange, cmd: &pb::Publish) -> OpResult<Vec<String>> {
+    if exchange.name.is_empty() {
+        return Ok(if vhost.queues.contains_key(&cmd.routing_key) {
+            vec![cmd.routing_key.clone()]
+        } else {
+            Vec::new()
+        });
+    }
+    let headers = match exchange.kind {
+        ExchangeKind::Headers if !cmd.headers.is_empty() => Some(errors::decode_table(&cmd.headers)?),
+        _ => None,
+    };
+    let mut targets: Vec<String> = exchange
+        .bindings
+        .iter()
+        .filter(|b| match exchange.kind {
+            ExchangeKind::Direct => b.routing_key == cmd.routing_key,
+            ExchangeKind::Fanout => true,
+            ExchangeKind::Topic => topic_matches(&b.routing_key, &cmd.routing_key),
+            ExchangeKind::Headers => headers_match(&b.argument_table, headers.as_ref()),
+        })
+        .map(|b| b.queue.clone())
+        .collect();
+    targets.sort();
+    targets.dedup();
+    Ok(targets)
+}
+
+fn find_queue<'a>(vhost: &'a VHost, name: &str, vhost_name: &str) -> OpResult<&'a Queue> {
+    vhost
+        .queues
+        .get(name)
+        .ok_or_else(|| errors::error(codes::NOT_FOUND, format!("no queue '{name}' in vhost '{vhost_name}'")))
+}
+
+fn find_queue_mut<'a>(vhost: &'a mut VHost, name: &str, vhost_name: &str) -> OpResult<&'a mut Queue> {
+    vhost
+        .queues
+        .get_mut(name)
+        .ok_or_else(|| errors::error(codes::NOT_FOUND, format!("no queue '{name}' in vhost '{vhost_name}'")))
+}
+
+fn find_exchange<'a>(vhost: &'a VHost, name: &str, vhost_name: &str) -> OpResult<&'a Exchange> {
+    vhost
+        .exchanges
+        .get(name)
+        .ok_or_else(|| errors::error(codes::NOT_FOUND, format!("no exchange '{name}' in vhost '{vhost_name}'")))
+}
+
+fn check_exclusive(queue: &Queue, session: SessionId, vhost_name: &str) -> OpResult<()> {
+    match queue.exclusive_owner {
+        Some(owner) if owner != session => Err(errors::error(
+            codes::RESOURCE_LOCKED,
+            format!(
+                "cannot obtain exclusive access to locked queue '{}' in vhost '{}'",
+                queue.name, vhost_name
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn same_binding(a: &Binding, b: &Binding) -> bool {
+    a.queue == b.queue && a.routing_key == b.routing_key && a.argument_table == b.argument_table
+}
+
+fn first_inequivalent_argument(current: &FieldTable, received: &FieldTable) -> Option<String> {
+    let keys = current.inner().keys().chain(received.inner().keys());
+    for key in keys {
+        let (a, b) = (current.inner().get(key), received.inner().get(key));
+        if !equivalent_argument(a, b) {
+            return Some(key.as_str().to_string());
+        }
+    }
+    None
+}
+
+fn equivalent_argument(a: Option<&AMQPValue>, b: Option<&AMQPValue>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => values_equal(a, b),
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+fn binding_definition(vhost: &str, exchange: &str, binding: &Binding) -> store::BindingDefinition {
+    store::BindingDefinition {
+        vhost: vhost.to_string(),
+        exchange: exchange.to_string(),
+        queue: binding.queue.clone(),
+        routing_key: binding.routing_key.clone(),
+        arguments: binding.arguments.clone(),
+    }
+}
+
+fn stored_message(vhost: &str, queue: &str, id: u64, message: &Message) -> store::StoredMessage {
+    store::StoredMessage {
+        vhost: vhost.to_string(),
+        queue: queue.to_string(),
+        id,
+        exchange: message.exchange.clone(),
+        routing_key: message.routing_key.clone(),
+        properties: message.properties.clone(),
+        body: message.body.clone(),
+        redelivered: false,
+    }
+}
+
+fn delete_message_op(vhost: &str, queue: &str, id: u64) -> WriteOp {
+    op(write_op::Op::DeleteMessage(store::MessageKey {
+        vhost: vhost.to_string(),
+        queue: queue.to_string(),
+        id,
+    }))
+}
+
+fn op(op: write_op::Op) -> WriteOp {
+    WriteOp { op: Some(op) }
+}
+
+pub fn event(event: Event) -> SessionEvent {
+    SessionEvent { event: Some(event) }
+}
+
+/// Rebuilds a recovered message.
+pub fn recovered(stored: store::StoredMessage) -> QueuedMessage {
+    QueuedMessage {
+        id: stored.id,
+        message: Arc::new(Message {
+            exchange: stored.exchange,
+            routing_key: stored.routing_key,
+            properties: stored.properties,
+            body: stored.body,
+            persistent: true,
+        }),
+        redelivered: stored.redelivered,
+    }
+}
+

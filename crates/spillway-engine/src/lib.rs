@@ -1,0 +1,27 @@
+//! The queue engine: owns vhosts, exchanges, bindings, queues, consumers,
+//! unacknowledged deliveries and the order of every queue. It never touches
+//! the disk: what must survive a restart goes to the storage node through
+//! [`StorageApi`], in order, group-committed.
+//!
+//! - [`Engine`] is the in-process [`EngineApi`]: the all-in-one broker's
+//!   gateway calls it directly.
+//! - [`EngineService`] serves the same engine over gRPC to gateways in other
+//!   processes.
+//!
+//! Inside, one lock guards the [`broker::Broker`] state; each client
+//! connection is a session task that applies its commands in order and sends
+//! replies and deliveries back as events.
+//!
+//! [`StorageApi`]: spillway_proto::StorageApi
+//! [`EngineApi`]: spillway_proto::EngineApi
+
+pub mod broker;
+pub mod errors;
+mod model;
+mod persistence;
+pub mod routing;
+mod service;
+mod session;
+
+pub use service::EngineService;
+pub use session::{Engine, EngineConfig, EngineError};

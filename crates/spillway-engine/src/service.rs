@@ -1,0 +1,44 @@
+use std::pin::Pin;
+
+use futures::Stream;
+use spillway_proto::engine::engine_server::{Engine as EngineGrpc, EngineServer};
+use spillway_proto::engine::{SessionCommand, SessionEvent};
+use spillway_proto::{serve_remote_session, EngineApi};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::Engine;
+
+/// The engine's gRPC service, for gateways in other processes.
+pub struct EngineService {
+    engine: Engine,
+}
+
+impl EngineService {
+    pub fn new(engine: Engine) -> Self {
+        Self { engine }
+    }
+
+    pub fn into_server(self) -> EngineServer<Self> {
+        EngineServer::new(self)
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX)
+    }
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<SessionEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl EngineGrpc for EngineService {
+    type SessionStream = EventStream;
+
+    async fn session(
+        &self,
+        request: Request<Streaming<SessionCommand>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        let session = self.engine.open_session().await?;
+        Ok(Response::new(serve_remote_session(
+            request.into_inner(),
+            session,
+        )))
+    }
+}

@@ -1,0 +1,270 @@
+//! The two boundaries on the message path, each a trait with an in-process
+//! implementation (in the component's own crate) and a remote one (here, over
+//! tonic). Callers hold an `Arc<dyn …>` and never know which they have.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::Stream;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::engine::{session_command, session_event, CommandBatch, EventBatch};
+use crate::engine::{SessionCommand, SessionEvent};
+use crate::storage::{
+    Definitions, LoadDefinitionsRequest, LoadMessagesRequest, StatusRequest, StoreStatus,
+    StoredMessage, WriteBatch,
+};
+use crate::ServiceError;
+
+/// Commands a gateway session may have queued towards the engine before
+/// sending waits (back-pressure reaches the client's socket).
+pub const SESSION_COMMAND_BUFFER: usize = 1024;
+
+/// How many ready messages one gRPC stream message carries at most.
+const MAX_STREAM_BATCH: usize = 256;
+
+// ------------------------------------------------------------------ storage
+
+/// What the queue engine needs from the storage node.
+#[async_trait]
+pub trait StorageApi: Send + Sync + 'static {
+    /// Applies the batch atomically and durably (fsync) before returning.
+    async fn write(&self, batch: Arc<WriteBatch>) -> Result<(), ServiceError>;
+    async fn load_definitions(&self) -> Result<Definitions, ServiceError>;
+    /// The stored messages of one queue, oldest first.
+    async fn load_messages(&self, vhost: &str, queue: &str)
+        -> Result<Vec<StoredMessage>, ServiceError>;
+    async fn status(&self) -> Result<StoreStatus, ServiceError>;
+}
+
+/// The storage node over gRPC. The channel connects lazily and reconnects by
+/// itself, so a storage node that restarts is picked up again.
+#[derive(Clone)]
+pub struct RemoteStorage {
+    client: crate::storage::storage_client::StorageClient<Channel>,
+}
+
+impl RemoteStorage {
+    pub fn connect_lazy(addr: &str) -> Result<Self, ServiceError> {
+        let channel = lazy_channel(addr)?;
+        let client = crate::storage::storage_client::StorageClient::new(channel)
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX);
+        Ok(Self { client })
+    }
+}
+
+#[async_trait]
+impl StorageApi for RemoteStorage {
+    async fn write(&self, batch: Arc<WriteBatch>) -> Result<(), ServiceError> {
+        let batch = Arc::unwrap_or_clone(batch);
+        self.client.clone().write(batch).await?;
+        Ok(())
+    }
+
+    async fn load_definitions(&self) -> Result<Definitions, ServiceError> {
+        let response = self
+            .client
+            .clone()
+            .load_definitions(LoadDefinitionsRequest {})
+            .await?;
+        Ok(response.into_inner())
+    }
+
+    async fn load_messages(
+        &self,
+        vhost: &str,
+        queue: &str,
+    ) -> Result<Vec<StoredMessage>, ServiceError> {
+        let request = LoadMessagesRequest {
+            vhost: vhost.to_string(),
+            queue: queue.to_string(),
+        };
+        let mut stream = self.client.clone().load_messages(request).await?.into_inner();
+        let mut messages = Vec::new();
+        while let Some(chunk) = stream.message().await? {
+            messages.extend(chunk.messages);
+        }
+        Ok(messages)
+    }
+
+    async fn status(&self) -> Result<StoreStatus, ServiceError> {
+        Ok(self.client.clone().status(StatusRequest {}).await?.into_inner())
+    }
+}
+
+// ------------------------------------------------------------------- engine
+
+/// One client connection's conversation with the engine.
+pub struct SessionStreams {
+    /// Commands, in the order the client sent them.
+    pub commands: mpsc::Sender<SessionCommand>,
+    /// Replies and asynchronous events, in order. Ends when the engine ends
+    /// the session (or the remote engine is lost).
+    pub events: mpsc::UnboundedReceiver<SessionEvent>,
+}
+
+/// What the gateway needs from the queue engine.
+#[async_trait]
+pub trait EngineApi: Send + Sync + 'static {
+    async fn open_session(&self) -> Result<SessionStreams, ServiceError>;
+}
+
+/// The queue engine over gRPC: one bidirectional stream per session, with
+/// whatever is ready packed into one stream message each way.
+#[derive(Clone)]
+pub struct RemoteEngine {
+    client: crate::engine::engine_client::EngineClient<Channel>,
+}
+
+impl RemoteEngine {
+    pub fn connect_lazy(addr: &str) -> Result<Self, ServiceError> {
+        let channel = lazy_channel(addr)?;
+        let client = crate::engine::engine_client::EngineClient::new(channel)
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX);
+        Ok(Self { client })
+    }
+}
+
+#[async_trait]
+impl EngineApi for RemoteEngine {
+    async fn open_session(&self) -> Result<SessionStreams, ServiceError> {
+        let (command_tx, command_rx) = mpsc::channel(SESSION_COMMAND_BUFFER);
+        let (outbound_tx, outbound_rx) = mpsc::channel(16);
+        tokio::spawn(batch_commands(command_rx, outbound_tx));
+        let response = self
+            .client
+            .clone()
+            .session(ReceiverStream::new(outbound_rx))
+            .await?;
+        let (event_tx, event_rx) = mpsc::unbounded_channel();
+        tokio::spawn(forward_events(response.into_inner(), event_tx));
+        Ok(SessionStreams {
+            commands: command_tx,
+            events: event_rx,
+        })
+    }
+}
+
+async fn batch_commands(
+    mut commands: mpsc::Receiver<SessionCommand>,
+    outbound: mpsc::Sender<SessionCommand>,
+) {
+    let mut ready = Vec::with_capacity(MAX_STREAM_BATCH);
+    while commands.recv_many(&mut ready, MAX_STREAM_BATCH).await > 0 {
+        let message = pack_commands(std::mem::take(&mut ready));
+        if outbound.send(message).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn forward_events(
+    mut inbound: tonic::Streaming<SessionEvent>,
+    events: mpsc::UnboundedSender<SessionEvent>,
+) {
+    loop {
+        match inbound.message().await {
+            Ok(Some(event)) => {
+                if !unbatch_event(event, &events) {
+                    return;
+                }
+            }
+            Ok(None) => return,
+            Err(status) => {
+                tracing::warn!(%status, "engine session stream failed");
+                return;
+            }
+        }
+    }
+}
+
+fn unbatch_event(event: SessionEvent, events: &mpsc::UnboundedSender<SessionEvent>) -> bool {
+    match event.event {
+        Some(session_event::Event::Batch(batch)) => batch
+            .events
+            .into_iter()
+            .all(|event| events.send(event).is_ok()),
+        _ => events.send(event).is_ok(),
+    }
+}
+
+/// Serves one remote session on the engine side: unpacks command batches into
+/// `commands` and packs ready events into batches.
+pub fn serve_remote_session(
+    mut inbound: tonic::Streaming<SessionCommand>,
+    session: SessionStreams,
+) -> Pin<Box<dyn Stream<Item = Result<SessionEvent, tonic::Status>> + Send>> {
+    let SessionStreams {
+        commands,
+        events,
+    } = session;
+    tokio::spawn(async move {
+        loop {
+            let command = match inbound.message().await {
+                Ok(Some(command)) => command,
+                Ok(None) => return,
+                Err(status) => {
+                    tracing::debug!(%status, "gateway session stream ended");
+                    return;
+                }
+            };
+            let batch = match command.command {
+                Some(session_command::Command::Batch(batch)) => batch.commands,
+                _ => vec![command],
+            };
+            for command in batch {
+                if commands.send(command).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let stream = futures::stream::unfold(events, |mut events| async move {
+        let mut ready = Vec::with_capacity(MAX_STREAM_BATCH);
+        if events.recv_many(&mut ready, MAX_STREAM_BATCH).await == 0 {
+            return None;
+        }
+        Some((Ok(pack_events(ready)), events))
+    });
+    Box::pin(stream)
+}
+
+fn pack_events(mut ready: Vec<SessionEvent>) -> SessionEvent {
+    match (ready.len(), ready.pop()) {
+        (1, Some(event)) => event,
+        (_, last) => {
+            ready.extend(last);
+            SessionEvent {
+                event: Some(session_event::Event::Batch(EventBatch { events: ready })),
+            }
+        }
+    }
+}
+
+fn pack_commands(mut ready: Vec<SessionCommand>) -> SessionCommand {
+    match (ready.len(), ready.pop()) {
+        (1, Some(command)) => command,
+        (_, last) => {
+            ready.extend(last);
+            SessionCommand {
+                command: Some(session_command::Command::Batch(CommandBatch { commands: ready })),
+            }
+        }
+    }
+}
+
+fn lazy_channel(addr: &str) -> Result<Channel, ServiceError> {
+    let endpoint = Endpoint::from_shared(addr.to_string())
+        .map_err(|err| ServiceError::InvalidArgument(format!("bad address {addr}: {err}")))?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_while_idle(true);
+    Ok(endpoint.connect_lazy())
+}

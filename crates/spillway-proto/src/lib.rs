@@ -1,0 +1,36 @@
+//! Spillway's gRPC contracts: the generated types and services for
+//! gateway↔engine (`engine`), engine↔storage (`storage`) and the public
+//! management API (`management`).
+//!
+//! The generated code is checked in under `src/generated/` so that building
+//! Spillway needs no `protoc`; `tests/generated_code_is_fresh.rs` regenerates
+//! it from `proto/` and fails on any difference.
+//!
+//! The prost message types double as Spillway's domain types on the message
+//! path: the in-process wiring moves them through channels as they are, the
+//! remote wiring sends them over tonic, so neither pays a conversion.
+
+pub mod engine {
+    #![allow(clippy::all, missing_docs)]
+    include!("generated/spillway.engine.v1.rs");
+}
+
+pub mod storage {
+    #![allow(clippy::all, missing_docs)]
+    include!("generated/spillway.storage.v1.rs");
+}
+
+pub mod management {
+    #![allow(clippy::all, missing_docs)]
+    include!("generated/spillway.management.v1.rs");
+}
+
+mod boundary;
+mod status;
+
+pub use boundary::{
+    serve_remote_session, EngineApi, RemoteEngine, RemoteStorage, SessionStreams, StorageApi,
+    SESSION_COMMAND_BUFFER,
+};
+
+pub use status::{RemoteError, ServiceError};

@@ -1,0 +1,49 @@
+//! One mapping between Spillway's service errors and gRPC statuses, used by
+//! every tonic server and client in the workspace.
+
+/// An error a component returns across a service boundary.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("not found: {0}")]
+    NotFound(String),
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl From<ServiceError> for tonic::Status {
+    fn from(error: ServiceError) -> Self {
+        match error {
+            ServiceError::InvalidArgument(msg) => tonic::Status::invalid_argument(msg),
+            ServiceError::NotFound(msg) => tonic::Status::not_found(msg),
+            ServiceError::Unavailable(msg) => tonic::Status::unavailable(msg),
+            ServiceError::Internal(msg) => tonic::Status::internal(msg),
+        }
+    }
+}
+
+impl From<tonic::Status> for ServiceError {
+    fn from(status: tonic::Status) -> Self {
+        let msg = status.message().to_string();
+        match status.code() {
+            tonic::Code::InvalidArgument => ServiceError::InvalidArgument(msg),
+            tonic::Code::NotFound => ServiceError::NotFound(msg),
+            tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::DeadlineExceeded => {
+                ServiceError::Unavailable(msg)
+            }
+            _ => ServiceError::Internal(msg),
+        }
+    }
+}
+
+/// A transport-level failure talking to a remote component.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot reach {endpoint}: {source}")]
+pub struct RemoteError {
+    pub endpoint: String,
+    #[source]
+    pub source: tonic::transport::Error,
+}

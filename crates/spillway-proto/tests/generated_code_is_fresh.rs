@@ -1,0 +1,48 @@
+//! The generated gRPC code is checked in (no protoc needed to build). This test
+//! regenerates it from `proto/` and fails when the checked-in copy differs.
+//! Run with `SPILLWAY_REGENERATE_PROTO=1` to rewrite the checked-in copy.
+
+use std::path::{Path, PathBuf};
+
+const PROTOS: &[&str] = &[
+    "spillway/engine/v1/engine.proto",
+    "spillway/storage/v1/storage.proto",
+    "spillway/management/v1/management.proto",
+];
+
+fn generate_into(out_dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let proto_root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    let files: Vec<PathBuf> = PROTOS.iter().map(|p| proto_root.join(p)).collect();
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .bytes(".")
+        .out_dir(out_dir)
+        .compile_protos(&files, &[proto_root])?;
+    Ok(())
+}
+
+#[test]
+fn generated_code_is_fresh() -> Result<(), Box<dyn std::error::Error>> {
+    let checked_in = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/generated");
+    if std::env::var_os("SPILLWAY_REGENERATE_PROTO").is_some() {
+        generate_into(&checked_in)?;
+        return Ok(());
+    }
+    let fresh = tempfile::tempdir()?;
+    generate_into(fresh.path())?;
+    let mut names: Vec<_> = std::fs::read_dir(fresh.path())?
+        .map(|entry| entry.map(|e| e.file_name()))
+        .collect::<Result<_, _>>()?;
+    names.sort();
+    for name in names {
+        let want = std::fs::read_to_string(fresh.path().join(&name))?;
+        let have = std::fs::read_to_string(checked_in.join(&name)).unwrap_or_default();
+        assert!(
+            want == have,
+            "{} is stale: run `SPILLWAY_REGENERATE_PROTO=1 cargo test --release -p spillway-proto`",
+            name.to_string_lossy()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,20 @@
+//! The storage node: the one component that touches the disk.
+//!
+//! It owns a RocksDB database holding durable exchanges, queues and bindings
+//! and the messages the engine hands over (persistent messages on durable
+//! queues). It knows nothing of AMQP: it stores what the engine sends, in the
+//! order the engine sends it, and reports disk usage.
+//!
+//! - [`RocksStore`]: the database and the in-process [`StorageApi`] the
+//!   all-in-one broker calls directly.
+//! - [`StorageService`]: the same store served over gRPC for the engine when
+//!   the components run as separate processes.
+//!
+//! [`StorageApi`]: spillway_proto::StorageApi
+
+mod keys;
+mod service;
+mod store;
+
+pub use service::StorageService;
+pub use store::{RocksStore, StoreError};
