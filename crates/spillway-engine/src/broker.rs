@@ -153,6 +153,12 @@ impl Broker {
 
     pub fn declare_exchange(&mut self, session: SessionId, cmd: &pb::ExchangeDeclare) -> OpResult<()> {
         let vhost_name = self.session_vhost(session)?;
+        if cmd.exchange.is_empty() {
+            return Err(errors::error(
+                codes::ACCESS_REFUSED,
+                "operation not permitted on the default exchange",
+            ));
+        }
         let vhost = self.vhost_mut(&vhost_name)?;
         if let Some(existing) = vhost.exchanges.get(&cmd.exchange) {
             if cmd.passive {
@@ -172,12 +178,6 @@ impl Broker {
             }
             if existing.auto_delete != cmd.auto_delete && !existing.is_builtin() {
                 return Err(errors::inequivalent("auto_delete", "exchange", &cmd.exchange, &vhost_name, cmd.auto_delete, existing.auto_delete));
-            }
-            if existing.is_builtin() && !cmd.exchange.is_empty() {
-                return Ok(());
-            }
-            if cmd.exchange.is_empty() {
-                return Err(errors::error(codes::ACCESS_REFUSED, "operation not permitted on the default exchange"));
             }
             return Ok(());
         }
@@ -999,7 +999,7 @@ fn route(vhost: &VHost, exchange: &Exchange, cmd: &pb::Publish) -> OpResult<Vec<
         });
     }
     let headers = match exchange.kind {
-        ExchangeKind::Headers if !cmd.headers.is_empty() => Some(errors::decode_table(&cmd.headers)?),
+        ExchangeKind::Headers => message_headers(&cmd.properties)?,
         _ => None,
     };
     let mut targets: Vec<String> = exchange
@@ -1016,6 +1016,14 @@ fn route(vhost: &VHost, exchange: &Exchange, cmd: &pb::Publish) -> OpResult<Vec<
     targets.sort();
     targets.dedup();
     Ok(targets)
+}
+
+/// The `headers` property of a message, for headers-exchange routing.
+fn message_headers(properties: &[u8]) -> OpResult<Option<FieldTable>> {
+    match amq_protocol::protocol::basic::parse_properties(properties) {
+        Ok((_, parsed)) => Ok(parsed.headers().clone()),
+        Err(_) => Err(errors::error(codes::SYNTAX_ERROR, "malformed message properties")),
+    }
 }
 
 fn find_queue<'a>(vhost: &'a VHost, name: &str, vhost_name: &str) -> OpResult<&'a Queue> {

@@ -50,7 +50,7 @@ pub fn decode_table(bytes: &[u8]) -> Result<FieldTable, AmqpError> {
         return Ok(FieldTable::default());
     }
     match amq_protocol_types::parsing::parse_field_table(bytes) {
-        Ok((rest, table)) if rest.is_empty() => Ok(table),
+        Ok(([], table)) => Ok(table),
         _ => Err(error(codes::SYNTAX_ERROR, "malformed field table")),
     }
 }

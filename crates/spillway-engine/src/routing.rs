@@ -35,8 +35,15 @@ impl ExchangeKind {
 /// Does a topic binding pattern (`*` = one word, `#` = zero or more words)
 /// match a routing key? Words are separated by dots.
 pub fn topic_matches(pattern: &str, routing_key: &str) -> bool {
-    let pattern: Vec<&str> = pattern.split('.').collect();
-    let key: Vec<&str> = routing_key.split('.').collect();
+    // As in RabbitMQ, an empty key has no words (but "a..b" has an empty one).
+    fn words(s: &str) -> Vec<&str> {
+        if s.is_empty() {
+            Vec::new()
+        } else {
+            s.split('.').collect()
+        }
+    }
+    let (pattern, key) = (words(pattern), words(routing_key));
     // matches[i][j]: pattern[i..] matches key[j..]; computed backwards.
     let (p, k) = (pattern.len(), key.len());
     let mut next = vec![false; k + 1];

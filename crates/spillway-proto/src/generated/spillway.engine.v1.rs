@@ -223,11 +223,9 @@ pub struct Publish {
     /// Publisher-confirm sequence number; 0 when the channel is not in confirm mode.
     #[prost(uint64, tag = "7")]
     pub confirm_seq: u64,
-    /// Decoded from `properties` by the gateway: the engine routes on them.
+    /// delivery-mode 2, decoded from `properties` by the gateway.
     #[prost(bool, tag = "8")]
     pub persistent: bool,
-    #[prost(bytes = "bytes", tag = "9")]
-    pub headers: ::prost::bytes::Bytes,
 }
 /// Several commands in one stream message: the remote transport packs what is
 /// ready into one gRPC message. Never nested.

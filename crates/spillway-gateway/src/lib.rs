@@ -1,0 +1,49 @@
+//! The protocol gateway: owns client sockets, AMQP 0-9-1 framing, the
+//! connection and channel state machines, authentication and heartbeats. It
+//! turns frames into engine commands and engine events into frames, and holds
+//! no message beyond the one being assembled per channel.
+//!
+//! Layers, each in its own module:
+//! - [`codec`]: bytes ⇄ frames (no protocol state);
+//! - [`connection`]: the handshake and the connection/channel state machines
+//!   (no I/O);
+//! - [`server`]: the TCP listener and the per-connection I/O loop.
+//!
+//! The engine is reached through [`spillway_proto::EngineApi`]: in-process
+//! in the all-in-one broker, over gRPC when the gateway runs alone.
+
+pub mod auth;
+pub mod codec;
+pub mod connection;
+pub mod server;
+
+pub use auth::User;
+pub use server::{AmqpServer, Server};
+
+/// Gateway settings (the `[gateway]` section of the configuration).
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(default)]
+pub struct GatewayConfig {
+    /// Largest frame offered to clients, bytes.
+    pub frame_max: u32,
+    /// Highest channel number offered to clients.
+    pub channel_max: u16,
+    /// Heartbeat interval offered to clients, seconds (0 = off).
+    pub heartbeat: u16,
+    /// Largest message body accepted, bytes; larger publishes get 406.
+    pub max_message_size: u64,
+    /// Users allowed to connect (PLAIN / AMQPLAIN).
+    pub users: Vec<User>,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self {
+            frame_max: 131_072,
+            channel_max: 2047,
+            heartbeat: 60,
+            max_message_size: 128 * 1024 * 1024,
+            users: vec![User::guest()],
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! The TCP side: accepts connections and runs one I/O loop per connection.
+//! The loop reads frames, feeds them to the [`Connection`] state machine,
+//! forwards its commands to the engine, turns engine events into frames, and
+//! hands outbound bytes to a writer task. The writer reports how many
+//! deliveries reached the socket, which is the engine's credit: a client that
+//! stops reading stops receiving deliveries instead of growing a buffer.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt;
+use spillway_proto::engine::{session_command::Command, DeliveriesWritten, SessionCommand, SessionEvent};
+use spillway_proto::EngineApi;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_util::codec::FramedRead;
+
+use crate::codec::{FrameDecoder, FrameError, FrameWriter, PROTOCOL_HEADER};
+use crate::connection::{
+    codes, write_connection_close, Connection, ConnectionError, Handshake, HandshakeStep, Next,
+};
+use crate::GatewayConfig;
+
+/// How long a client has to send its protocol header and finish the handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long we wait for close-ok after closing a connection on an error.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Engine events handled before outbound bytes are flushed.
+const EVENTS_PER_FLUSH: usize = 256;
+/// Outbound chunks queued for the writer before the loop waits.
+const WRITER_QUEUE: usize = 64;
+
+/// A network server that a wiring crate can start and stop.
+#[async_trait]
+pub trait Server: Send + Sync {
+    /// The address it listens on (the real port when configured with 0).
+    fn bind_addr(&self) -> SocketAddr;
+    /// Stops accepting and closes open connections.
+    async fn shutdown(self: Box<Self>);
+}
+
+pub struct AmqpServer {
+    addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    accept_loop: JoinHandle<()>,
+}
+
+impl AmqpServer {
+    /// Binds `addr` and starts accepting AMQP clients.
+    pub async fn start(
+        addr: SocketAddr,
+        engine: Arc<dyn EngineApi>,
+        config: GatewayConfig,
+    ) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let (stop, stopped) = watch::channel(false);
+        let config = Arc::new(config);
+        tracing::info!(code = "BRK-1002", %addr, "BRK-1002 : Starting : Listening on TCP port {}", addr.port());
+        let accept_loop = tokio::spawn(accept_loop(listener, engine, config, stopped));
+        Ok(Self {
+            addr,
+            stop,
+            accept_loop,
+        })
+    }
+}
+
+#[async_trait]
+impl Server for AmqpServer {
+    fn bind_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    async fn shutdown(self: Box<Self>) {
+        let _ = self.stop.send(true);
+        let _ = self.accept_loop.await;
+        tracing::info!(code = "BRK-1003", addr = %self.addr, "BRK-1003 : Shutting down : TCP port {}", self.addr.port());
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    engine: Arc<dyn EngineApi>,
+    config: Arc<GatewayConfig>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = stopped.changed() => return,
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(accepted) => accepted,
+                    Err(error) => {
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let engine = engine.clone();
+                let config = config.clone();
+                let stopped = stopped.clone();
+                tokio::spawn(async move {
+                    tracing::debug!(%peer, "connection accepted");
+                    if let Err(error) = serve_connection(stream, peer, engine, config, stopped).await {
+                        tracing::debug!(%peer, %error, "connection ended with an i/o error");
+                    }
+                });
+            }
+        }
+    }
+}
+
+struct Outbound {
+    bytes: Bytes,
+    deliveries: u32,
+}
+
+async fn serve_connection(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    engine: Arc<dyn EngineApi>,
+    config: Arc<GatewayConfig>,
+    mut stopped: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let mut header = [0u8; 8];
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, stream.read_exact(&mut header)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(error)) => return Err(error),
+        Err(_) => return Ok(()),
+    }
+    if &header != PROTOCOL_HEADER {
+        // Spec 4.2.2: answer with the protocol we speak, then close.
+        tracing::debug!(%peer, ?header, "wrong protocol header");
+        stream.write_all(PROTOCOL_HEADER).await?;
+        stream.shutdown().await?;
+        return Ok(());
+    }
+    let (read_half, mut write_half) = stream.into_split();
+    let mut frames = FramedRead::new(
+        read_half,
+        FrameDecoder {
+            frame_max: config.frame_max as usize,
+        },
+    );
+    let mut out = FrameWriter::default();
+
+    // Handshake: written directly, before the writer task exists.
+    let mut handshake = Handshake::new(&config, peer);
+    handshake.start(&mut out);
+    write_half.write_all(&out.take()).await?;
+    let deadline = tokio::time::sleep(HANDSHAKE_TIMEOUT);
+    tokio::pin!(deadline);
+    let negotiated = loop {
+        let frame = tokio::select! {
+            _ = &mut deadline => return Ok(()),
+            frame = frames.next() => frame,
+        };
+        let step = match frame {
+            None => return Ok(()),
+            Some(Err(error)) => Err(frame_error(error)),
+            Some(Ok(frame)) => handshake.on_frame(frame, &mut out),
+        };
+        match step {
+            Ok(HandshakeStep::Continue) => {}
+            Ok(HandshakeStep::Open(negotiated)) => break negotiated,
+            Err(error) => {
+                write_connection_close(&error, &mut out);
+                write_half.write_all(&out.take()).await?;
+                drain_until_close_ok(&mut frames).await;
+                return Ok(());
+            }
+        }
+        if !out.is_empty() {
+            write_half.write_all(&out.take()).await?;
+        }
+    };
+    frames.decoder_mut().frame_max = negotiated.frame_max as usize;
+
+    let session = match engine.open_session().await {
+        Ok(session) => session,
+        Err(error) => {
+            tracing::warn!(%peer, %error, "engine unavailable");
+            let error = ConnectionError::new(codes::CONNECTION_FORCED, "engine unavailable");
+            write_connection_close(&error, &mut out);
+            write_half.write_all(&out.take()).await?;
+            return Ok(());
+        }
+    };
+    let commands = session.commands;
+    let mut events = session.events;
+    let mut connection = Connection::new(config.clone(), negotiated, peer);
+    if commands.send(connection.open_session()).await.is_err() {
+        return Ok(());
+    }
+    let (writer_tx, writer_rx) = mpsc::channel::<Outbound>(WRITER_QUEUE);
+    let writer = tokio::spawn(write_loop(write_half, writer_rx, commands.clone()));
+
+    let heartbeat = connection.heartbeat();
+    let beat_every = Duration::from_secs(u64::from(heartbeat.max(1))) / 2;
+    let mut ticker = tokio::time::interval(beat_every);
+    ticker.tick().await;
+    let mut last_read = tokio::time::Instant::now();
+    let mut pending_commands: Vec<SessionCommand> = Vec::new();
+
+    let closing: Option<ConnectionError> = loop {
+        let step: Result<Next, ConnectionError> = tokio::select! {
+            frame = frames.next() => match frame {
+                None => break None,
+                Some(Err(FrameError::Io(_))) => break None,
+                Some(Err(error)) => Err(frame_error(error)),
+                Some(Ok(frame)) => {
+                    last_read = tokio::time::Instant::now();
+                    connection.on_frame(frame, &mut out, &mut pending_commands)
+                }
+            },
+            event = events.recv() => match event {
+                None => Err(ConnectionError::new(codes::CONNECTION_FORCED, "engine session ended")),
+                Some(event) => handle_events(&mut connection, event, &mut events, &mut out, &mut pending_commands)
+                    .map(|()| Next::Continue),
+            },
+            _ = ticker.tick(), if heartbeat > 0 => {
+                if last_read.elapsed() > Duration::from_secs(u64::from(heartbeat) * 2) {
+                    tracing::info!(%peer, "missed heartbeats from client, closing");
+                    break None;
+                }
+                out.heartbeat();
+                Ok(Next::Continue)
+            },
+            _ = stopped.changed() => Err(ConnectionError::new(codes::CONNECTION_FORCED, "broker shutdown")),
+        };
+        for command in pending_commands.drain(..) {
+            if commands.send(command).await.is_err() {
+                break;
+            }
+        }
+        match step {
+            Ok(Next::Continue) => {}
+            Ok(Next::Closed) => {
+                flush(&mut out, &mut connection, &writer_tx).await;
+                break None;
+            }
+            Err(error) => break Some(error),
+        }
+        if !flush(&mut out, &mut connection, &writer_tx).await {
+            break None;
+        }
+    };
+    if let Some(error) = closing {
+        tracing::debug!(%peer, code = error.code, text = %error.text, "closing connection");
+        write_connection_close(&error, &mut out);
+        flush(&mut out, &mut connection, &writer_tx).await;
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, drain_until_close_ok(&mut frames)).await;
+    }
+    drop(commands);
+    drop(writer_tx);
+    let _ = tokio::time::timeout(CLOSE_TIMEOUT, writer).await;
+    Ok(())
+}
+
+/// Handles one event and whatever else is ready, up to a flush's worth.
+fn handle_events(
+    connection: &mut Connection,
+    first: SessionEvent,
+    events: &mut mpsc::UnboundedReceiver<SessionEvent>,
+    out: &mut FrameWriter,
+    commands: &mut Vec<SessionCommand>,
+) -> Result<(), ConnectionError> {
+    connection.on_event(first, out, commands)?;
+    for _ in 1..EVENTS_PER_FLUSH {
+        let Ok(event) = events.try_recv() else { break };
+        connection.on_event(event, out, commands)?;
+    }
+    Ok(())
+}
+
+async fn flush(out: &mut FrameWriter, connection: &mut Connection, writer: &mpsc::Sender<Outbound>) -> bool {
+    if out.is_empty() {
+        return true;
+    }
+    let outbound = Outbound {
+        bytes: out.take(),
+        deliveries: std::mem::take(&mut connection.deliveries),
+    };
+    writer.send(outbound).await.is_ok()
+}
+
+async fn write_loop(
+    mut socket: OwnedWriteHalf,
+    mut outbound: mpsc::Receiver<Outbound>,
+    commands: mpsc::Sender<SessionCommand>,
+) {
+    let mut ready = Vec::with_capacity(WRITER_QUEUE);
+    while outbound.recv_many(&mut ready, WRITER_QUEUE).await > 0 {
+        let mut deliveries = 0;
+        for chunk in ready.drain(..) {
+            deliveries += chunk.deliveries;
+            if socket.write_all(&chunk.bytes).await.is_err() {
+                return;
+            }
+        }
+        if deliveries > 0 {
+            let written = SessionCommand {
+                command: Some(Command::DeliveriesWritten(DeliveriesWritten { count: deliveries })),
+            };
+            // The session may already be gone; the credit no longer matters then.
+            let _ = commands.send(written).await;
+        }
+    }
+    let _ = socket.shutdown().await;
+}
+
+async fn drain_until_close_ok<R>(frames: &mut FramedRead<R, FrameDecoder>)
+where
+    R: tokio::io::AsyncRead + Unpin,
+{
+    use amq_protocol::protocol::{connection as conn, AMQPClass};
+    while let Some(Ok(frame)) = frames.next().await {
+        if frame.kind != crate::codec::FRAME_METHOD || frame.channel != 0 {
+            continue;
+        }
+        if let Some(AMQPClass::Connection(conn::AMQPMethod::CloseOk(_) | conn::AMQPMethod::Close(_))) =
+            crate::codec::parse_method(&frame.payload)
+        {
+            return;
+        }
+    }
+}
+
+fn frame_error(error: FrameError) -> ConnectionError {
+    ConnectionError::new(codes::FRAME_ERROR, error.to_string())
+}

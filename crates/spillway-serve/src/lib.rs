@@ -1,0 +1,10 @@
+//! Wiring: reads the configuration and assembles the components, either all
+//! in one process (in-process calls across every boundary, embedded RocksDB)
+//! or one role per process (gRPC across the boundaries). The components know
+//! nothing of each other's location; this crate is the only place that does.
+
+mod roles;
+mod settings;
+
+pub use roles::{run, Role, Running};
+pub use settings::Settings;

@@ -1,0 +1,174 @@
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use spillway_engine::{Engine, EngineConfig, EngineService};
+use spillway_gateway::{AmqpServer, Server};
+use spillway_management::ManagementService;
+use spillway_proto::{EngineApi, RemoteEngine, RemoteStorage, StorageApi};
+use spillway_storage::{RocksStore, StorageService};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::Settings;
+
+/// Which components this process runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Every component, in-process, on an embedded store.
+    AllInOne,
+    Gateway,
+    Engine,
+    Storage,
+    Management,
+}
+
+/// A started process: its bound addresses, and how to stop it.
+pub struct Running {
+    /// Component name → bound address (`amqp`, `engine`, `storage`, `management`).
+    pub addresses: BTreeMap<&'static str, SocketAddr>,
+    amqp: Option<Box<dyn Server>>,
+    stop: watch::Sender<bool>,
+    grpc_servers: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    pub async fn shutdown(self) {
+        if let Some(amqp) = self.amqp {
+            amqp.shutdown().await;
+        }
+        let _ = self.stop.send(true);
+        for server in self.grpc_servers {
+            let _ = server.await;
+        }
+    }
+
+    /// The ready file's content: the bound addresses as a JSON object.
+    pub fn addresses_json(&self) -> String {
+        let map: BTreeMap<&str, String> = self
+            .addresses
+            .iter()
+            .map(|(name, addr)| (*name, addr.to_string()))
+            .collect();
+        serde_json::to_string(&map).unwrap_or_default()
+    }
+}
+
+/// Starts `role` as configured; returns once every listener is bound.
+pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
+    let (stop, stopped) = watch::channel(false);
+    let mut running = Running {
+        addresses: BTreeMap::new(),
+        amqp: None,
+        stop,
+        grpc_servers: Vec::new(),
+    };
+    match role {
+        Role::AllInOne => {
+            let store = open_store(&settings.storage.data_dir)?;
+            let storage: Arc<dyn StorageApi> = Arc::new(store);
+            let engine = start_engine(storage.clone(), settings).await?;
+            start_amqp(&mut running, Arc::new(engine), settings).await?;
+            let management = ManagementService::new(storage).into_server();
+            let router = tonic::transport::Server::builder().add_service(management);
+            start_grpc(&mut running, "management", &settings.management.listen, router, stopped).await?;
+        }
+        Role::Storage => {
+            let store = open_store(&settings.storage.data_dir)?;
+            let router = tonic::transport::Server::builder().add_service(StorageService::new(store).into_server());
+            start_grpc(&mut running, "storage", &settings.storage.listen, router, stopped).await?;
+        }
+        Role::Engine => {
+            let storage: Arc<dyn StorageApi> = Arc::new(RemoteStorage::connect_lazy(&settings.engine.storage_addr)?);
+            let engine = start_engine(storage, settings).await?;
+            let router = tonic::transport::Server::builder().add_service(EngineService::new(engine).into_server());
+            start_grpc(&mut running, "engine", &settings.engine.listen, router, stopped).await?;
+        }
+        Role::Gateway => {
+            let engine: Arc<dyn EngineApi> = Arc::new(RemoteEngine::connect_lazy(&settings.gateway.engine_addr)?);
+            start_amqp(&mut running, engine, settings).await?;
+        }
+        Role::Management => {
+            let storage: Arc<dyn StorageApi> =
+                Arc::new(RemoteStorage::connect_lazy(&settings.management.storage_addr)?);
+            let router =
+                tonic::transport::Server::builder().add_service(ManagementService::new(storage).into_server());
+            start_grpc(&mut running, "management", &settings.management.listen, router, stopped).await?;
+        }
+    }
+    Ok(running)
+}
+
+fn open_store(data_dir: &Path) -> anyhow::Result<RocksStore> {
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("creating the data directory {}", data_dir.display()))?;
+    Ok(RocksStore::open(data_dir)?)
+}
+
+/// Starts the engine; a storage node that is not up yet is waited for.
+async fn start_engine(storage: Arc<dyn StorageApi>, settings: &Settings) -> anyhow::Result<Engine> {
+    let config = EngineConfig {
+        session_credit: settings.engine.session_credit,
+    };
+    let mut backoff = Duration::from_millis(100);
+    let mut waited = Duration::ZERO;
+    loop {
+        match Engine::start(storage.clone(), config.clone()).await {
+            Ok(engine) => return Ok(engine),
+            Err(error) if waited < Duration::from_secs(120) => {
+                tracing::warn!(%error, "storage not ready, retrying");
+                tokio::time::sleep(backoff).await;
+                waited += backoff;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+}
+
+async fn start_amqp(running: &mut Running, engine: Arc<dyn EngineApi>, settings: &Settings) -> anyhow::Result<()> {
+    let addr: SocketAddr = settings
+        .gateway
+        .amqp_listen
+        .parse()
+        .with_context(|| format!("gateway.amqp_listen '{}' is not an address", settings.gateway.amqp_listen))?;
+    let server = AmqpServer::start(addr, engine, settings.gateway.protocol())
+        .await
+        .with_context(|| format!("binding the AMQP port {addr}"))?;
+    running.addresses.insert("amqp", server.bind_addr());
+    running.amqp = Some(Box::new(server));
+    Ok(())
+}
+
+async fn start_grpc(
+    running: &mut Running,
+    name: &'static str,
+    listen: &str,
+    router: tonic::transport::server::Router,
+    mut stopped: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let listener = TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding the {name} gRPC port {listen}"))?;
+    let addr = listener.local_addr()?;
+    running.addresses.insert(name, addr);
+    tracing::info!(component = name, %addr, "grpc listening");
+    let server = tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = stopped.changed().await;
+        };
+        if let Err(error) = router
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+            .await
+        {
+            tracing::error!(component = name, %error, "grpc server failed");
+        }
+    });
+    running.grpc_servers.push(server);
+    Ok(())
+}
