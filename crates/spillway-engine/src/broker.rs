@@ -259,18 +259,30 @@ impl Broker {
         let Some(exchange) = vhost.exchanges.remove(name) else {
             return;
         };
+        let mut ops: Vec<WriteOp> = Vec::new();
         if exchange.durable {
-            let mut ops: Vec<WriteOp> = exchange
-                .bindings
-                .iter()
-                .map(|b| op(write_op::Op::DeleteBinding(binding_definition(vhost_name, name, b))))
-                .collect();
+            ops.extend(exchange.bindings.iter().map(|b| {
+                op(write_op::Op::DeleteBinding(binding_definition(vhost_name, name, b)))
+            }));
             ops.push(op(write_op::Op::DeleteExchange(store::ExchangeKey {
                 vhost: vhost_name.to_string(),
                 name: name.to_string(),
             })));
-            self.persist.submit(ops, None);
         }
+        // Bindings from other exchanges to this one go with it.
+        let target = Destination::Exchange(name.to_string());
+        for source in vhost.exchanges.values_mut() {
+            let source_name = source.name.clone();
+            let source_durable = source.durable;
+            source.bindings.retain(|b| {
+                let keep = b.destination != target;
+                if !keep && source_durable && exchange.durable {
+                    ops.push(op(write_op::Op::DeleteBinding(binding_definition(vhost_name, &source_name, b))));
+                }
+                keep
+            });
+        }
+        self.persist.submit(ops, None);
     }
 
     // --------------------------------------------------------------- queues
@@ -359,62 +371,92 @@ impl Broker {
     }
 
     pub fn bind_queue(&mut self, session: SessionId, cmd: &pb::QueueBind) -> OpResult<()> {
+        let target = Destination::Queue(cmd.queue.clone());
+        self.bind(session, target, &cmd.exchange, &cmd.routing_key, &cmd.arguments)
+    }
+
+    pub fn unbind_queue(&mut self, session: SessionId, cmd: &pb::QueueUnbind) -> OpResult<()> {
+        let target = Destination::Queue(cmd.queue.clone());
+        self.unbind(session, target, &cmd.exchange, &cmd.routing_key, &cmd.arguments)
+    }
+
+    pub fn bind_exchange(&mut self, session: SessionId, cmd: &pb::ExchangeBind) -> OpResult<()> {
+        let target = Destination::Exchange(cmd.destination.clone());
+        self.bind(session, target, &cmd.source, &cmd.routing_key, &cmd.arguments)
+    }
+
+    pub fn unbind_exchange(&mut self, session: SessionId, cmd: &pb::ExchangeBind) -> OpResult<()> {
+        let target = Destination::Exchange(cmd.destination.clone());
+        self.unbind(session, target, &cmd.source, &cmd.routing_key, &cmd.arguments)
+    }
+
+    /// Checks that a binding's destination exists and may be used; returns
+    /// whether it is durable (the binding is stored when both ends are).
+    fn check_destination(vhost: &VHost, destination: &Destination, session: SessionId, vhost_name: &str) -> OpResult<bool> {
+        match destination {
+            Destination::Queue(name) => {
+                let queue = find_queue(vhost, name, vhost_name)?;
+                check_exclusive(queue, session, vhost_name)?;
+                Ok(queue.stores_messages())
+            }
+            Destination::Exchange(name) => {
+                let exchange = find_exchange(vhost, name, vhost_name)?;
+                if exchange.name.is_empty() {
+                    return Err(default_exchange_refused());
+                }
+                Ok(exchange.durable)
+            }
+        }
+    }
+
+    fn bind(&mut self, session: SessionId, destination: Destination, source: &str, routing_key: &str, arguments: &bytes::Bytes) -> OpResult<()> {
         let vhost_name = self.session_vhost(session)?;
-        let arguments = errors::decode_table(&cmd.arguments)?;
+        let argument_table = errors::decode_table(arguments)?;
         let vhost = self.vhost_mut(&vhost_name)?;
-        let queue = find_queue(vhost, &cmd.queue, &vhost_name)?;
-        check_exclusive(queue, session, &vhost_name)?;
-        let queue_stored = queue.stores_messages();
-        let exchange = find_exchange(vhost, &cmd.exchange, &vhost_name)?;
+        let destination_durable = Self::check_destination(vhost, &destination, session, &vhost_name)?;
+        let exchange = find_exchange(vhost, source, &vhost_name)?;
         if exchange.name.is_empty() {
-            return Err(errors::error(
-                codes::ACCESS_REFUSED,
-                "operation not permitted on the default exchange",
-            ));
+            return Err(default_exchange_refused());
         }
         let binding = Binding {
-            queue: cmd.queue.clone(),
-            routing_key: cmd.routing_key.clone(),
-            arguments: cmd.arguments.clone(),
-            argument_table: arguments,
+            destination,
+            routing_key: routing_key.to_string(),
+            arguments: arguments.clone(),
+            argument_table,
         };
-        let already = exchange.bindings.iter().any(|b| same_binding(b, &binding));
-        if already {
+        if exchange.bindings.iter().any(|b| same_binding(b, &binding)) {
             return Ok(());
         }
-        let durable = exchange.durable && queue_stored;
-        if durable {
+        if exchange.durable && destination_durable {
             self.persist.submit(
-                vec![op(write_op::Op::PutBinding(binding_definition(&vhost_name, &cmd.exchange, &binding)))],
+                vec![op(write_op::Op::PutBinding(binding_definition(&vhost_name, source, &binding)))],
                 None,
             );
         }
         let vhost = self.vhost_mut(&vhost_name)?;
-        if let Some(exchange) = vhost.exchanges.get_mut(&cmd.exchange) {
+        if let Some(exchange) = vhost.exchanges.get_mut(source) {
             exchange.bindings.push(binding);
         }
         Ok(())
     }
 
-    pub fn unbind_queue(&mut self, session: SessionId, cmd: &pb::QueueUnbind) -> OpResult<()> {
+    fn unbind(&mut self, session: SessionId, destination: Destination, source: &str, routing_key: &str, arguments: &bytes::Bytes) -> OpResult<()> {
         let vhost_name = self.session_vhost(session)?;
-        let arguments = errors::decode_table(&cmd.arguments)?;
+        let argument_table = errors::decode_table(arguments)?;
         let vhost = self.vhost_mut(&vhost_name)?;
-        let queue = find_queue(vhost, &cmd.queue, &vhost_name)?;
-        check_exclusive(queue, session, &vhost_name)?;
-        let queue_stored = queue.stores_messages();
-        let exchange = find_exchange(vhost, &cmd.exchange, &vhost_name)?;
+        let destination_durable = Self::check_destination(vhost, &destination, session, &vhost_name)?;
+        let exchange = find_exchange(vhost, source, &vhost_name)?;
         if exchange.name.is_empty() {
-            return Err(errors::error(codes::ACCESS_REFUSED, "operation not permitted on the default exchange"));
+            return Err(default_exchange_refused());
         }
         let probe = Binding {
-            queue: cmd.queue.clone(),
-            routing_key: cmd.routing_key.clone(),
-            arguments: cmd.arguments.clone(),
-            argument_table: arguments,
+            destination,
+            routing_key: routing_key.to_string(),
+            arguments: arguments.clone(),
+            argument_table,
         };
-        let durable = exchange.durable && queue_stored;
-        let Some(exchange) = vhost.exchanges.get_mut(&cmd.exchange) else {
+        let durable = exchange.durable && destination_durable;
+        let Some(exchange) = vhost.exchanges.get_mut(source) else {
             return Ok(());
         };
         let Some(position) = exchange.bindings.iter().position(|b| same_binding(b, &probe)) else {
@@ -424,12 +466,12 @@ impl Broker {
         let now_unused = exchange.auto_delete && exchange.bindings.is_empty();
         if durable {
             self.persist.submit(
-                vec![op(write_op::Op::DeleteBinding(binding_definition(&vhost_name, &cmd.exchange, &removed)))],
+                vec![op(write_op::Op::DeleteBinding(binding_definition(&vhost_name, source, &removed)))],
                 None,
             );
         }
         if now_unused {
-            self.remove_exchange(&vhost_name, &cmd.exchange);
+            self.remove_exchange(&vhost_name, source);
         }
         Ok(())
     }
@@ -491,7 +533,7 @@ impl Broker {
             let durable = exchange.durable;
             let exchange_name = exchange.name.clone();
             exchange.bindings.retain(|b| {
-                let keep = b.queue != name;
+                let keep = b.destination != Destination::Queue(name.to_string());
                 if !keep && durable && queue.stores_messages() {
                     ops.push(op(write_op::Op::DeleteBinding(binding_definition(vhost_name, &exchange_name, b))));
                 }
@@ -577,13 +619,6 @@ impl Broker {
             },
         );
         Ok(tag)
-    }
-
-    /// Starts delivering to a consumer once its consume-ok has been sent.
-    pub fn after_consume(&mut self, session: SessionId, queue: &str) {
-        if let Ok(vhost) = self.session_vhost(session) {
-            self.dispatch(&vhost, queue);
-        }
     }
 
     pub fn cancel(&mut self, session: SessionId, cmd: &pb::Cancel) -> OpResult<()> {
@@ -781,7 +816,10 @@ impl Broker {
     /// basic.recover: every unacked delivery of the channel goes back to its
     /// queue (redelivered), with or without `requeue` — the spec allows the
     /// server to requeue in both cases.
-    pub fn recover(&mut self, session: SessionId, cmd: &pb::Recover) -> OpResult<()> {
+    ///
+    /// Returns the queues to dispatch once recover-ok has been sent: clients
+    /// (lapin) drop deliveries that arrive before it.
+    pub fn recover(&mut self, session: SessionId, cmd: &pb::Recover) -> OpResult<Vec<String>> {
         let vhost_name = self.session_vhost(session)?;
         let channel = self.channel_mut(session, cmd.channel)?;
         let unacked = std::mem::take(&mut channel.unacked);
@@ -795,8 +833,14 @@ impl Broker {
                 touched.push(entry.queue);
             }
         }
-        self.dispatch_all(&vhost_name, touched);
-        Ok(())
+        Ok(touched)
+    }
+
+    /// Dispatches the given queues of the session's vhost.
+    pub fn dispatch_queues(&mut self, session: SessionId, queues: Vec<String>) {
+        if let Ok(vhost) = self.session_vhost(session) {
+            self.dispatch_all(&vhost, queues);
+        }
     }
 
     /// The gateway wrote `count` deliveries to its socket.
@@ -990,6 +1034,8 @@ impl Broker {
     }
 }
 
+/// The queues a message reaches from `exchange`, following exchange-to-
+/// exchange bindings (each exchange visited once, so cycles end).
 fn route(vhost: &VHost, exchange: &Exchange, cmd: &pb::Publish) -> OpResult<Vec<String>> {
     if exchange.name.is_empty() {
         return Ok(if vhost.queues.contains_key(&cmd.routing_key) {
@@ -998,21 +1044,40 @@ fn route(vhost: &VHost, exchange: &Exchange, cmd: &pb::Publish) -> OpResult<Vec<
             Vec::new()
         });
     }
-    let headers = match exchange.kind {
-        ExchangeKind::Headers => message_headers(&cmd.properties)?,
-        _ => None,
-    };
-    let mut targets: Vec<String> = exchange
-        .bindings
-        .iter()
-        .filter(|b| match exchange.kind {
-            ExchangeKind::Direct => b.routing_key == cmd.routing_key,
-            ExchangeKind::Fanout => true,
-            ExchangeKind::Topic => topic_matches(&b.routing_key, &cmd.routing_key),
-            ExchangeKind::Headers => headers_match(&b.argument_table, headers.as_ref()),
-        })
-        .map(|b| b.queue.clone())
-        .collect();
+    let mut headers: Option<Option<FieldTable>> = None;
+    let mut targets = Vec::new();
+    let mut visited = vec![exchange.name.as_str()];
+    let mut pending = vec![exchange];
+    while let Some(exchange) = pending.pop() {
+        if exchange.kind == ExchangeKind::Headers && headers.is_none() {
+            headers = Some(message_headers(&cmd.properties)?);
+        }
+        for binding in &exchange.bindings {
+            let matched = match exchange.kind {
+                ExchangeKind::Direct => binding.routing_key == cmd.routing_key,
+                ExchangeKind::Fanout => true,
+                ExchangeKind::Topic => topic_matches(&binding.routing_key, &cmd.routing_key),
+                ExchangeKind::Headers => {
+                    headers_match(&binding.argument_table, headers.as_ref().and_then(Option::as_ref))
+                }
+            };
+            if !matched {
+                continue;
+            }
+            match &binding.destination {
+                Destination::Queue(queue) => targets.push(queue.clone()),
+                Destination::Exchange(next) => {
+                    if visited.contains(&next.as_str()) {
+                        continue;
+                    }
+                    if let Some(next) = vhost.exchanges.get(next) {
+                        visited.push(next.name.as_str());
+                        pending.push(next);
+                    }
+                }
+            }
+        }
+    }
     targets.sort();
     targets.dedup();
     Ok(targets)
@@ -1060,8 +1125,15 @@ fn check_exclusive(queue: &Queue, session: SessionId, vhost_name: &str) -> OpRes
     }
 }
 
+fn default_exchange_refused() -> AmqpError {
+    errors::error(
+        codes::ACCESS_REFUSED,
+        "operation not permitted on the default exchange",
+    )
+}
+
 fn same_binding(a: &Binding, b: &Binding) -> bool {
-    a.queue == b.queue && a.routing_key == b.routing_key && a.argument_table == b.argument_table
+    a.destination == b.destination && a.routing_key == b.routing_key && a.argument_table == b.argument_table
 }
 
 fn first_inequivalent_argument(current: &FieldTable, received: &FieldTable) -> Option<String> {
@@ -1087,9 +1159,10 @@ fn binding_definition(vhost: &str, exchange: &str, binding: &Binding) -> store::
     store::BindingDefinition {
         vhost: vhost.to_string(),
         exchange: exchange.to_string(),
-        queue: binding.queue.clone(),
+        queue: binding.destination.name().to_string(),
         routing_key: binding.routing_key.clone(),
         arguments: binding.arguments.clone(),
+        to_exchange: matches!(binding.destination, Destination::Exchange(_)),
     }
 }
 

@@ -68,9 +68,24 @@ impl Exchange {
     }
 }
 
+/// Where a binding leads: a queue, or another exchange.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Destination {
+    Queue(String),
+    Exchange(String),
+}
+
+impl Destination {
+    pub fn name(&self) -> &str {
+        match self {
+            Destination::Queue(name) | Destination::Exchange(name) => name,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Binding {
-    pub queue: String,
+    pub destination: Destination,
     pub routing_key: String,
     pub arguments: Bytes,
     /// Decoded `arguments`, for headers exchanges.

@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 
 use crate::broker::{event, recovered, Broker, PublishOutcome};
 use crate::errors;
-use crate::model::{Binding, Exchange, Queue, SessionId, VHost};
+use crate::model::{Binding, Destination, Exchange, Queue, SessionId, VHost};
 use crate::persistence::StoreWriter;
 use crate::routing::ExchangeKind;
 
@@ -108,14 +108,22 @@ impl Engine {
             let Some(vhost) = broker.vhosts.get_mut(&def.vhost) else {
                 continue;
             };
-            if !vhost.queues.contains_key(&def.queue) {
+            if !def.to_exchange && !vhost.queues.contains_key(&def.queue) {
                 continue;
             }
+            let destination = if def.to_exchange {
+                if !vhost.exchanges.contains_key(&def.queue) {
+                    continue;
+                }
+                Destination::Exchange(def.queue)
+            } else {
+                Destination::Queue(def.queue)
+            };
             let Some(exchange) = vhost.exchanges.get_mut(&def.exchange) else {
                 continue;
             };
             exchange.bindings.push(Binding {
-                queue: def.queue,
+                destination,
                 routing_key: def.routing_key,
                 argument_table: errors::decode_table(&def.arguments).unwrap_or_default(),
                 arguments: def.arguments,
@@ -252,6 +260,8 @@ impl Session {
             }
             Command::QueueBind(cmd) => self.ok(cmd.request_id, broker.bind_queue(id, &cmd)),
             Command::QueueUnbind(cmd) => self.ok(cmd.request_id, broker.unbind_queue(id, &cmd)),
+            Command::ExchangeBind(cmd) => self.ok(cmd.request_id, broker.bind_exchange(id, &cmd)),
+            Command::ExchangeUnbind(cmd) => self.ok(cmd.request_id, broker.unbind_exchange(id, &cmd)),
             Command::QueuePurge(cmd) => {
                 let result = broker.purge_queue(id, &cmd);
                 self.reply(cmd.request_id, result.map(count_ok));
@@ -286,7 +296,8 @@ impl Session {
                     result.map(|consumer_tag| reply::Result::ConsumeOk(pb::ConsumeOk { consumer_tag })),
                 );
                 if started {
-                    broker.after_consume(id, &cmd.queue);
+                    // Deliveries only after consume-ok, as clients expect.
+                    broker.dispatch_queues(id, vec![cmd.queue]);
                 }
             }
             Command::Cancel(cmd) => self.ok(cmd.request_id, broker.cancel(id, &cmd)),
@@ -300,7 +311,13 @@ impl Session {
                     self.send_async_error(cmd.channel, error);
                 }
             }
-            Command::Recover(cmd) => self.ok(cmd.request_id, broker.recover(id, &cmd)),
+            Command::Recover(cmd) => match broker.recover(id, &cmd) {
+                Ok(queues) => {
+                    self.ok(cmd.request_id, Ok(()));
+                    broker.dispatch_queues(id, queues);
+                }
+                Err(error) => self.ok(cmd.request_id, Err(error)),
+            },
             Command::Qos(cmd) => self.ok(cmd.request_id, broker.qos(id, &cmd)),
             Command::Get(cmd) => {
                 let result = broker.get(id, &cmd).map(|got| match got {

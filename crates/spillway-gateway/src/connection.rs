@@ -130,6 +130,7 @@ impl<'a> Handshake<'a> {
         let mut capabilities = FieldTable::default();
         for capability in [
             "publisher_confirms",
+            "exchange_exchange_bindings",
             "basic.nack",
             "consumer_cancel_notify",
             "connection.blocked",
@@ -301,6 +302,8 @@ enum Answer {
     ChannelReleased,
     ExchangeDeclare,
     ExchangeDelete,
+    ExchangeBind,
+    ExchangeUnbind,
     QueueDeclare,
     QueueBind,
     QueueUnbind,
@@ -691,12 +694,27 @@ impl Connection {
                 return Err(ConnectionError::new(codes::NOT_IMPLEMENTED, "transactions are not supported yet")
                     .on(class_id, method_id));
             }
-            AMQPClass::Exchange(exchange::AMQPMethod::Bind(_) | exchange::AMQPMethod::Unbind(_)) => {
-                return Err(ConnectionError::new(
-                    codes::NOT_IMPLEMENTED,
-                    "exchange-to-exchange bindings are not supported yet",
-                )
-                .on(class_id, method_id));
+            AMQPClass::Exchange(exchange::AMQPMethod::Bind(m)) => {
+                let request_id = self.track(channel_id, class_id, method_id, m.nowait, Answer::ExchangeBind);
+                Command::ExchangeBind(pb::ExchangeBind {
+                    request_id,
+                    channel: ch,
+                    destination: m.destination.to_string(),
+                    source: m.source.to_string(),
+                    routing_key: m.routing_key.to_string(),
+                    arguments: table_bytes(&m.arguments),
+                })
+            }
+            AMQPClass::Exchange(exchange::AMQPMethod::Unbind(m)) => {
+                let request_id = self.track(channel_id, class_id, method_id, m.nowait, Answer::ExchangeUnbind);
+                Command::ExchangeUnbind(pb::ExchangeBind {
+                    request_id,
+                    channel: ch,
+                    destination: m.destination.to_string(),
+                    source: m.source.to_string(),
+                    routing_key: m.routing_key.to_string(),
+                    arguments: table_bytes(&m.arguments),
+                })
             }
             _ => {
                 return Err(ConnectionError::new(
@@ -855,6 +873,16 @@ impl Connection {
                 return Ok(());
             }
         };
+        if let Some(user_id) = properties.user_id() {
+            if user_id.as_str() != self.negotiated.user {
+                let text = format!(
+                    "user_id property set to '{}' but authenticated user was '{}'",
+                    user_id, self.negotiated.user
+                );
+                self.close_channel(channel_id, codes::PRECONDITION_FAILED, &text, 60, 40, out, commands);
+                return Ok(());
+            }
+        }
         let Some(channel) = self.channels.get_mut(&channel_id) else {
             return Ok(());
         };
@@ -1065,6 +1093,8 @@ impl Connection {
             (Answer::ChannelOpen, _) => AMQPClass::Channel(chan::AMQPMethod::OpenOk(chan::OpenOk {})),
             (Answer::ExchangeDeclare, _) => AMQPClass::Exchange(exchange::AMQPMethod::DeclareOk(exchange::DeclareOk {})),
             (Answer::ExchangeDelete, _) => AMQPClass::Exchange(exchange::AMQPMethod::DeleteOk(exchange::DeleteOk {})),
+            (Answer::ExchangeBind, _) => AMQPClass::Exchange(exchange::AMQPMethod::BindOk(exchange::BindOk {})),
+            (Answer::ExchangeUnbind, _) => AMQPClass::Exchange(exchange::AMQPMethod::UnbindOk(exchange::UnbindOk {})),
             (Answer::QueueDeclare, reply::Result::QueueDeclareOk(ok)) => {
                 AMQPClass::Queue(queue::AMQPMethod::DeclareOk(queue::DeclareOk {
                     queue: short(&ok.queue),

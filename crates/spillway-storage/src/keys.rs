@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | `x` | vhost, exchange | `ExchangeDefinition` |
 //! | `q` | vhost, queue | `QueueDefinition` |
-//! | `b` | vhost, exchange, queue, routing key, arguments | `BindingDefinition` |
+//! | `b` | vhost, source exchange, destination, routing key, arguments, destination kind | `BindingDefinition` |
 //! | `m` | vhost, queue, then the message id as 8 big-endian bytes | `StoredMessage` |
 //!
 //! Message ids increase, so a queue's messages iterate oldest first.

@@ -7,7 +7,7 @@ use spillway_proto::storage::{
     Definitions, LoadDefinitionsRequest, LoadMessagesRequest, StatusRequest, StoreStatus,
     StoredMessageChunk, WriteAck, WriteBatch,
 };
-use spillway_proto::{ServiceError, StorageApi};
+use spillway_proto::StorageApi;
 use tonic::{Request, Response, Status};
 
 use crate::RocksStore;
@@ -73,7 +73,7 @@ impl Storage for StorageService {
         &self,
         _request: Request<StatusRequest>,
     ) -> Result<Response<StoreStatus>, Status> {
-        let status: Result<_, ServiceError> = self.store.status().await;
+        let status = StorageApi::status(&self.store).await;
         Ok(Response::new(status?))
     }
 }

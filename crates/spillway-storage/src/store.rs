@@ -162,6 +162,7 @@ fn binding_key(def: &BindingDefinition) -> Vec<u8> {
             def.queue.as_bytes(),
             def.routing_key.as_bytes(),
             &def.arguments,
+            &[u8::from(def.to_exchange)],
         ],
     )
 }

@@ -4,7 +4,7 @@
 pub struct SessionCommand {
     #[prost(
         oneof = "session_command::Command",
-        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21"
+        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23"
     )]
     pub command: ::core::option::Option<session_command::Command>,
 }
@@ -55,6 +55,10 @@ pub mod session_command {
         DeliveriesWritten(super::DeliveriesWritten),
         #[prost(message, tag = "21")]
         Batch(super::CommandBatch),
+        #[prost(message, tag = "22")]
+        ExchangeBind(super::ExchangeBind),
+        #[prost(message, tag = "23")]
+        ExchangeUnbind(super::ExchangeBind),
     }
 }
 /// First command of every session: who is connecting, to which vhost.
@@ -173,6 +177,24 @@ pub struct QueueUnbind {
     pub queue: ::prost::alloc::string::String,
     #[prost(string, tag = "4")]
     pub exchange: ::prost::alloc::string::String,
+    #[prost(string, tag = "5")]
+    pub routing_key: ::prost::alloc::string::String,
+    #[prost(bytes = "bytes", tag = "6")]
+    pub arguments: ::prost::bytes::Bytes,
+}
+/// exchange.bind / exchange.unbind: messages routed by `source` that match
+/// flow on into `destination`.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ExchangeBind {
+    #[prost(uint64, tag = "1")]
+    pub request_id: u64,
+    #[prost(uint32, tag = "2")]
+    pub channel: u32,
+    #[prost(string, tag = "3")]
+    pub destination: ::prost::alloc::string::String,
+    #[prost(string, tag = "4")]
+    pub source: ::prost::alloc::string::String,
     #[prost(string, tag = "5")]
     pub routing_key: ::prost::alloc::string::String,
     #[prost(bytes = "bytes", tag = "6")]

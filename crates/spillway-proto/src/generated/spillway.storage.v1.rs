@@ -97,14 +97,18 @@ pub struct QueueDefinition {
 pub struct BindingDefinition {
     #[prost(string, tag = "1")]
     pub vhost: ::prost::alloc::string::String,
+    /// The source exchange.
     #[prost(string, tag = "2")]
     pub exchange: ::prost::alloc::string::String,
+    /// The destination: a queue, or an exchange when `to_exchange`.
     #[prost(string, tag = "3")]
     pub queue: ::prost::alloc::string::String,
     #[prost(string, tag = "4")]
     pub routing_key: ::prost::alloc::string::String,
     #[prost(bytes = "bytes", tag = "5")]
     pub arguments: ::prost::bytes::Bytes,
+    #[prost(bool, tag = "6")]
+    pub to_exchange: bool,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]

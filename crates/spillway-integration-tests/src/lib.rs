@@ -1,0 +1,237 @@
+//! A sandbox that starts a Spillway broker for a test, in one of its wirings,
+//! on ephemeral ports and a temporary data directory, and stops everything it
+//! started when dropped.
+//!
+//! - [`Wiring::InProcess`]: every component in the test's own process, calls
+//!   across boundaries in-process (the all-in-one broker).
+//! - [`Wiring::Separate`]: storage, engine and gateway as three `spillway`
+//!   processes talking gRPC.
+//! - [`Wiring::AllInOneProcess`]: the all-in-one broker as one child process,
+//!   for tests that SIGKILL it.
+//!
+//! Child processes need the release binary (`cargo build --release -p
+//! spillway`; the Makefile builds it before the tests): `SPILLWAY_BIN`
+//! overrides where it is looked for.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use spillway_serve::{Role, Running, Settings};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wiring {
+    InProcess,
+    Separate,
+    AllInOneProcess,
+}
+
+pub struct Sandbox {
+    wiring: Wiring,
+    dir: tempfile::TempDir,
+    amqp: SocketAddr,
+    in_process: Option<Running>,
+    /// Started in dependency order; stopped in reverse.
+    children: Vec<(String, Child)>,
+}
+
+impl Sandbox {
+    pub async fn start(wiring: Wiring) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir().context("temp dir")?;
+        let mut sandbox = Self {
+            wiring,
+            dir,
+            amqp: SocketAddr::from(([127, 0, 0, 1], 0)),
+            in_process: None,
+            children: Vec::new(),
+        };
+        sandbox.boot().await?;
+        Ok(sandbox)
+    }
+
+    pub fn wiring(&self) -> Wiring {
+        self.wiring
+    }
+
+    pub fn amqp_addr(&self) -> SocketAddr {
+        self.amqp
+    }
+
+    pub fn amqp_uri(&self) -> String {
+        format!("amqp://guest:guest@{}/%2f", self.amqp)
+    }
+
+    pub async fn connect(&self) -> anyhow::Result<lapin::Connection> {
+        Ok(lapin::Connection::connect(&self.amqp_uri(), lapin::ConnectionProperties::default()).await?)
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    async fn boot(&mut self) -> anyhow::Result<()> {
+        match self.wiring {
+            Wiring::InProcess => {
+                let mut settings = Settings::default();
+                settings.gateway.amqp_listen = "127.0.0.1:0".into();
+                settings.management.listen = "127.0.0.1:0".into();
+                settings.storage.data_dir = self.data_dir();
+                let running = spillway_serve::run(Role::AllInOne, &settings).await?;
+                self.amqp = *running.addresses.get("amqp").context("no amqp address")?;
+                self.in_process = Some(running);
+            }
+            Wiring::AllInOneProcess => {
+                let ready = self.spawn("all-in-one", &[]).await?;
+                self.amqp = parse_addr(&ready, "amqp")?;
+            }
+            Wiring::Separate => {
+                let storage = self.spawn("storage", &[]).await?;
+                let storage = parse_addr(&storage, "storage")?;
+                let engine = self
+                    .spawn("engine", &[("SPILLWAY_ENGINE__STORAGE_ADDR", format!("http://{storage}"))])
+                    .await?;
+                let engine = parse_addr(&engine, "engine")?;
+                let gateway = self
+                    .spawn("gateway", &[("SPILLWAY_GATEWAY__ENGINE_ADDR", format!("http://{engine}"))])
+                    .await?;
+                self.amqp = parse_addr(&gateway, "amqp")?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn spawn(&mut self, role: &str, env: &[(&str, String)]) -> anyhow::Result<BTreeMap<String, String>> {
+        let ready = self.dir.path().join(format!("{role}.ready"));
+        let _ = std::fs::remove_file(&ready);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("{role}.log")))?;
+        let mut command = Command::new(spillway_bin()?);
+        command
+            .arg("--ready-file")
+            .arg(&ready)
+            .arg(role)
+            .env("SPILLWAY_GATEWAY__AMQP_LISTEN", "127.0.0.1:0")
+            .env("SPILLWAY_ENGINE__LISTEN", "127.0.0.1:0")
+            .env("SPILLWAY_STORAGE__LISTEN", "127.0.0.1:0")
+            .env("SPILLWAY_MANAGEMENT__LISTEN", "127.0.0.1:0")
+            .env("SPILLWAY_STORAGE__DATA_DIR", self.data_dir())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let child = command.spawn().context("starting spillway")?;
+        self.children.push((role.to_string(), child));
+        wait_for_ready(&ready, Duration::from_secs(60)).await
+    }
+
+    /// Stops the broker gracefully and starts it again on the same data.
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.stop(libc_signal::TERM).await;
+        self.boot().await
+    }
+
+    /// SIGKILLs every broker process (not for the in-process wiring), then
+    /// starts them again on the same data.
+    pub async fn kill_and_restart(&mut self) -> anyhow::Result<()> {
+        if self.wiring == Wiring::InProcess {
+            bail!("cannot SIGKILL the test's own process");
+        }
+        self.stop(libc_signal::KILL).await;
+        self.boot().await
+    }
+
+    async fn stop(&mut self, signal: &str) {
+        if let Some(running) = self.in_process.take() {
+            running.shutdown().await;
+        }
+        while let Some((_, mut child)) = self.children.pop() {
+            let _ = Command::new("kill")
+                .arg(format!("-{signal}"))
+                .arg(child.id().to_string())
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+
+    /// The logs of the child processes, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut logs = String::new();
+        for role in ["storage", "engine", "gateway", "all-in-one"] {
+            if let Ok(text) = std::fs::read_to_string(self.dir.path().join(format!("{role}.log"))) {
+                logs.push_str(&format!("--- {role} ---\n{text}\n"));
+            }
+        }
+        logs
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        for (_, child) in self.children.iter_mut().rev() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+mod libc_signal {
+    pub const TERM: &str = "TERM";
+    pub const KILL: &str = "KILL";
+}
+
+/// `SPILLWAY_BIN`, or `target/release/spillway` next to this test binary.
+pub fn spillway_bin() -> anyhow::Result<PathBuf> {
+    if let Some(path) = std::env::var_os("SPILLWAY_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    let exe = std::env::current_exe()?;
+    // target/release/deps/<test> → target/release/spillway
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|dir| dir.join("spillway"))
+        .context("cannot locate target dir")?;
+    if !bin.exists() {
+        bail!("{} not found: run `cargo build --release -p spillway` first", bin.display());
+    }
+    Ok(bin)
+}
+
+async fn wait_for_ready(path: &Path, timeout: Duration) -> anyhow::Result<BTreeMap<String, String>> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            return Ok(serde_json::from_str(&text)?);
+        }
+        if Instant::now() > deadline {
+            bail!("{} did not appear in {timeout:?}", path.display());
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+fn parse_addr(ready: &BTreeMap<String, String>, key: &str) -> anyhow::Result<SocketAddr> {
+    ready
+        .get(key)
+        .with_context(|| format!("ready file has no '{key}'"))?
+        .parse()
+        .with_context(|| format!("bad '{key}' address"))
+}
