@@ -1,0 +1,41 @@
+# Spillway — the two commands a newcomer needs:
+#   make run    start the all-in-one broker (AMQP on 5672, data in ./data)
+#   make test   install what the tests need, then run the whole suite
+.PHONY: run test build deps venv lint test-rust test-python bench fmt clean
+
+CARGO := scripts/cargo.sh
+
+run: deps
+	$(CARGO) run --release -p spillway --
+
+deps:
+	@scripts/install-deps.sh
+
+venv:
+	@scripts/python-venv.sh
+
+build: deps
+	$(CARGO) build --release -p spillway -p spillway-loadgen
+
+lint: deps
+	cargo fmt --all -- --check
+	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
+
+test-rust: build
+	$(CARGO) test --release --workspace
+
+test-python: build venv
+	.venv/bin/pytest tests/python -q -p no:cacheprovider
+
+test: lint test-rust test-python
+
+bench: deps
+	@scripts/install-deps.sh --bench
+	scripts/bench.sh
+
+fmt:
+	cargo fmt --all
+
+clean:
+	cargo clean
+	rm -rf .venv

@@ -1,0 +1,173 @@
+//! Bad bytes on the socket get the answer the spec asks for, and the broker
+//! keeps serving everyone else. The client side is hand-written frames,
+//! encoded and decoded with amq-protocol as the reference codec.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use amq_protocol::frame::{gen_frame, parse_frame, AMQPFrame, WriteContext};
+use amq_protocol::protocol::{channel, connection, queue, AMQPClass};
+use amq_protocol::types::FieldTable;
+use spillway_integration_tests::{Sandbox, Wiring};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const HEADER: &[u8] = b"AMQP\x00\x00\x09\x01";
+
+fn encode(frame: AMQPFrame) -> Vec<u8> {
+    let context = gen_frame(&frame)(WriteContext::from(Vec::new())).expect("encode");
+    context.write
+}
+
+async fn read_frame(socket: &mut TcpStream) -> anyhow::Result<AMQPFrame> {
+    let mut head = [0u8; 7];
+    tokio::time::timeout(Duration::from_secs(5), socket.read_exact(&mut head)).await??;
+    let size = u32::from_be_bytes([head[3], head[4], head[5], head[6]]) as usize;
+    let mut rest = vec![0u8; size + 1];
+    socket.read_exact(&mut rest).await?;
+    let mut whole = head.to_vec();
+    whole.extend(rest);
+    let (_, frame) = parse_frame(&whole[..]).map_err(|e| anyhow::anyhow!("unparsable frame: {e:?}"))?;
+    Ok(frame)
+}
+
+/// Connects and completes the handshake with frame_max 4096.
+async fn open_connection(sandbox: &Sandbox) -> anyhow::Result<TcpStream> {
+    let mut socket = TcpStream::connect(sandbox.amqp_addr()).await?;
+    socket.write_all(HEADER).await?;
+    let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Start(_))) = read_frame(&mut socket).await? else {
+        anyhow::bail!("expected connection.start");
+    };
+    let start_ok = connection::StartOk {
+        client_properties: FieldTable::default(),
+        mechanism: "PLAIN".into(),
+        response: "\0guest\0guest".into(),
+        locale: "en_US".into(),
+    };
+    socket
+        .write_all(&encode(AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::StartOk(start_ok)))))
+        .await?;
+    let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Tune(_))) = read_frame(&mut socket).await? else {
+        anyhow::bail!("expected connection.tune");
+    };
+    let tune_ok = connection::TuneOk {
+        channel_max: 16,
+        frame_max: 4096,
+        heartbeat: 0,
+    };
+    socket
+        .write_all(&encode(AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::TuneOk(tune_ok)))))
+        .await?;
+    let open = connection::Open {
+        virtual_host: "/".into(),
+    };
+    socket
+        .write_all(&encode(AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Open(open)))))
+        .await?;
+    let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::OpenOk(_))) = read_frame(&mut socket).await? else {
+        anyhow::bail!("expected connection.open-ok");
+    };
+    Ok(socket)
+}
+
+/// Reads until a connection.close arrives; returns its reply code.
+async fn expect_connection_close(socket: &mut TcpStream) -> anyhow::Result<u16> {
+    loop {
+        if let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Close(close))) = read_frame(socket).await? {
+            let close_ok = AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {})));
+            let _ = socket.write_all(&encode(close_ok)).await;
+            return Ok(close.reply_code);
+        }
+    }
+}
+
+async fn read_to_end(socket: &mut TcpStream) -> anyhow::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), socket.read_to_end(&mut bytes)).await??;
+    Ok(bytes)
+}
+
+/// A real client still gets service.
+async fn broker_still_serves(sandbox: &Sandbox) -> anyhow::Result<()> {
+    let conn = sandbox.connect().await?;
+    let ch = conn.create_channel().await?;
+    ch.queue_declare("alive".into(), Default::default(), Default::default()).await?;
+    conn.close(200, "bye".into()).await?;
+    Ok(())
+}
+
+async fn check_all(sandbox: &Sandbox) -> anyhow::Result<()> {
+    // Garbage instead of a protocol header: the spec's answer is our header, then close.
+    let mut socket = TcpStream::connect(sandbox.amqp_addr()).await?;
+    socket.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await?;
+    assert_eq!(read_to_end(&mut socket).await?, HEADER);
+    broker_still_serves(sandbox).await?;
+
+    // A protocol header for another version: same answer.
+    let mut socket = TcpStream::connect(sandbox.amqp_addr()).await?;
+    socket.write_all(b"AMQP\x01\x01\x00\x0a").await?;
+    assert_eq!(read_to_end(&mut socket).await?, HEADER);
+
+    // A frame larger than the negotiated frame-max: 501 FRAME_ERROR.
+    let mut socket = open_connection(sandbox).await?;
+    let mut oversized = vec![3u8, 0, 1];
+    oversized.extend_from_slice(&100_000u32.to_be_bytes());
+    oversized.extend(vec![0u8; 100_000]);
+    oversized.push(0xCE);
+    let _ = socket.write_all(&oversized).await;
+    assert_eq!(expect_connection_close(&mut socket).await?, 501);
+
+    // A method on a channel that was never opened: 504 CHANNEL_ERROR.
+    let mut socket = open_connection(sandbox).await?;
+    let declare = queue::Declare {
+        queue: "q".into(),
+        ..Default::default()
+    };
+    socket
+        .write_all(&encode(AMQPFrame::Method(5, AMQPClass::Queue(queue::AMQPMethod::Declare(declare)))))
+        .await?;
+    assert_eq!(expect_connection_close(&mut socket).await?, 504);
+
+    // A frame whose end octet is not 0xCE: 501.
+    let mut socket = open_connection(sandbox).await?;
+    socket.write_all(&[8, 0, 0, 0, 0, 0, 0, 0x00]).await?;
+    assert_eq!(expect_connection_close(&mut socket).await?, 501);
+
+    // A content body with no publish before it: 505 UNEXPECTED_FRAME.
+    let mut socket = open_connection(sandbox).await?;
+    socket
+        .write_all(&encode(AMQPFrame::Method(1, AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})))))
+        .await?;
+    let AMQPFrame::Method(1, AMQPClass::Channel(channel::AMQPMethod::OpenOk(_))) = read_frame(&mut socket).await? else {
+        anyhow::bail!("expected channel.open-ok");
+    };
+    socket.write_all(&encode(AMQPFrame::Body(1, b"orphan".to_vec()))).await?;
+    assert_eq!(expect_connection_close(&mut socket).await?, 505);
+
+    // An unknown frame type: 501.
+    let mut socket = open_connection(sandbox).await?;
+    socket.write_all(&[42, 0, 0, 0, 0, 0, 0, 0xCE]).await?;
+    assert_eq!(expect_connection_close(&mut socket).await?, 501);
+
+    // Truncated garbage mid-connection and an abrupt disconnect: nothing breaks.
+    let mut socket = open_connection(sandbox).await?;
+    socket.write_all(&[1, 0, 1, 0, 0, 0, 200, 0, 10]).await?;
+    drop(socket);
+
+    broker_still_serves(sandbox).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_input_in_process() {
+    let sandbox = Sandbox::start(Wiring::InProcess).await.expect("sandbox");
+    check_all(&sandbox).await.expect("malformed input handled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_input_separate_processes() {
+    let sandbox = Sandbox::start(Wiring::Separate).await.expect("sandbox");
+    if let Err(error) = check_all(&sandbox).await {
+        panic!("{error:#}\n{}", sandbox.logs());
+    }
+}
