@@ -151,7 +151,11 @@ impl Broker {
 
     // ------------------------------------------------------------ exchanges
 
-    pub fn declare_exchange(&mut self, session: SessionId, cmd: &pb::ExchangeDeclare) -> OpResult<()> {
+    pub fn declare_exchange(
+        &mut self,
+        session: SessionId,
+        cmd: &pb::ExchangeDeclare,
+    ) -> OpResult<()> {
         let vhost_name = self.session_vhost(session)?;
         if cmd.exchange.is_empty() {
             return Err(errors::error(
@@ -174,10 +178,24 @@ impl Broker {
                 ));
             }
             if existing.durable != cmd.durable && !existing.is_builtin() {
-                return Err(errors::inequivalent("durable", "exchange", &cmd.exchange, &vhost_name, cmd.durable, existing.durable));
+                return Err(errors::inequivalent(
+                    "durable",
+                    "exchange",
+                    &cmd.exchange,
+                    &vhost_name,
+                    cmd.durable,
+                    existing.durable,
+                ));
             }
             if existing.auto_delete != cmd.auto_delete && !existing.is_builtin() {
-                return Err(errors::inequivalent("auto_delete", "exchange", &cmd.exchange, &vhost_name, cmd.auto_delete, existing.auto_delete));
+                return Err(errors::inequivalent(
+                    "auto_delete",
+                    "exchange",
+                    &cmd.exchange,
+                    &vhost_name,
+                    cmd.auto_delete,
+                    existing.auto_delete,
+                ));
             }
             return Ok(());
         }
@@ -230,7 +248,11 @@ impl Broker {
         Ok(())
     }
 
-    pub fn delete_exchange(&mut self, session: SessionId, cmd: &pb::ExchangeDelete) -> OpResult<()> {
+    pub fn delete_exchange(
+        &mut self,
+        session: SessionId,
+        cmd: &pb::ExchangeDelete,
+    ) -> OpResult<()> {
         let vhost_name = self.session_vhost(session)?;
         let vhost = self.vhost_mut(&vhost_name)?;
         let Some(exchange) = vhost.exchanges.get(&cmd.exchange) else {
@@ -245,7 +267,10 @@ impl Broker {
         if cmd.if_unused && !exchange.bindings.is_empty() {
             return Err(errors::error(
                 codes::PRECONDITION_FAILED,
-                format!("exchange '{}' in vhost '{}' in use", cmd.exchange, vhost_name),
+                format!(
+                    "exchange '{}' in vhost '{}' in use",
+                    cmd.exchange, vhost_name
+                ),
             ));
         }
         self.remove_exchange(&vhost_name, &cmd.exchange);
@@ -262,7 +287,9 @@ impl Broker {
         let mut ops: Vec<WriteOp> = Vec::new();
         if exchange.durable {
             ops.extend(exchange.bindings.iter().map(|b| {
-                op(write_op::Op::DeleteBinding(binding_definition(vhost_name, name, b)))
+                op(write_op::Op::DeleteBinding(binding_definition(
+                    vhost_name, name, b,
+                )))
             }));
             ops.push(op(write_op::Op::DeleteExchange(store::ExchangeKey {
                 vhost: vhost_name.to_string(),
@@ -277,7 +304,11 @@ impl Broker {
             source.bindings.retain(|b| {
                 let keep = b.destination != target;
                 if !keep && source_durable && exchange.durable {
-                    ops.push(op(write_op::Op::DeleteBinding(binding_definition(vhost_name, &source_name, b))));
+                    ops.push(op(write_op::Op::DeleteBinding(binding_definition(
+                        vhost_name,
+                        &source_name,
+                        b,
+                    ))));
                 }
                 keep
             });
@@ -287,14 +318,24 @@ impl Broker {
 
     // --------------------------------------------------------------- queues
 
-    pub fn declare_queue(&mut self, session: SessionId, cmd: &pb::QueueDeclare) -> OpResult<pb::QueueDeclareOk> {
+    pub fn declare_queue(
+        &mut self,
+        session: SessionId,
+        cmd: &pb::QueueDeclare,
+    ) -> OpResult<pb::QueueDeclareOk> {
         let vhost_name = self.session_vhost(session)?;
         let vhost = self.vhost_mut(&vhost_name)?;
         let name = if cmd.queue.is_empty() {
             if cmd.passive {
-                return Err(errors::error(codes::NOT_FOUND, "no queue named '' (passive declare)"));
+                return Err(errors::error(
+                    codes::NOT_FOUND,
+                    "no queue named '' (passive declare)",
+                ));
             }
-            format!("amq.gen-{}", Alphanumeric.sample_string(&mut rand::rng(), 22))
+            format!(
+                "amq.gen-{}",
+                Alphanumeric.sample_string(&mut rand::rng(), 22)
+            )
         } else {
             cmd.queue.clone()
         };
@@ -302,19 +343,43 @@ impl Broker {
             check_exclusive(existing, session, &vhost_name)?;
             if !cmd.passive {
                 if existing.durable != cmd.durable {
-                    return Err(errors::inequivalent("durable", "queue", &name, &vhost_name, cmd.durable, existing.durable));
+                    return Err(errors::inequivalent(
+                        "durable",
+                        "queue",
+                        &name,
+                        &vhost_name,
+                        cmd.durable,
+                        existing.durable,
+                    ));
                 }
                 if existing.exclusive_owner.is_some() != cmd.exclusive {
-                    return Err(errors::inequivalent("exclusive", "queue", &name, &vhost_name, cmd.exclusive, existing.exclusive_owner.is_some()));
+                    return Err(errors::inequivalent(
+                        "exclusive",
+                        "queue",
+                        &name,
+                        &vhost_name,
+                        cmd.exclusive,
+                        existing.exclusive_owner.is_some(),
+                    ));
                 }
                 if existing.auto_delete != cmd.auto_delete {
-                    return Err(errors::inequivalent("auto_delete", "queue", &name, &vhost_name, cmd.auto_delete, existing.auto_delete));
+                    return Err(errors::inequivalent(
+                        "auto_delete",
+                        "queue",
+                        &name,
+                        &vhost_name,
+                        cmd.auto_delete,
+                        existing.auto_delete,
+                    ));
                 }
                 let arguments = errors::decode_table(&cmd.arguments)?;
-                if let Some(key) = first_inequivalent_argument(&existing.argument_table, &arguments) {
+                if let Some(key) = first_inequivalent_argument(&existing.argument_table, &arguments)
+                {
                     return Err(errors::error(
                         codes::PRECONDITION_FAILED,
-                        format!("inequivalent arg '{key}' for queue '{name}' in vhost '{vhost_name}'"),
+                        format!(
+                            "inequivalent arg '{key}' for queue '{name}' in vhost '{vhost_name}'"
+                        ),
                     ));
                 }
             }
@@ -372,27 +437,56 @@ impl Broker {
 
     pub fn bind_queue(&mut self, session: SessionId, cmd: &pb::QueueBind) -> OpResult<()> {
         let target = Destination::Queue(cmd.queue.clone());
-        self.bind(session, target, &cmd.exchange, &cmd.routing_key, &cmd.arguments)
+        self.bind(
+            session,
+            target,
+            &cmd.exchange,
+            &cmd.routing_key,
+            &cmd.arguments,
+        )
     }
 
     pub fn unbind_queue(&mut self, session: SessionId, cmd: &pb::QueueUnbind) -> OpResult<()> {
         let target = Destination::Queue(cmd.queue.clone());
-        self.unbind(session, target, &cmd.exchange, &cmd.routing_key, &cmd.arguments)
+        self.unbind(
+            session,
+            target,
+            &cmd.exchange,
+            &cmd.routing_key,
+            &cmd.arguments,
+        )
     }
 
     pub fn bind_exchange(&mut self, session: SessionId, cmd: &pb::ExchangeBind) -> OpResult<()> {
         let target = Destination::Exchange(cmd.destination.clone());
-        self.bind(session, target, &cmd.source, &cmd.routing_key, &cmd.arguments)
+        self.bind(
+            session,
+            target,
+            &cmd.source,
+            &cmd.routing_key,
+            &cmd.arguments,
+        )
     }
 
     pub fn unbind_exchange(&mut self, session: SessionId, cmd: &pb::ExchangeBind) -> OpResult<()> {
         let target = Destination::Exchange(cmd.destination.clone());
-        self.unbind(session, target, &cmd.source, &cmd.routing_key, &cmd.arguments)
+        self.unbind(
+            session,
+            target,
+            &cmd.source,
+            &cmd.routing_key,
+            &cmd.arguments,
+        )
     }
 
     /// Checks that a binding's destination exists and may be used; returns
     /// whether it is durable (the binding is stored when both ends are).
-    fn check_destination(vhost: &VHost, destination: &Destination, session: SessionId, vhost_name: &str) -> OpResult<bool> {
+    fn check_destination(
+        vhost: &VHost,
+        destination: &Destination,
+        session: SessionId,
+        vhost_name: &str,
+    ) -> OpResult<bool> {
         match destination {
             Destination::Queue(name) => {
                 let queue = find_queue(vhost, name, vhost_name)?;
@@ -409,11 +503,19 @@ impl Broker {
         }
     }
 
-    fn bind(&mut self, session: SessionId, destination: Destination, source: &str, routing_key: &str, arguments: &bytes::Bytes) -> OpResult<()> {
+    fn bind(
+        &mut self,
+        session: SessionId,
+        destination: Destination,
+        source: &str,
+        routing_key: &str,
+        arguments: &bytes::Bytes,
+    ) -> OpResult<()> {
         let vhost_name = self.session_vhost(session)?;
         let argument_table = errors::decode_table(arguments)?;
         let vhost = self.vhost_mut(&vhost_name)?;
-        let destination_durable = Self::check_destination(vhost, &destination, session, &vhost_name)?;
+        let destination_durable =
+            Self::check_destination(vhost, &destination, session, &vhost_name)?;
         let exchange = find_exchange(vhost, source, &vhost_name)?;
         if exchange.name.is_empty() {
             return Err(default_exchange_refused());
@@ -429,7 +531,11 @@ impl Broker {
         }
         if exchange.durable && destination_durable {
             self.persist.submit(
-                vec![op(write_op::Op::PutBinding(binding_definition(&vhost_name, source, &binding)))],
+                vec![op(write_op::Op::PutBinding(binding_definition(
+                    &vhost_name,
+                    source,
+                    &binding,
+                )))],
                 None,
             );
         }
@@ -440,11 +546,19 @@ impl Broker {
         Ok(())
     }
 
-    fn unbind(&mut self, session: SessionId, destination: Destination, source: &str, routing_key: &str, arguments: &bytes::Bytes) -> OpResult<()> {
+    fn unbind(
+        &mut self,
+        session: SessionId,
+        destination: Destination,
+        source: &str,
+        routing_key: &str,
+        arguments: &bytes::Bytes,
+    ) -> OpResult<()> {
         let vhost_name = self.session_vhost(session)?;
         let argument_table = errors::decode_table(arguments)?;
         let vhost = self.vhost_mut(&vhost_name)?;
-        let destination_durable = Self::check_destination(vhost, &destination, session, &vhost_name)?;
+        let destination_durable =
+            Self::check_destination(vhost, &destination, session, &vhost_name)?;
         let exchange = find_exchange(vhost, source, &vhost_name)?;
         if exchange.name.is_empty() {
             return Err(default_exchange_refused());
@@ -459,14 +573,22 @@ impl Broker {
         let Some(exchange) = vhost.exchanges.get_mut(source) else {
             return Ok(());
         };
-        let Some(position) = exchange.bindings.iter().position(|b| same_binding(b, &probe)) else {
+        let Some(position) = exchange
+            .bindings
+            .iter()
+            .position(|b| same_binding(b, &probe))
+        else {
             return Ok(());
         };
         let removed = exchange.bindings.remove(position);
         let now_unused = exchange.auto_delete && exchange.bindings.is_empty();
         if durable {
             self.persist.submit(
-                vec![op(write_op::Op::DeleteBinding(binding_definition(&vhost_name, source, &removed)))],
+                vec![op(write_op::Op::DeleteBinding(binding_definition(
+                    &vhost_name,
+                    source,
+                    &removed,
+                )))],
                 None,
             );
         }
@@ -509,7 +631,10 @@ impl Broker {
         if cmd.if_empty && !queue.messages.is_empty() {
             return Err(errors::error(
                 codes::PRECONDITION_FAILED,
-                format!("queue '{}' in vhost '{}' is not empty", cmd.queue, vhost_name),
+                format!(
+                    "queue '{}' in vhost '{}' is not empty",
+                    cmd.queue, vhost_name
+                ),
             ));
         }
         let count = queue.messages.len() as u32;
@@ -535,7 +660,11 @@ impl Broker {
             exchange.bindings.retain(|b| {
                 let keep = b.destination != Destination::Queue(name.to_string());
                 if !keep && durable && queue.stores_messages() {
-                    ops.push(op(write_op::Op::DeleteBinding(binding_definition(vhost_name, &exchange_name, b))));
+                    ops.push(op(write_op::Op::DeleteBinding(binding_definition(
+                        vhost_name,
+                        &exchange_name,
+                        b,
+                    ))));
                 }
                 keep
             });
@@ -555,10 +684,13 @@ impl Broker {
                 if let Some(channel) = session.channels.get_mut(&consumer.channel) {
                     channel.consumers.remove(&consumer.tag);
                 }
-                let _ = session.events.send(event(Event::ConsumerCancelled(pb::ConsumerCancelled {
-                    channel: consumer.channel,
-                    consumer_tag: consumer.tag.clone(),
-                })));
+                let _ =
+                    session
+                        .events
+                        .send(event(Event::ConsumerCancelled(pb::ConsumerCancelled {
+                            channel: consumer.channel,
+                            consumer_tag: consumer.tag.clone(),
+                        })));
             }
         }
         for exchange in emptied_auto_delete {
@@ -581,7 +713,10 @@ impl Broker {
         let vhost_name = self.session_vhost(session)?;
         errors::decode_table(&cmd.arguments)?;
         let tag = if cmd.consumer_tag.is_empty() {
-            format!("amq.ctag-{}", Alphanumeric.sample_string(&mut rand::rng(), 22))
+            format!(
+                "amq.ctag-{}",
+                Alphanumeric.sample_string(&mut rand::rng(), 22)
+            )
         } else {
             cmd.consumer_tag.clone()
         };
@@ -599,7 +734,10 @@ impl Broker {
         if queue.exclusive_consumer || (cmd.exclusive && !queue.consumers.is_empty()) {
             return Err(errors::error(
                 codes::ACCESS_REFUSED,
-                format!("queue '{}' in vhost '{}' in exclusive use", cmd.queue, vhost_name),
+                format!(
+                    "queue '{}' in vhost '{}' in exclusive use",
+                    cmd.queue, vhost_name
+                ),
             ));
         }
         queue.exclusive_consumer = cmd.exclusive;
@@ -627,12 +765,25 @@ impl Broker {
         let Some(consumer) = channel.consumers.remove(&cmd.consumer_tag) else {
             return Ok(());
         };
-        self.detach_consumer(&vhost_name, &consumer.queue, session, cmd.channel, &cmd.consumer_tag);
+        self.detach_consumer(
+            &vhost_name,
+            &consumer.queue,
+            session,
+            cmd.channel,
+            &cmd.consumer_tag,
+        );
         self.auto_delete_if_unused(&vhost_name, &consumer.queue);
         Ok(())
     }
 
-    fn detach_consumer(&mut self, vhost: &str, queue: &str, session: SessionId, channel: ChannelId, tag: &str) {
+    fn detach_consumer(
+        &mut self,
+        vhost: &str,
+        queue: &str,
+        session: SessionId,
+        channel: ChannelId,
+        tag: &str,
+    ) {
         if let Some(queue) = self.queue_mut_opt(vhost, queue) {
             queue
                 .consumers
@@ -651,7 +802,11 @@ impl Broker {
         } else {
             channel.consumer_prefetch = cmd.prefetch_count;
         }
-        let queues: Vec<String> = channel.consumers.values().map(|c| c.queue.clone()).collect();
+        let queues: Vec<String> = channel
+            .consumers
+            .values()
+            .map(|c| c.queue.clone())
+            .collect();
         for queue in queues {
             self.dispatch(&vhost, &queue);
         }
@@ -680,15 +835,18 @@ impl Broker {
         let channel = cmd.channel;
         if targets.is_empty() {
             if cmd.mandatory {
-                self.send(session, Event::Returned(pb::Return {
-                    channel,
-                    reply_code: u32::from(codes::NO_ROUTE),
-                    reply_text: "NO_ROUTE".to_string(),
-                    exchange: cmd.exchange,
-                    routing_key: cmd.routing_key,
-                    properties: cmd.properties,
-                    body: cmd.body,
-                }));
+                self.send(
+                    session,
+                    Event::Returned(pb::Return {
+                        channel,
+                        reply_code: u32::from(codes::NO_ROUTE),
+                        reply_text: "NO_ROUTE".to_string(),
+                        exchange: cmd.exchange,
+                        routing_key: cmd.routing_key,
+                        properties: cmd.properties,
+                        body: cmd.body,
+                    }),
+                );
             }
             return Ok(PublishOutcome::Done);
         }
@@ -708,7 +866,12 @@ impl Broker {
                 continue;
             };
             if message.persistent && queue.stores_messages() {
-                ops.push(op(write_op::Op::PutMessage(stored_message(&vhost_name, name, id, &message))));
+                ops.push(op(write_op::Op::PutMessage(stored_message(
+                    &vhost_name,
+                    name,
+                    id,
+                    &message,
+                ))));
             }
             queue.messages.push_back(QueuedMessage {
                 id,
@@ -756,7 +919,10 @@ impl Broker {
         };
         if cmd.no_ack {
             if stored {
-                self.persist.submit(vec![delete_message_op(&vhost_name, &cmd.queue, message.id)], None);
+                self.persist.submit(
+                    vec![delete_message_op(&vhost_name, &cmd.queue, message.id)],
+                    None,
+                );
             }
         } else {
             channel.unacked.insert(
@@ -779,7 +945,11 @@ impl Broker {
         for unacked in settled {
             if let Some(queue) = self.queue_mut_opt(&vhost_name, &unacked.queue) {
                 if queue.stores_messages() && unacked.message.message.persistent {
-                    ops.push(delete_message_op(&vhost_name, &unacked.queue, unacked.message.id));
+                    ops.push(delete_message_op(
+                        &vhost_name,
+                        &unacked.queue,
+                        unacked.message.id,
+                    ));
                 }
             }
             if unacked.consumer_tag.is_some() {
@@ -804,7 +974,11 @@ impl Broker {
             if cmd.requeue {
                 queue.requeue(unacked.message);
             } else if queue.stores_messages() && unacked.message.message.persistent {
-                ops.push(delete_message_op(&vhost_name, &unacked.queue, unacked.message.id));
+                ops.push(delete_message_op(
+                    &vhost_name,
+                    &unacked.queue,
+                    unacked.message.id,
+                ));
             }
             touched.push(unacked.queue);
         }
@@ -863,7 +1037,13 @@ impl Broker {
     }
 
     /// Removes the deliveries an ack/nack/reject names from the channel.
-    fn settle(&mut self, session: SessionId, channel: ChannelId, tag: u64, multiple: bool) -> OpResult<Vec<Unacked>> {
+    fn settle(
+        &mut self,
+        session: SessionId,
+        channel: ChannelId,
+        tag: u64,
+        multiple: bool,
+    ) -> OpResult<Vec<Unacked>> {
         let state = self.channel_mut(session, channel)?;
         let tags: Vec<u64> = if multiple {
             let upto = if tag == 0 { u64::MAX } else { tag };
@@ -1016,11 +1196,20 @@ impl Broker {
             .ok_or_else(|| errors::error(codes::CHANNEL_ERROR, "session not open"))
     }
 
-    fn channel_mut(&mut self, session: SessionId, channel: ChannelId) -> OpResult<&mut ChannelState> {
+    fn channel_mut(
+        &mut self,
+        session: SessionId,
+        channel: ChannelId,
+    ) -> OpResult<&mut ChannelState> {
         self.session_mut(session)?
             .channels
             .get_mut(&channel)
-            .ok_or_else(|| errors::error(codes::CHANNEL_ERROR, format!("expected 'channel.open' on channel {channel}")))
+            .ok_or_else(|| {
+                errors::error(
+                    codes::CHANNEL_ERROR,
+                    format!("expected 'channel.open' on channel {channel}"),
+                )
+            })
     }
 
     fn vhost_mut(&mut self, name: &str) -> OpResult<&mut VHost> {
@@ -1057,9 +1246,10 @@ fn route(vhost: &VHost, exchange: &Exchange, cmd: &pb::Publish) -> OpResult<Vec<
                 ExchangeKind::Direct => binding.routing_key == cmd.routing_key,
                 ExchangeKind::Fanout => true,
                 ExchangeKind::Topic => topic_matches(&binding.routing_key, &cmd.routing_key),
-                ExchangeKind::Headers => {
-                    headers_match(&binding.argument_table, headers.as_ref().and_then(Option::as_ref))
-                }
+                ExchangeKind::Headers => headers_match(
+                    &binding.argument_table,
+                    headers.as_ref().and_then(Option::as_ref),
+                ),
             };
             if !matched {
                 continue;
@@ -1087,29 +1277,42 @@ fn route(vhost: &VHost, exchange: &Exchange, cmd: &pb::Publish) -> OpResult<Vec<
 fn message_headers(properties: &[u8]) -> OpResult<Option<FieldTable>> {
     match amq_protocol::protocol::basic::parse_properties(properties) {
         Ok((_, parsed)) => Ok(parsed.headers().clone()),
-        Err(_) => Err(errors::error(codes::SYNTAX_ERROR, "malformed message properties")),
+        Err(_) => Err(errors::error(
+            codes::SYNTAX_ERROR,
+            "malformed message properties",
+        )),
     }
 }
 
 fn find_queue<'a>(vhost: &'a VHost, name: &str, vhost_name: &str) -> OpResult<&'a Queue> {
-    vhost
-        .queues
-        .get(name)
-        .ok_or_else(|| errors::error(codes::NOT_FOUND, format!("no queue '{name}' in vhost '{vhost_name}'")))
+    vhost.queues.get(name).ok_or_else(|| {
+        errors::error(
+            codes::NOT_FOUND,
+            format!("no queue '{name}' in vhost '{vhost_name}'"),
+        )
+    })
 }
 
-fn find_queue_mut<'a>(vhost: &'a mut VHost, name: &str, vhost_name: &str) -> OpResult<&'a mut Queue> {
-    vhost
-        .queues
-        .get_mut(name)
-        .ok_or_else(|| errors::error(codes::NOT_FOUND, format!("no queue '{name}' in vhost '{vhost_name}'")))
+fn find_queue_mut<'a>(
+    vhost: &'a mut VHost,
+    name: &str,
+    vhost_name: &str,
+) -> OpResult<&'a mut Queue> {
+    vhost.queues.get_mut(name).ok_or_else(|| {
+        errors::error(
+            codes::NOT_FOUND,
+            format!("no queue '{name}' in vhost '{vhost_name}'"),
+        )
+    })
 }
 
 fn find_exchange<'a>(vhost: &'a VHost, name: &str, vhost_name: &str) -> OpResult<&'a Exchange> {
-    vhost
-        .exchanges
-        .get(name)
-        .ok_or_else(|| errors::error(codes::NOT_FOUND, format!("no exchange '{name}' in vhost '{vhost_name}'")))
+    vhost.exchanges.get(name).ok_or_else(|| {
+        errors::error(
+            codes::NOT_FOUND,
+            format!("no exchange '{name}' in vhost '{vhost_name}'"),
+        )
+    })
 }
 
 fn check_exclusive(queue: &Queue, session: SessionId, vhost_name: &str) -> OpResult<()> {
@@ -1133,7 +1336,9 @@ fn default_exchange_refused() -> AmqpError {
 }
 
 fn same_binding(a: &Binding, b: &Binding) -> bool {
-    a.destination == b.destination && a.routing_key == b.routing_key && a.argument_table == b.argument_table
+    a.destination == b.destination
+        && a.routing_key == b.routing_key
+        && a.argument_table == b.argument_table
 }
 
 fn first_inequivalent_argument(current: &FieldTable, received: &FieldTable) -> Option<String> {
@@ -1209,4 +1414,3 @@ pub fn recovered(stored: store::StoredMessage) -> QueuedMessage {
         redelivered: stored.redelivered,
     }
 }
-

@@ -1,6 +1,6 @@
 //! AMQP reply codes and the engine's error constructors. The engine answers a
-//! failed command with an [`AmqpError`]; the gateway closes the channel (codes
-//! below 500) or the connection (500 and above) with it.
+//! failed command with an [`AmqpError`]; the gateway closes the channel (the
+//! spec's soft errors: 311–313, 403–406) or else the connection with it.
 
 use amq_protocol_types::FieldTable;
 use spillway_proto::engine::AmqpError;

@@ -197,8 +197,8 @@ impl ChannelState {
 
     pub fn has_room(&self, consumer: &Consumer) -> bool {
         let consumer_room = consumer.prefetch == 0 || consumer.unacked < consumer.prefetch;
-        let channel_room =
-            self.channel_prefetch == 0 || (self.unacked.len() as u64) < u64::from(self.channel_prefetch);
+        let channel_room = self.channel_prefetch == 0
+            || (self.unacked.len() as u64) < u64::from(self.channel_prefetch);
         consumer.no_ack || (consumer_room && channel_room)
     }
 }

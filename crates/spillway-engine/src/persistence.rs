@@ -52,7 +52,10 @@ impl StoreWriter {
     }
 }
 
-async fn run_writer(store: Arc<dyn StorageApi>, mut requests: mpsc::UnboundedReceiver<WriteRequest>) {
+async fn run_writer(
+    store: Arc<dyn StorageApi>,
+    mut requests: mpsc::UnboundedReceiver<WriteRequest>,
+) {
     let mut ready = Vec::with_capacity(MAX_REQUESTS_PER_BATCH);
     while requests.recv_many(&mut ready, MAX_REQUESTS_PER_BATCH).await > 0 {
         let mut ops = Vec::new();

@@ -81,18 +81,18 @@ pub fn headers_match(binding: &FieldTable, headers: Option<&FieldTable>) -> bool
         _ => HeadersMatch::All,
     };
     let with_x = matches!(mode, HeadersMatch::AllWithX | HeadersMatch::AnyWithX);
-    let wanted = binding
-        .inner()
-        .iter()
-        .filter(|(key, _)| key.as_str() != "x-match" && (with_x || !key.as_str().starts_with("x-")));
+    let wanted = binding.inner().iter().filter(|(key, _)| {
+        key.as_str() != "x-match" && (with_x || !key.as_str().starts_with("x-"))
+    });
     let empty = FieldTable::default();
     let headers = headers.unwrap_or(&empty).inner();
-    let mut one = |(key, value): (&amq_protocol_types::ShortString, &AMQPValue)| {
-        match (headers.get(key), value) {
-            (Some(_), AMQPValue::Void) => true,
-            (Some(actual), expected) => values_equal(actual, expected),
-            (None, _) => false,
-        }
+    let mut one = |(key, value): (&amq_protocol_types::ShortString, &AMQPValue)| match (
+        headers.get(key),
+        value,
+    ) {
+        (Some(_), AMQPValue::Void) => true,
+        (Some(actual), expected) => values_equal(actual, expected),
+        (None, _) => false,
     };
     match mode {
         HeadersMatch::All | HeadersMatch::AllWithX => wanted.into_iter().all(&mut one),

@@ -53,7 +53,10 @@ struct Shared {
 impl Engine {
     /// Starts the engine on a store, recovering durable exchanges, queues,
     /// bindings and persistent messages before it accepts any session.
-    pub async fn start(store: Arc<dyn StorageApi>, config: EngineConfig) -> Result<Self, EngineError> {
+    pub async fn start(
+        store: Arc<dyn StorageApi>,
+        config: EngineConfig,
+    ) -> Result<Self, EngineError> {
         let definitions = store.load_definitions().await?;
         let writer = StoreWriter::start(store.clone());
         let mut broker = Broker::new(writer, config.session_credit);
@@ -241,19 +244,28 @@ impl Session {
             return;
         }
         if !self.opened {
-            tracing::warn!(session = id, "command before the session was opened, ignored");
+            tracing::warn!(
+                session = id,
+                "command before the session was opened, ignored"
+            );
             return;
         }
         let mut broker = self.shared.broker.lock();
         match command {
             Command::Open(_) | Command::Batch(_) => {}
-            Command::ChannelOpen(cmd) => self.ok(cmd.request_id, broker.open_channel(id, cmd.channel)),
+            Command::ChannelOpen(cmd) => {
+                self.ok(cmd.request_id, broker.open_channel(id, cmd.channel))
+            }
             Command::ChannelClose(cmd) => {
                 broker.close_channel(id, cmd.channel);
                 self.ok(cmd.request_id, Ok(()));
             }
-            Command::ExchangeDeclare(cmd) => self.ok(cmd.request_id, broker.declare_exchange(id, &cmd)),
-            Command::ExchangeDelete(cmd) => self.ok(cmd.request_id, broker.delete_exchange(id, &cmd)),
+            Command::ExchangeDeclare(cmd) => {
+                self.ok(cmd.request_id, broker.declare_exchange(id, &cmd))
+            }
+            Command::ExchangeDelete(cmd) => {
+                self.ok(cmd.request_id, broker.delete_exchange(id, &cmd))
+            }
             Command::QueueDeclare(cmd) => {
                 let result = broker.declare_queue(id, &cmd);
                 self.reply(cmd.request_id, result.map(reply::Result::QueueDeclareOk));
@@ -261,7 +273,9 @@ impl Session {
             Command::QueueBind(cmd) => self.ok(cmd.request_id, broker.bind_queue(id, &cmd)),
             Command::QueueUnbind(cmd) => self.ok(cmd.request_id, broker.unbind_queue(id, &cmd)),
             Command::ExchangeBind(cmd) => self.ok(cmd.request_id, broker.bind_exchange(id, &cmd)),
-            Command::ExchangeUnbind(cmd) => self.ok(cmd.request_id, broker.unbind_exchange(id, &cmd)),
+            Command::ExchangeUnbind(cmd) => {
+                self.ok(cmd.request_id, broker.unbind_exchange(id, &cmd))
+            }
             Command::QueuePurge(cmd) => {
                 let result = broker.purge_queue(id, &cmd);
                 self.reply(cmd.request_id, result.map(count_ok));
@@ -274,7 +288,11 @@ impl Session {
                 let (channel, seq) = (cmd.channel, cmd.confirm_seq);
                 match broker.publish(id, cmd) {
                     Ok(PublishOutcome::Done) if seq > 0 => {
-                        self.send(Event::Confirm(pb::Confirm { channel, seq, ack: true }));
+                        self.send(Event::Confirm(pb::Confirm {
+                            channel,
+                            seq,
+                            ack: true,
+                        }));
                     }
                     Ok(PublishOutcome::Done) => {}
                     Ok(PublishOutcome::AfterWrite(written)) => {
@@ -285,7 +303,7 @@ impl Session {
                             (channel, seq)
                         }));
                     }
-                    Err(error) => self.send_async_error(channel, error),
+                    Err(error) => self.send_async_error(channel, error, PUBLISH),
                 }
             }
             Command::Consume(cmd) => {
@@ -293,7 +311,9 @@ impl Session {
                 let started = result.is_ok();
                 self.reply(
                     cmd.request_id,
-                    result.map(|consumer_tag| reply::Result::ConsumeOk(pb::ConsumeOk { consumer_tag })),
+                    result.map(|consumer_tag| {
+                        reply::Result::ConsumeOk(pb::ConsumeOk { consumer_tag })
+                    }),
                 );
                 if started {
                     // Deliveries only after consume-ok, as clients expect.
@@ -303,12 +323,12 @@ impl Session {
             Command::Cancel(cmd) => self.ok(cmd.request_id, broker.cancel(id, &cmd)),
             Command::Ack(cmd) => {
                 if let Err(error) = broker.ack(id, &cmd) {
-                    self.send_async_error(cmd.channel, error);
+                    self.send_async_error(cmd.channel, error, ACK);
                 }
             }
             Command::Nack(cmd) => {
                 if let Err(error) = broker.nack(id, &cmd) {
-                    self.send_async_error(cmd.channel, error);
+                    self.send_async_error(cmd.channel, error, NACK);
                 }
             }
             Command::Recover(cmd) => match broker.recover(id, &cmd) {
@@ -326,20 +346,34 @@ impl Session {
                 });
                 self.reply(cmd.request_id, result);
             }
-            Command::ConfirmSelect(cmd) => self.ok(cmd.request_id, broker.confirm_select(id, cmd.channel)),
+            Command::ConfirmSelect(cmd) => {
+                self.ok(cmd.request_id, broker.confirm_select(id, cmd.channel))
+            }
             Command::DeliveriesWritten(cmd) => broker.deliveries_written(id, cmd.count),
         }
     }
 
     /// Methods without a reply (publish, ack, nack) report failure as a
     /// channel error: the gateway closes the channel with it.
-    fn send_async_error(&self, channel: u32, error: AmqpError) {
+    fn send_async_error(
+        &self,
+        channel: u32,
+        mut error: AmqpError,
+        (class_id, method_id): (u32, u32),
+    ) {
+        error.class_id = class_id;
+        error.method_id = method_id;
         self.send(Event::ChannelError(pb::ChannelError {
             channel,
             error: Some(error),
         }));
     }
 }
+
+/// (class, method) ids of the methods that fail without a reply.
+const PUBLISH: (u32, u32) = (60, 40);
+const ACK: (u32, u32) = (60, 80);
+const NACK: (u32, u32) = (60, 120);
 
 fn count_ok(message_count: u32) -> reply::Result {
     reply::Result::CountOk(pb::CountOk { message_count })

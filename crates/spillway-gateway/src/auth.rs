@@ -38,7 +38,12 @@ pub enum AuthError {
 }
 
 /// Returns the authenticated user name.
-pub fn authenticate(users: &[User], mechanism: &str, response: &[u8], peer: IpAddr) -> Result<String, AuthError> {
+pub fn authenticate(
+    users: &[User],
+    mechanism: &str,
+    response: &[u8],
+    peer: IpAddr,
+) -> Result<String, AuthError> {
     let (name, password) = match mechanism {
         "PLAIN" => parse_plain(response)?,
         "AMQPLAIN" => parse_amqplain(response)?,
@@ -65,7 +70,8 @@ fn parse_plain(response: &[u8]) -> Result<(String, String), AuthError> {
         return Err(AuthError::Malformed("PLAIN"));
     };
     let user = String::from_utf8(user.to_vec()).map_err(|_| AuthError::Malformed("PLAIN"))?;
-    let password = String::from_utf8(password.to_vec()).map_err(|_| AuthError::Malformed("PLAIN"))?;
+    let password =
+        String::from_utf8(password.to_vec()).map_err(|_| AuthError::Malformed("PLAIN"))?;
     Ok((user, password))
 }
 
@@ -103,7 +109,10 @@ mod tests {
     #[test]
     fn plain_guest_only_from_loopback() {
         let users = [User::guest()];
-        assert_eq!(authenticate(&users, "PLAIN", b"\0guest\0guest", LOCAL), Ok("guest".into()));
+        assert_eq!(
+            authenticate(&users, "PLAIN", b"\0guest\0guest", LOCAL),
+            Ok("guest".into())
+        );
         assert_eq!(
             authenticate(&users, "PLAIN", b"\0guest\0guest", REMOTE),
             Err(AuthError::LoopbackOnly("guest".into()))

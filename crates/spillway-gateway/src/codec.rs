@@ -62,7 +62,10 @@ impl Decoder for FrameDecoder {
             return Ok(None);
         }
         let kind = src[0];
-        if !matches!(kind, FRAME_METHOD | FRAME_HEADER | FRAME_BODY | FRAME_HEARTBEAT) {
+        if !matches!(
+            kind,
+            FRAME_METHOD | FRAME_HEADER | FRAME_BODY | FRAME_HEARTBEAT
+        ) {
             return Err(FrameError::UnknownType(kind));
         }
         let channel = u16::from_be_bytes([src[1], src[2]]);
@@ -152,7 +155,8 @@ impl FrameWriter {
     /// most `frame_max` bytes.
     pub fn content(&mut self, channel: u16, properties: &[u8], body: &[u8], frame_max: usize) {
         let header_size = 12 + properties.len();
-        self.buffer.reserve(FRAME_OVERHEAD * 2 + header_size + body.len());
+        self.buffer
+            .reserve(FRAME_OVERHEAD * 2 + header_size + body.len());
         self.frame_start(FRAME_HEADER, channel, header_size);
         self.buffer.put_u16(60);
         self.buffer.put_u16(0);

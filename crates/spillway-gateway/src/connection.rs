@@ -156,7 +156,11 @@ impl<'a> Handshake<'a> {
         );
     }
 
-    pub fn on_frame(&mut self, frame: RawFrame, out: &mut FrameWriter) -> Result<HandshakeStep, ConnectionError> {
+    pub fn on_frame(
+        &mut self,
+        frame: RawFrame,
+        out: &mut FrameWriter,
+    ) -> Result<HandshakeStep, ConnectionError> {
         match frame.kind {
             codec::FRAME_HEARTBEAT => return Ok(HandshakeStep::Continue),
             codec::FRAME_METHOD if frame.channel == 0 => {}
@@ -208,7 +212,10 @@ impl<'a> Handshake<'a> {
                 if frame_max < codec::MIN_FRAME_MAX {
                     return Err(ConnectionError::new(
                         codes::NOT_ALLOWED,
-                        format!("frame_max {frame_max} below the minimum {}", codec::MIN_FRAME_MAX),
+                        format!(
+                            "frame_max {frame_max} below the minimum {}",
+                            codec::MIN_FRAME_MAX
+                        ),
                     )
                     .on(10, 31));
                 }
@@ -245,7 +252,12 @@ fn client_capabilities(properties: &FieldTable) -> Capabilities {
     let Some(AMQPValue::FieldTable(capabilities)) = properties.inner().get("capabilities") else {
         return Capabilities::default();
     };
-    let flag = |name: &str| matches!(capabilities.inner().get(name), Some(AMQPValue::Boolean(true)));
+    let flag = |name: &str| {
+        matches!(
+            capabilities.inner().get(name),
+            Some(AMQPValue::Boolean(true))
+        )
+    };
     Capabilities {
         consumer_cancel_notify: flag("consumer_cancel_notify"),
         connection_blocked: flag("connection.blocked"),
@@ -332,7 +344,11 @@ pub struct Connection {
 }
 
 impl Connection {
-    pub fn new(config: std::sync::Arc<GatewayConfig>, negotiated: Negotiated, peer: SocketAddr) -> Self {
+    pub fn new(
+        config: std::sync::Arc<GatewayConfig>,
+        negotiated: Negotiated,
+        peer: SocketAddr,
+    ) -> Self {
         Self {
             config,
             negotiated,
@@ -367,7 +383,14 @@ impl Connection {
         }))
     }
 
-    fn track(&mut self, channel: u16, class_id: u16, method_id: u16, nowait: bool, answer: Answer) -> u64 {
+    fn track(
+        &mut self,
+        channel: u16,
+        class_id: u16,
+        method_id: u16,
+        nowait: bool,
+        answer: Answer,
+    ) -> u64 {
         let request_id = self.next_request;
         self.next_request += 1;
         self.pending.insert(
@@ -393,7 +416,10 @@ impl Connection {
         match frame.kind {
             codec::FRAME_HEARTBEAT => {
                 if frame.channel != 0 {
-                    return Err(ConnectionError::new(codes::FRAME_ERROR, "heartbeat frame on a non-zero channel"));
+                    return Err(ConnectionError::new(
+                        codes::FRAME_ERROR,
+                        "heartbeat frame on a non-zero channel",
+                    ));
                 }
                 Ok(Next::Continue)
             }
@@ -415,20 +441,32 @@ impl Connection {
                 self.on_content_body(frame, out, commands)?;
                 Ok(Next::Continue)
             }
-            other => Err(ConnectionError::new(codes::FRAME_ERROR, format!("unknown frame type {other}"))),
+            other => Err(ConnectionError::new(
+                codes::FRAME_ERROR,
+                format!("unknown frame type {other}"),
+            )),
         }
     }
 
-    fn on_connection_method(&mut self, method: AMQPClass, out: &mut FrameWriter) -> Result<Next, ConnectionError> {
+    fn on_connection_method(
+        &mut self,
+        method: AMQPClass,
+        out: &mut FrameWriter,
+    ) -> Result<Next, ConnectionError> {
         let (class_id, method_id) = (method.get_amqp_class_id(), method.get_amqp_method_id());
         match method {
             AMQPClass::Connection(conn::AMQPMethod::Close(close)) => {
                 tracing::debug!(peer = %self.peer, code = close.reply_code, text = %close.reply_text, "client closed the connection");
-                out.method(0, AMQPClass::Connection(conn::AMQPMethod::CloseOk(conn::CloseOk {})));
+                out.method(
+                    0,
+                    AMQPClass::Connection(conn::AMQPMethod::CloseOk(conn::CloseOk {})),
+                );
                 Ok(Next::Closed)
             }
             AMQPClass::Connection(conn::AMQPMethod::CloseOk(_)) => Ok(Next::Closed),
-            AMQPClass::Connection(conn::AMQPMethod::Blocked(_) | conn::AMQPMethod::Unblocked(_)) => Ok(Next::Continue),
+            AMQPClass::Connection(
+                conn::AMQPMethod::Blocked(_) | conn::AMQPMethod::Unblocked(_),
+            ) => Ok(Next::Continue),
             AMQPClass::Connection(conn::AMQPMethod::UpdateSecret(_)) => Err(ConnectionError::new(
                 codes::NOT_IMPLEMENTED,
                 "connection.update-secret is not supported",
@@ -456,8 +494,11 @@ impl Connection {
     ) -> Result<(), ConnectionError> {
         let (class_id, method_id) = (method.get_amqp_class_id(), method.get_amqp_method_id());
         if let AMQPClass::Connection(_) = method {
-            return Err(ConnectionError::new(codes::COMMAND_INVALID, "connection methods must use channel 0")
-                .on(class_id, method_id));
+            return Err(ConnectionError::new(
+                codes::COMMAND_INVALID,
+                "connection methods must use channel 0",
+            )
+            .on(class_id, method_id));
         }
         let Some(channel) = self.channels.get_mut(&channel_id) else {
             if let AMQPClass::Channel(chan::AMQPMethod::Open(_)) = method {
@@ -477,7 +518,10 @@ impl Connection {
                     }
                     AMQPClass::Channel(chan::AMQPMethod::Close(_)) => {
                         // Both sides closed at once: answer and forget the channel.
-                        out.method(channel_id, AMQPClass::Channel(chan::AMQPMethod::CloseOk(chan::CloseOk {})));
+                        out.method(
+                            channel_id,
+                            AMQPClass::Channel(chan::AMQPMethod::CloseOk(chan::CloseOk {})),
+                        );
                         self.channels.remove(&channel_id);
                     }
                     _ => {}
@@ -505,9 +549,18 @@ impl Connection {
             }
             AMQPClass::Channel(chan::AMQPMethod::Close(_)) => {
                 channel.phase = ChannelPhase::ClosingByClient;
-                let request_id = self.track(channel_id, class_id, method_id, false, Answer::ChannelCloseByClient);
+                let request_id = self.track(
+                    channel_id,
+                    class_id,
+                    method_id,
+                    false,
+                    Answer::ChannelCloseByClient,
+                );
                 *self.releasing.entry(channel_id).or_default() += 1;
-                Command::ChannelClose(pb::ChannelClose { request_id, channel: ch })
+                Command::ChannelClose(pb::ChannelClose {
+                    request_id,
+                    channel: ch,
+                })
             }
             AMQPClass::Channel(chan::AMQPMethod::CloseOk(_)) => return Ok(()),
             AMQPClass::Channel(chan::AMQPMethod::Flow(flow)) => {
@@ -515,7 +568,9 @@ impl Connection {
                 // paced by prefetch and TCP back-pressure instead.
                 out.method(
                     channel_id,
-                    AMQPClass::Channel(chan::AMQPMethod::FlowOk(chan::FlowOk { active: flow.active })),
+                    AMQPClass::Channel(chan::AMQPMethod::FlowOk(chan::FlowOk {
+                        active: flow.active,
+                    })),
                 );
                 return Ok(());
             }
@@ -528,7 +583,13 @@ impl Connection {
                 return Ok(());
             }
             AMQPClass::Exchange(exchange::AMQPMethod::Declare(m)) => {
-                let request_id = self.track(channel_id, class_id, method_id, m.nowait, Answer::ExchangeDeclare);
+                let request_id = self.track(
+                    channel_id,
+                    class_id,
+                    method_id,
+                    m.nowait,
+                    Answer::ExchangeDeclare,
+                );
                 Command::ExchangeDeclare(pb::ExchangeDeclare {
                     request_id,
                     channel: ch,
@@ -542,7 +603,13 @@ impl Connection {
                 })
             }
             AMQPClass::Exchange(exchange::AMQPMethod::Delete(m)) => {
-                let request_id = self.track(channel_id, class_id, method_id, m.nowait, Answer::ExchangeDelete);
+                let request_id = self.track(
+                    channel_id,
+                    class_id,
+                    method_id,
+                    m.nowait,
+                    Answer::ExchangeDelete,
+                );
                 Command::ExchangeDelete(pb::ExchangeDelete {
                     request_id,
                     channel: ch,
@@ -551,7 +618,13 @@ impl Connection {
                 })
             }
             AMQPClass::Queue(queue::AMQPMethod::Declare(m)) => {
-                let request_id = self.track(channel_id, class_id, method_id, m.nowait, Answer::QueueDeclare);
+                let request_id = self.track(
+                    channel_id,
+                    class_id,
+                    method_id,
+                    m.nowait,
+                    Answer::QueueDeclare,
+                );
                 Command::QueueDeclare(pb::QueueDeclare {
                     request_id,
                     channel: ch,
@@ -564,7 +637,8 @@ impl Connection {
                 })
             }
             AMQPClass::Queue(queue::AMQPMethod::Bind(m)) => {
-                let request_id = self.track(channel_id, class_id, method_id, m.nowait, Answer::QueueBind);
+                let request_id =
+                    self.track(channel_id, class_id, method_id, m.nowait, Answer::QueueBind);
                 Command::QueueBind(pb::QueueBind {
                     request_id,
                     channel: ch,
@@ -575,7 +649,8 @@ impl Connection {
                 })
             }
             AMQPClass::Queue(queue::AMQPMethod::Unbind(m)) => {
-                let request_id = self.track(channel_id, class_id, method_id, false, Answer::QueueUnbind);
+                let request_id =
+                    self.track(channel_id, class_id, method_id, false, Answer::QueueUnbind);
                 Command::QueueUnbind(pb::QueueUnbind {
                     request_id,
                     channel: ch,
@@ -586,7 +661,13 @@ impl Connection {
                 })
             }
             AMQPClass::Queue(queue::AMQPMethod::Purge(m)) => {
-                let request_id = self.track(channel_id, class_id, method_id, m.nowait, Answer::QueuePurge);
+                let request_id = self.track(
+                    channel_id,
+                    class_id,
+                    method_id,
+                    m.nowait,
+                    Answer::QueuePurge,
+                );
                 Command::QueuePurge(pb::QueuePurge {
                     request_id,
                     channel: ch,
@@ -594,7 +675,13 @@ impl Connection {
                 })
             }
             AMQPClass::Queue(queue::AMQPMethod::Delete(m)) => {
-                let request_id = self.track(channel_id, class_id, method_id, m.nowait, Answer::QueueDelete);
+                let request_id = self.track(
+                    channel_id,
+                    class_id,
+                    method_id,
+                    m.nowait,
+                    Answer::QueueDelete,
+                );
                 Command::QueueDelete(pb::QueueDelete {
                     request_id,
                     channel: ch,
@@ -613,7 +700,8 @@ impl Connection {
                 })
             }
             AMQPClass::Basic(basic::AMQPMethod::Consume(m)) => {
-                let request_id = self.track(channel_id, class_id, method_id, m.nowait, Answer::Consume);
+                let request_id =
+                    self.track(channel_id, class_id, method_id, m.nowait, Answer::Consume);
                 Command::Consume(pb::Consume {
                     request_id,
                     channel: ch,
@@ -626,7 +714,13 @@ impl Connection {
             }
             AMQPClass::Basic(basic::AMQPMethod::Cancel(m)) => {
                 let tag = m.consumer_tag.to_string();
-                let request_id = self.track(channel_id, class_id, method_id, m.nowait, Answer::Cancel(tag.clone()));
+                let request_id = self.track(
+                    channel_id,
+                    class_id,
+                    method_id,
+                    m.nowait,
+                    Answer::Cancel(tag.clone()),
+                );
                 Command::Cancel(pb::Cancel {
                     request_id,
                     channel: ch,
@@ -670,7 +764,8 @@ impl Connection {
                 requeue: m.requeue,
             }),
             AMQPClass::Basic(basic::AMQPMethod::Recover(m)) => {
-                let request_id = self.track(channel_id, class_id, method_id, false, Answer::Recover);
+                let request_id =
+                    self.track(channel_id, class_id, method_id, false, Answer::Recover);
                 Command::Recover(pb::Recover {
                     request_id,
                     channel: ch,
@@ -687,15 +782,33 @@ impl Connection {
             }
             AMQPClass::Confirm(confirm::AMQPMethod::Select(m)) => {
                 channel.confirm = true;
-                let request_id = self.track(channel_id, class_id, method_id, m.nowait, Answer::ConfirmSelect);
-                Command::ConfirmSelect(pb::ConfirmSelect { request_id, channel: ch })
+                let request_id = self.track(
+                    channel_id,
+                    class_id,
+                    method_id,
+                    m.nowait,
+                    Answer::ConfirmSelect,
+                );
+                Command::ConfirmSelect(pb::ConfirmSelect {
+                    request_id,
+                    channel: ch,
+                })
             }
             AMQPClass::Tx(_) => {
-                return Err(ConnectionError::new(codes::NOT_IMPLEMENTED, "transactions are not supported yet")
-                    .on(class_id, method_id));
+                return Err(ConnectionError::new(
+                    codes::NOT_IMPLEMENTED,
+                    "transactions are not supported yet",
+                )
+                .on(class_id, method_id));
             }
             AMQPClass::Exchange(exchange::AMQPMethod::Bind(m)) => {
-                let request_id = self.track(channel_id, class_id, method_id, m.nowait, Answer::ExchangeBind);
+                let request_id = self.track(
+                    channel_id,
+                    class_id,
+                    method_id,
+                    m.nowait,
+                    Answer::ExchangeBind,
+                );
                 Command::ExchangeBind(pb::ExchangeBind {
                     request_id,
                     channel: ch,
@@ -706,7 +819,13 @@ impl Connection {
                 })
             }
             AMQPClass::Exchange(exchange::AMQPMethod::Unbind(m)) => {
-                let request_id = self.track(channel_id, class_id, method_id, m.nowait, Answer::ExchangeUnbind);
+                let request_id = self.track(
+                    channel_id,
+                    class_id,
+                    method_id,
+                    m.nowait,
+                    Answer::ExchangeUnbind,
+                );
                 Command::ExchangeUnbind(pb::ExchangeBind {
                     request_id,
                     channel: ch,
@@ -728,11 +847,18 @@ impl Connection {
         Ok(())
     }
 
-    fn open_channel(&mut self, channel_id: u16, commands: &mut Vec<SessionCommand>) -> Result<(), ConnectionError> {
+    fn open_channel(
+        &mut self,
+        channel_id: u16,
+        commands: &mut Vec<SessionCommand>,
+    ) -> Result<(), ConnectionError> {
         if channel_id > self.negotiated.channel_max {
             return Err(ConnectionError::new(
                 codes::CHANNEL_ERROR,
-                format!("channel {channel_id} above channel_max {}", self.negotiated.channel_max),
+                format!(
+                    "channel {channel_id} above channel_max {}",
+                    self.negotiated.channel_max
+                ),
             )
             .on(20, 10));
         }
@@ -762,7 +888,9 @@ impl Connection {
         let channel_id = frame.channel;
         let max_message_size = self.config.max_message_size;
         let channel = self.content_channel(channel_id)?;
-        let Some(channel) = channel else { return Ok(()) };
+        let Some(channel) = channel else {
+            return Ok(());
+        };
         let Some(publish) = channel.publish.as_mut() else {
             return Err(ConnectionError::new(
                 codes::UNEXPECTED_FRAME,
@@ -776,10 +904,16 @@ impl Connection {
             ));
         }
         let Some(header) = codec::parse_content_header(&frame.payload) else {
-            return Err(ConnectionError::new(codes::FRAME_ERROR, "malformed content header"));
+            return Err(ConnectionError::new(
+                codes::FRAME_ERROR,
+                "malformed content header",
+            ));
         };
         if header.class_id != 60 {
-            return Err(ConnectionError::new(codes::FRAME_ERROR, "content header for a class other than basic"));
+            return Err(ConnectionError::new(
+                codes::FRAME_ERROR,
+                "content header for a class other than basic",
+            ));
         }
         if header.body_size > max_message_size {
             let text = format!(
@@ -787,11 +921,21 @@ impl Connection {
                 header.body_size, max_message_size
             );
             channel.publish = None;
-            self.close_channel(channel_id, codes::PRECONDITION_FAILED, &text, 60, 40, out, commands);
+            self.close_channel(
+                channel_id,
+                codes::PRECONDITION_FAILED,
+                &text,
+                60,
+                40,
+                out,
+                commands,
+            );
             return Ok(());
         }
         // Bounded by max_message_size above; reserve lazily for huge bodies.
-        publish.body.reserve((header.body_size as usize).min(1 << 20));
+        publish
+            .body
+            .reserve((header.body_size as usize).min(1 << 20));
         let complete = header.body_size == 0;
         publish.header = Some(header);
         if complete {
@@ -836,7 +980,10 @@ impl Connection {
 
     /// The channel a content frame belongs to; None when the frame is to be
     /// discarded (the channel is closing).
-    fn content_channel(&mut self, channel_id: u16) -> Result<Option<&mut Channel>, ConnectionError> {
+    fn content_channel(
+        &mut self,
+        channel_id: u16,
+    ) -> Result<Option<&mut Channel>, ConnectionError> {
         match self.channels.get_mut(&channel_id) {
             None => Err(ConnectionError::new(
                 codes::CHANNEL_ERROR,
@@ -869,7 +1016,15 @@ impl Connection {
         let properties = match basic::parse_properties(&header.properties[..]) {
             Ok(([], properties)) => properties,
             _ => {
-                self.close_channel(channel_id, codes::SYNTAX_ERROR, "malformed message properties", 60, 40, out, commands);
+                self.close_channel(
+                    channel_id,
+                    codes::SYNTAX_ERROR,
+                    "malformed message properties",
+                    60,
+                    40,
+                    out,
+                    commands,
+                );
                 return Ok(());
             }
         };
@@ -879,7 +1034,15 @@ impl Connection {
                     "user_id property set to '{}' but authenticated user was '{}'",
                     user_id, self.negotiated.user
                 );
-                self.close_channel(channel_id, codes::PRECONDITION_FAILED, &text, 60, 40, out, commands);
+                self.close_channel(
+                    channel_id,
+                    codes::PRECONDITION_FAILED,
+                    &text,
+                    60,
+                    40,
+                    out,
+                    commands,
+                );
                 return Ok(());
             }
         }
@@ -980,7 +1143,12 @@ impl Connection {
                         routing_key: short(&deliver.routing_key),
                     })),
                 );
-                out.content(channel_id, &deliver.properties, &deliver.body, self.negotiated.frame_max as usize);
+                out.content(
+                    channel_id,
+                    &deliver.properties,
+                    &deliver.body,
+                    self.negotiated.frame_max as usize,
+                );
                 self.deliveries += 1;
                 Ok(())
             }
@@ -1018,7 +1186,12 @@ impl Connection {
                         routing_key: short(&returned.routing_key),
                     })),
                 );
-                out.content(channel_id, &returned.properties, &returned.body, self.negotiated.frame_max as usize);
+                out.content(
+                    channel_id,
+                    &returned.properties,
+                    &returned.body,
+                    self.negotiated.frame_max as usize,
+                );
                 Ok(())
             }
             Event::ConsumerCancelled(cancelled) => {
@@ -1040,7 +1213,9 @@ impl Connection {
                     return Ok(());
                 }
                 let error = channel_error.error.unwrap_or_default();
-                self.raise(channel_id, error, 60, 40, out, commands)
+                let class_id = u16::try_from(error.class_id).unwrap_or_default();
+                let method_id = u16::try_from(error.method_id).unwrap_or_default();
+                self.raise(channel_id, error, class_id, method_id, out, commands)
             }
         }
     }
@@ -1056,7 +1231,10 @@ impl Connection {
             return Ok(());
         };
         let channel_id = pending.channel;
-        if matches!(pending.answer, Answer::ChannelReleased | Answer::ChannelCloseByClient) {
+        if matches!(
+            pending.answer,
+            Answer::ChannelReleased | Answer::ChannelCloseByClient
+        ) {
             if let Some(count) = self.releasing.get_mut(&channel_id) {
                 *count -= 1;
                 if *count == 0 {
@@ -1072,17 +1250,30 @@ impl Connection {
             if !self.is_live(channel_id) {
                 return Ok(());
             }
-            return self.raise(channel_id, error, pending.class_id, pending.method_id, out, commands);
+            return self.raise(
+                channel_id,
+                error,
+                pending.class_id,
+                pending.method_id,
+                out,
+                commands,
+            );
         }
         let answer = match pending.answer {
             Answer::Session => {
-                out.method(0, AMQPClass::Connection(conn::AMQPMethod::OpenOk(conn::OpenOk {})));
+                out.method(
+                    0,
+                    AMQPClass::Connection(conn::AMQPMethod::OpenOk(conn::OpenOk {})),
+                );
                 return Ok(());
             }
             Answer::ChannelReleased => return Ok(()),
             Answer::ChannelCloseByClient => {
                 self.channels.remove(&channel_id);
-                out.method(channel_id, AMQPClass::Channel(chan::AMQPMethod::CloseOk(chan::CloseOk {})));
+                out.method(
+                    channel_id,
+                    AMQPClass::Channel(chan::AMQPMethod::CloseOk(chan::CloseOk {})),
+                );
                 return Ok(());
             }
             _ if !self.is_live(channel_id) => return Ok(()),
@@ -1090,11 +1281,21 @@ impl Connection {
             answer => answer,
         };
         let method = match (answer, result) {
-            (Answer::ChannelOpen, _) => AMQPClass::Channel(chan::AMQPMethod::OpenOk(chan::OpenOk {})),
-            (Answer::ExchangeDeclare, _) => AMQPClass::Exchange(exchange::AMQPMethod::DeclareOk(exchange::DeclareOk {})),
-            (Answer::ExchangeDelete, _) => AMQPClass::Exchange(exchange::AMQPMethod::DeleteOk(exchange::DeleteOk {})),
-            (Answer::ExchangeBind, _) => AMQPClass::Exchange(exchange::AMQPMethod::BindOk(exchange::BindOk {})),
-            (Answer::ExchangeUnbind, _) => AMQPClass::Exchange(exchange::AMQPMethod::UnbindOk(exchange::UnbindOk {})),
+            (Answer::ChannelOpen, _) => {
+                AMQPClass::Channel(chan::AMQPMethod::OpenOk(chan::OpenOk {}))
+            }
+            (Answer::ExchangeDeclare, _) => {
+                AMQPClass::Exchange(exchange::AMQPMethod::DeclareOk(exchange::DeclareOk {}))
+            }
+            (Answer::ExchangeDelete, _) => {
+                AMQPClass::Exchange(exchange::AMQPMethod::DeleteOk(exchange::DeleteOk {}))
+            }
+            (Answer::ExchangeBind, _) => {
+                AMQPClass::Exchange(exchange::AMQPMethod::BindOk(exchange::BindOk {}))
+            }
+            (Answer::ExchangeUnbind, _) => {
+                AMQPClass::Exchange(exchange::AMQPMethod::UnbindOk(exchange::UnbindOk {}))
+            }
             (Answer::QueueDeclare, reply::Result::QueueDeclareOk(ok)) => {
                 AMQPClass::Queue(queue::AMQPMethod::DeclareOk(queue::DeclareOk {
                     queue: short(&ok.queue),
@@ -1103,7 +1304,9 @@ impl Connection {
                 }))
             }
             (Answer::QueueBind, _) => AMQPClass::Queue(queue::AMQPMethod::BindOk(queue::BindOk {})),
-            (Answer::QueueUnbind, _) => AMQPClass::Queue(queue::AMQPMethod::UnbindOk(queue::UnbindOk {})),
+            (Answer::QueueUnbind, _) => {
+                AMQPClass::Queue(queue::AMQPMethod::UnbindOk(queue::UnbindOk {}))
+            }
             (Answer::QueuePurge, reply::Result::CountOk(ok)) => {
                 AMQPClass::Queue(queue::AMQPMethod::PurgeOk(queue::PurgeOk {
                     message_count: ok.message_count,
@@ -1119,10 +1322,14 @@ impl Connection {
                     consumer_tag: short(&ok.consumer_tag),
                 }))
             }
-            (Answer::Cancel(tag), _) => AMQPClass::Basic(basic::AMQPMethod::CancelOk(basic::CancelOk {
-                consumer_tag: short(&tag),
-            })),
-            (Answer::Recover, _) => AMQPClass::Basic(basic::AMQPMethod::RecoverOk(basic::RecoverOk {})),
+            (Answer::Cancel(tag), _) => {
+                AMQPClass::Basic(basic::AMQPMethod::CancelOk(basic::CancelOk {
+                    consumer_tag: short(&tag),
+                }))
+            }
+            (Answer::Recover, _) => {
+                AMQPClass::Basic(basic::AMQPMethod::RecoverOk(basic::RecoverOk {}))
+            }
             (Answer::Qos, _) => AMQPClass::Basic(basic::AMQPMethod::QosOk(basic::QosOk {})),
             (Answer::Get, reply::Result::GetOk(ok)) => {
                 out.method(
@@ -1135,14 +1342,24 @@ impl Connection {
                         message_count: ok.message_count,
                     })),
                 );
-                out.content(channel_id, &ok.properties, &ok.body, self.negotiated.frame_max as usize);
+                out.content(
+                    channel_id,
+                    &ok.properties,
+                    &ok.body,
+                    self.negotiated.frame_max as usize,
+                );
                 return Ok(());
             }
             (Answer::Get, _) => AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {})),
-            (Answer::ConfirmSelect, _) => AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(confirm::SelectOk {})),
+            (Answer::ConfirmSelect, _) => {
+                AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(confirm::SelectOk {}))
+            }
             (_, other) => {
                 tracing::error!(?other, "engine answered with an unexpected reply");
-                return Err(ConnectionError::new(codes::CONNECTION_FORCED, "internal error"));
+                return Err(ConnectionError::new(
+                    codes::CONNECTION_FORCED,
+                    "internal error",
+                ));
             }
         };
         out.method(channel_id, method);
@@ -1162,7 +1379,15 @@ impl Connection {
     ) -> Result<(), ConnectionError> {
         let code = u16::try_from(error.code).unwrap_or(codes::CONNECTION_FORCED);
         if is_channel_error(code) {
-            self.close_channel(channel_id, code, &error.text, class_id, method_id, out, commands);
+            self.close_channel(
+                channel_id,
+                code,
+                &error.text,
+                class_id,
+                method_id,
+                out,
+                commands,
+            );
             return Ok(());
         }
         Err(ConnectionError::new(code, error.text).on(class_id, method_id))
@@ -1226,13 +1451,18 @@ fn short(text: &str) -> ShortString {
 }
 
 fn unparsable_method(payload: &[u8]) -> ConnectionError {
-    let class_id = payload.get(..2).map_or(0, |b| u16::from_be_bytes([b[0], b[1]]));
-    let method_id = payload.get(2..4).map_or(0, |b| u16::from_be_bytes([b[0], b[1]]));
+    let class_id = payload
+        .get(..2)
+        .map_or(0, |b| u16::from_be_bytes([b[0], b[1]]));
+    let method_id = payload
+        .get(2..4)
+        .map_or(0, |b| u16::from_be_bytes([b[0], b[1]]));
     let known = matches!(class_id, 10 | 20 | 30 | 40 | 50 | 60 | 85 | 90);
     if known {
         ConnectionError::new(codes::SYNTAX_ERROR, "malformed method frame").on(class_id, method_id)
     } else {
-        ConnectionError::new(codes::COMMAND_INVALID, format!("unknown class {class_id}")).on(class_id, method_id)
+        ConnectionError::new(codes::COMMAND_INVALID, format!("unknown class {class_id}"))
+            .on(class_id, method_id)
     }
 }
 

@@ -12,7 +12,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
-use spillway_proto::engine::{session_command::Command, DeliveriesWritten, SessionCommand, SessionEvent};
+use spillway_proto::engine::{
+    session_command::Command, DeliveriesWritten, SessionCommand, SessionEvent,
+};
 use spillway_proto::EngineApi;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
@@ -281,7 +283,11 @@ fn handle_events(
     Ok(())
 }
 
-async fn flush(out: &mut FrameWriter, connection: &mut Connection, writer: &mpsc::Sender<Outbound>) -> bool {
+async fn flush(
+    out: &mut FrameWriter,
+    connection: &mut Connection,
+    writer: &mpsc::Sender<Outbound>,
+) -> bool {
     if out.is_empty() {
         return true;
     }
@@ -308,7 +314,9 @@ async fn write_loop(
         }
         if deliveries > 0 {
             let written = SessionCommand {
-                command: Some(Command::DeliveriesWritten(DeliveriesWritten { count: deliveries })),
+                command: Some(Command::DeliveriesWritten(DeliveriesWritten {
+                    count: deliveries,
+                })),
             };
             // The session may already be gone; the credit no longer matters then.
             let _ = commands.send(written).await;
@@ -326,8 +334,9 @@ where
         if frame.kind != crate::codec::FRAME_METHOD || frame.channel != 0 {
             continue;
         }
-        if let Some(AMQPClass::Connection(conn::AMQPMethod::CloseOk(_) | conn::AMQPMethod::Close(_))) =
-            crate::codec::parse_method(&frame.payload)
+        if let Some(AMQPClass::Connection(
+            conn::AMQPMethod::CloseOk(_) | conn::AMQPMethod::Close(_),
+        )) = crate::codec::parse_method(&frame.payload)
         {
             return;
         }

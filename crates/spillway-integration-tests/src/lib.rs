@@ -65,7 +65,10 @@ impl Sandbox {
     }
 
     pub async fn connect(&self) -> anyhow::Result<lapin::Connection> {
-        Ok(lapin::Connection::connect(&self.amqp_uri(), lapin::ConnectionProperties::default()).await?)
+        Ok(
+            lapin::Connection::connect(&self.amqp_uri(), lapin::ConnectionProperties::default())
+                .await?,
+        )
     }
 
     fn data_dir(&self) -> PathBuf {
@@ -91,11 +94,17 @@ impl Sandbox {
                 let storage = self.spawn("storage", &[]).await?;
                 let storage = parse_addr(&storage, "storage")?;
                 let engine = self
-                    .spawn("engine", &[("SPILLWAY_ENGINE__STORAGE_ADDR", format!("http://{storage}"))])
+                    .spawn(
+                        "engine",
+                        &[("SPILLWAY_ENGINE__STORAGE_ADDR", format!("http://{storage}"))],
+                    )
                     .await?;
                 let engine = parse_addr(&engine, "engine")?;
                 let gateway = self
-                    .spawn("gateway", &[("SPILLWAY_GATEWAY__ENGINE_ADDR", format!("http://{engine}"))])
+                    .spawn(
+                        "gateway",
+                        &[("SPILLWAY_GATEWAY__ENGINE_ADDR", format!("http://{engine}"))],
+                    )
                     .await?;
                 self.amqp = parse_addr(&gateway, "amqp")?;
             }
@@ -103,7 +112,11 @@ impl Sandbox {
         Ok(())
     }
 
-    async fn spawn(&mut self, role: &str, env: &[(&str, String)]) -> anyhow::Result<BTreeMap<String, String>> {
+    async fn spawn(
+        &mut self,
+        role: &str,
+        env: &[(&str, String)],
+    ) -> anyhow::Result<BTreeMap<String, String>> {
         let ready = self.dir.path().join(format!("{role}.ready"));
         let _ = std::fs::remove_file(&ready);
         let log = std::fs::OpenOptions::new()
@@ -210,12 +223,18 @@ pub fn spillway_bin() -> anyhow::Result<PathBuf> {
         .map(|dir| dir.join("spillway"))
         .context("cannot locate target dir")?;
     if !bin.exists() {
-        bail!("{} not found: run `cargo build --release -p spillway` first", bin.display());
+        bail!(
+            "{} not found: run `cargo build --release -p spillway` first",
+            bin.display()
+        );
     }
     Ok(bin)
 }
 
-async fn wait_for_ready(path: &Path, timeout: Duration) -> anyhow::Result<BTreeMap<String, String>> {
+async fn wait_for_ready(
+    path: &Path,
+    timeout: Duration,
+) -> anyhow::Result<BTreeMap<String, String>> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Ok(text) = std::fs::read_to_string(path) {

@@ -71,21 +71,40 @@ async fn channel(conn: &Connection) -> anyhow::Result<Channel> {
     Ok(conn.create_channel().await?)
 }
 
-async fn publish(ch: &Channel, exchange: &str, key: &str, body: &[u8], props: BasicProperties) -> anyhow::Result<Confirmation> {
+async fn publish(
+    ch: &Channel,
+    exchange: &str,
+    key: &str,
+    body: &[u8],
+    props: BasicProperties,
+) -> anyhow::Result<Confirmation> {
     Ok(ch
-        .basic_publish(s(exchange), s(key), BasicPublishOptions::default(), body, props)
+        .basic_publish(
+            s(exchange),
+            s(key),
+            BasicPublishOptions::default(),
+            body,
+            props,
+        )
         .await?
         .await?)
 }
 
 async fn declare(ch: &Channel, name: &str) -> anyhow::Result<lapin::Queue> {
     Ok(ch
-        .queue_declare(s(name), QueueDeclareOptions::default(), FieldTable::default())
+        .queue_declare(
+            s(name),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
         .await?)
 }
 
 /// Takes `n` deliveries from a consumer, acking each.
-async fn take(consumer: &mut lapin::Consumer, n: usize) -> anyhow::Result<Vec<lapin::message::Delivery>> {
+async fn take(
+    consumer: &mut lapin::Consumer,
+    n: usize,
+) -> anyhow::Result<Vec<lapin::message::Delivery>> {
     let mut out = Vec::new();
     while out.len() < n {
         let delivery = tokio::time::timeout(Duration::from_secs(10), consumer.next())
@@ -98,7 +117,10 @@ async fn take(consumer: &mut lapin::Consumer, n: usize) -> anyhow::Result<Vec<la
 
 async fn bodies_via_get(ch: &Channel, queue: &str) -> anyhow::Result<Vec<Vec<u8>>> {
     let mut out = Vec::new();
-    while let Some(message) = ch.basic_get(s(queue), BasicGetOptions { no_ack: true }).await? {
+    while let Some(message) = ch
+        .basic_get(s(queue), BasicGetOptions { no_ack: true })
+        .await?
+    {
         out.push(message.delivery.data.clone());
     }
     Ok(out)
@@ -134,7 +156,12 @@ async fn publish_consume_keeps_properties_and_order(sb: &mut Sandbox) -> anyhow:
         publish(&ch, "", "props", &[i], props.clone()).await?;
     }
     let mut consumer = ch
-        .basic_consume(s("props"), s("c1"), BasicConsumeOptions::default(), FieldTable::default())
+        .basic_consume(
+            s("props"),
+            s("c1"),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
         .await?;
     let deliveries = take(&mut consumer, 20).await?;
     for (i, delivery) in deliveries.iter().enumerate() {
@@ -157,8 +184,13 @@ async fn direct_fanout_topic_headers_exchanges_route(sb: &mut Sandbox) -> anyhow
         ("x.topic", ExchangeKind::Topic),
         ("x.headers", ExchangeKind::Headers),
     ] {
-        ch.exchange_declare(s(name), kind, ExchangeDeclareOptions::default(), FieldTable::default())
-            .await?;
+        ch.exchange_declare(
+            s(name),
+            kind,
+            ExchangeDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
     }
     for q in ["qa", "qb", "qt1", "qt2", "qh"] {
         declare(&ch, q).await?;
@@ -166,7 +198,8 @@ async fn direct_fanout_topic_headers_exchanges_route(sb: &mut Sandbox) -> anyhow
     let bind = |q: &'static str, x: &'static str, k: &'static str, args: FieldTable| {
         let ch = ch.clone();
         async move {
-            ch.queue_bind(s(q), s(x), s(k), QueueBindOptions::default(), args).await
+            ch.queue_bind(s(q), s(x), s(k), QueueBindOptions::default(), args)
+                .await
         }
     };
     bind("qa", "x.direct", "a", FieldTable::default()).await?;
@@ -180,22 +213,77 @@ async fn direct_fanout_topic_headers_exchanges_route(sb: &mut Sandbox) -> anyhow
     match_any.insert(s("type"), AMQPValue::LongString("report".into()));
     bind("qh", "x.headers", "", match_any).await?;
 
-    publish(&ch, "x.direct", "a", b"direct-a", BasicProperties::default()).await?;
-    publish(&ch, "x.direct", "b", b"direct-b", BasicProperties::default()).await?;
-    publish(&ch, "x.fanout", "whatever", b"fan", BasicProperties::default()).await?;
-    publish(&ch, "x.topic", "stock.ibm.nyse", b"t1", BasicProperties::default()).await?;
-    publish(&ch, "x.topic", "stock.ibm.lse.extra", b"t2", BasicProperties::default()).await?;
+    publish(
+        &ch,
+        "x.direct",
+        "a",
+        b"direct-a",
+        BasicProperties::default(),
+    )
+    .await?;
+    publish(
+        &ch,
+        "x.direct",
+        "b",
+        b"direct-b",
+        BasicProperties::default(),
+    )
+    .await?;
+    publish(
+        &ch,
+        "x.fanout",
+        "whatever",
+        b"fan",
+        BasicProperties::default(),
+    )
+    .await?;
+    publish(
+        &ch,
+        "x.topic",
+        "stock.ibm.nyse",
+        b"t1",
+        BasicProperties::default(),
+    )
+    .await?;
+    publish(
+        &ch,
+        "x.topic",
+        "stock.ibm.lse.extra",
+        b"t2",
+        BasicProperties::default(),
+    )
+    .await?;
     let mut pdf = FieldTable::default();
     pdf.insert(s("format"), AMQPValue::LongString("pdf".into()));
-    publish(&ch, "x.headers", "", b"h1", BasicProperties::default().with_headers(pdf)).await?;
+    publish(
+        &ch,
+        "x.headers",
+        "",
+        b"h1",
+        BasicProperties::default().with_headers(pdf),
+    )
+    .await?;
     let mut other = FieldTable::default();
     other.insert(s("format"), AMQPValue::LongString("zip".into()));
-    publish(&ch, "x.headers", "", b"h2", BasicProperties::default().with_headers(other)).await?;
+    publish(
+        &ch,
+        "x.headers",
+        "",
+        b"h2",
+        BasicProperties::default().with_headers(other),
+    )
+    .await?;
 
-    assert_eq!(bodies_via_get(&ch, "qa").await?, vec![b"direct-a".to_vec(), b"fan".to_vec()]);
+    assert_eq!(
+        bodies_via_get(&ch, "qa").await?,
+        vec![b"direct-a".to_vec(), b"fan".to_vec()]
+    );
     assert_eq!(bodies_via_get(&ch, "qb").await?, vec![b"fan".to_vec()]);
     assert_eq!(bodies_via_get(&ch, "qt1").await?, vec![b"t1".to_vec()]);
-    assert_eq!(bodies_via_get(&ch, "qt2").await?, vec![b"t1".to_vec(), b"t2".to_vec()]);
+    assert_eq!(
+        bodies_via_get(&ch, "qt2").await?,
+        vec![b"t1".to_vec(), b"t2".to_vec()]
+    );
     assert_eq!(bodies_via_get(&ch, "qh").await?, vec![b"h1".to_vec()]);
     Ok(())
 }
@@ -204,16 +292,59 @@ async fn exchange_to_exchange_bindings_route(sb: &mut Sandbox) -> anyhow::Result
     let conn = sb.connect().await?;
     let ch = channel(&conn).await?;
     ch.confirm_select(ConfirmSelectOptions::default()).await?;
-    ch.exchange_declare(s("e2e.src"), ExchangeKind::Topic, ExchangeDeclareOptions::default(), FieldTable::default()).await?;
-    ch.exchange_declare(s("e2e.dst"), ExchangeKind::Fanout, ExchangeDeclareOptions::default(), FieldTable::default()).await?;
+    ch.exchange_declare(
+        s("e2e.src"),
+        ExchangeKind::Topic,
+        ExchangeDeclareOptions::default(),
+        FieldTable::default(),
+    )
+    .await?;
+    ch.exchange_declare(
+        s("e2e.dst"),
+        ExchangeKind::Fanout,
+        ExchangeDeclareOptions::default(),
+        FieldTable::default(),
+    )
+    .await?;
     declare(&ch, "e2e.q").await?;
-    ch.queue_bind(s("e2e.q"), s("e2e.dst"), s(""), QueueBindOptions::default(), FieldTable::default()).await?;
-    ch.exchange_bind(s("e2e.dst"), s("e2e.src"), s("a.#"), ExchangeBindOptions::default(), FieldTable::default()).await?;
+    ch.queue_bind(
+        s("e2e.q"),
+        s("e2e.dst"),
+        s(""),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await?;
+    ch.exchange_bind(
+        s("e2e.dst"),
+        s("e2e.src"),
+        s("a.#"),
+        ExchangeBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await?;
     // A cycle must not loop.
-    ch.exchange_bind(s("e2e.src"), s("e2e.dst"), s(""), ExchangeBindOptions::default(), FieldTable::default()).await?;
+    ch.exchange_bind(
+        s("e2e.src"),
+        s("e2e.dst"),
+        s(""),
+        ExchangeBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await?;
     publish(&ch, "e2e.src", "a.b", b"routed", BasicProperties::default()).await?;
-    publish(&ch, "e2e.src", "b.a", b"dropped", BasicProperties::default()).await?;
-    assert_eq!(bodies_via_get(&ch, "e2e.q").await?, vec![b"routed".to_vec()]);
+    publish(
+        &ch,
+        "e2e.src",
+        "b.a",
+        b"dropped",
+        BasicProperties::default(),
+    )
+    .await?;
+    assert_eq!(
+        bodies_via_get(&ch, "e2e.q").await?,
+        vec![b"routed".to_vec()]
+    );
     Ok(())
 }
 
@@ -225,21 +356,40 @@ async fn nack_reject_requeue_and_redelivered_flag(sb: &mut Sandbox) -> anyhow::R
         publish(&ch, "", "nacks", &[i], BasicProperties::default()).await?;
     }
     let mut consumer = ch
-        .basic_consume(s("nacks"), s("c"), BasicConsumeOptions::default(), FieldTable::default())
+        .basic_consume(
+            s("nacks"),
+            s("c"),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
         .await?;
     let first = take(&mut consumer, 4).await?;
     // 0: reject requeue, 1: reject drop, 2 and 3: nack multiple requeue.
-    first[0].reject(BasicRejectOptions { requeue: true }).await?;
-    first[1].reject(BasicRejectOptions { requeue: false }).await?;
-    first[3].nack(BasicNackOptions { multiple: true, requeue: true }).await?;
+    first[0]
+        .reject(BasicRejectOptions { requeue: true })
+        .await?;
+    first[1]
+        .reject(BasicRejectOptions { requeue: false })
+        .await?;
+    first[3]
+        .nack(BasicNackOptions {
+            multiple: true,
+            requeue: true,
+        })
+        .await?;
     let again = take(&mut consumer, 3).await?;
     let bodies: Vec<u8> = again.iter().map(|d| d.data[0]).collect();
-    assert_eq!(bodies, vec![0, 2, 3], "requeued in original order, rejected one gone");
+    assert_eq!(
+        bodies,
+        vec![0, 2, 3],
+        "requeued in original order, rejected one gone"
+    );
     assert!(again.iter().all(|d| d.redelivered), "redelivered flag set");
     for delivery in &again {
         delivery.ack(BasicAckOptions::default()).await?;
     }
-    ch.basic_cancel(s("c"), BasicCancelOptions::default()).await?;
+    ch.basic_cancel(s("c"), BasicCancelOptions::default())
+        .await?;
     assert!(bodies_via_get(&ch, "nacks").await?.is_empty());
     Ok(())
 }
@@ -255,18 +405,48 @@ async fn prefetch_limits_unacked_and_round_robins(sb: &mut Sandbox) -> anyhow::R
     let c2 = channel(&conn).await?;
     c1.basic_qos(2, BasicQosOptions::default()).await?;
     c2.basic_qos(2, BasicQosOptions::default()).await?;
-    let mut k1 = c1.basic_consume(s("prefetch"), s("k1"), BasicConsumeOptions::default(), FieldTable::default()).await?;
-    let mut k2 = c2.basic_consume(s("prefetch"), s("k2"), BasicConsumeOptions::default(), FieldTable::default()).await?;
+    let mut k1 = c1
+        .basic_consume(
+            s("prefetch"),
+            s("k1"),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let mut k2 = c2
+        .basic_consume(
+            s("prefetch"),
+            s("k2"),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
     let d1 = take(&mut k1, 2).await?;
     let d2 = take(&mut k2, 2).await?;
     // Nothing more arrives while both are at their prefetch limit.
-    assert!(tokio::time::timeout(Duration::from_millis(300), k1.next()).await.is_err());
-    let queue = ch.queue_declare(s("prefetch"), QueueDeclareOptions { passive: true, ..Default::default() }, FieldTable::default()).await?;
+    assert!(tokio::time::timeout(Duration::from_millis(300), k1.next())
+        .await
+        .is_err());
+    let queue = ch
+        .queue_declare(
+            s("prefetch"),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
     assert_eq!(queue.message_count(), 6);
     assert_eq!(queue.consumer_count(), 2);
     d1[0].ack(BasicAckOptions::default()).await?;
     let more = take(&mut k1, 1).await?;
-    let mut seen: Vec<u8> = d1.iter().chain(&d2).chain(&more).map(|d| d.data[0]).collect();
+    let mut seen: Vec<u8> = d1
+        .iter()
+        .chain(&d2)
+        .chain(&more)
+        .map(|d| d.data[0])
+        .collect();
     seen.sort();
     assert_eq!(seen, vec![0, 1, 2, 3, 4]);
     Ok(())
@@ -276,16 +456,33 @@ async fn get_and_get_empty(sb: &mut Sandbox) -> anyhow::Result<()> {
     let conn = sb.connect().await?;
     let ch = channel(&conn).await?;
     declare(&ch, "gets").await?;
-    assert!(ch.basic_get(s("gets"), BasicGetOptions::default()).await?.is_none());
+    assert!(ch
+        .basic_get(s("gets"), BasicGetOptions::default())
+        .await?
+        .is_none());
     publish(&ch, "", "gets", b"one", BasicProperties::default()).await?;
     publish(&ch, "", "gets", b"two", BasicProperties::default()).await?;
-    let got = ch.basic_get(s("gets"), BasicGetOptions::default()).await?.expect("a message");
+    let got = ch
+        .basic_get(s("gets"), BasicGetOptions::default())
+        .await?
+        .expect("a message");
     assert_eq!(got.delivery.data, b"one");
     assert_eq!(got.message_count, 1);
     got.delivery.ack(BasicAckOptions::default()).await?;
-    let got = ch.basic_get(s("gets"), BasicGetOptions::default()).await?.expect("a message");
-    got.delivery.nack(BasicNackOptions { requeue: true, ..Default::default() }).await?;
-    let again = ch.basic_get(s("gets"), BasicGetOptions { no_ack: true }).await?.expect("requeued");
+    let got = ch
+        .basic_get(s("gets"), BasicGetOptions::default())
+        .await?
+        .expect("a message");
+    got.delivery
+        .nack(BasicNackOptions {
+            requeue: true,
+            ..Default::default()
+        })
+        .await?;
+    let again = ch
+        .basic_get(s("gets"), BasicGetOptions { no_ack: true })
+        .await?
+        .expect("requeued");
     assert!(again.delivery.redelivered);
     assert_eq!(again.delivery.data, b"two");
     Ok(())
@@ -295,19 +492,42 @@ async fn publisher_confirms_transient_and_persistent(sb: &mut Sandbox) -> anyhow
     let conn = sb.connect().await?;
     let ch = channel(&conn).await?;
     ch.confirm_select(ConfirmSelectOptions::default()).await?;
-    ch.queue_declare(s("durable-q"), QueueDeclareOptions { durable: true, ..Default::default() }, FieldTable::default()).await?;
+    ch.queue_declare(
+        s("durable-q"),
+        QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await?;
     let mut pending = Vec::new();
     for i in 0..200u32 {
         let props = BasicProperties::default().with_delivery_mode(if i % 2 == 0 { 2 } else { 1 });
         pending.push(
-            ch.basic_publish(s(""), s("durable-q"), BasicPublishOptions::default(), &i.to_be_bytes(), props)
-                .await?,
+            ch.basic_publish(
+                s(""),
+                s("durable-q"),
+                BasicPublishOptions::default(),
+                &i.to_be_bytes(),
+                props,
+            )
+            .await?,
         );
     }
     for confirm in pending {
         assert!(matches!(confirm.await?, Confirmation::Ack(None)));
     }
-    let queue = ch.queue_declare(s("durable-q"), QueueDeclareOptions { passive: true, ..Default::default() }, FieldTable::default()).await?;
+    let queue = ch
+        .queue_declare(
+            s("durable-q"),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
     assert_eq!(queue.message_count(), 200);
     Ok(())
 }
@@ -317,7 +537,16 @@ async fn mandatory_unroutable_is_returned(sb: &mut Sandbox) -> anyhow::Result<()
     let ch = channel(&conn).await?;
     ch.confirm_select(ConfirmSelectOptions::default()).await?;
     let confirm = ch
-        .basic_publish(s(""), s("no-such-queue"), BasicPublishOptions { mandatory: true, ..Default::default() }, b"lost?", BasicProperties::default())
+        .basic_publish(
+            s(""),
+            s("no-such-queue"),
+            BasicPublishOptions {
+                mandatory: true,
+                ..Default::default()
+            },
+            b"lost?",
+            BasicProperties::default(),
+        )
         .await?
         .await?;
     let Confirmation::Ack(Some(returned)) = confirm else {
@@ -330,40 +559,82 @@ async fn mandatory_unroutable_is_returned(sb: &mut Sandbox) -> anyhow::Result<()
 
 async fn channel_errors_carry_rabbitmq_codes(sb: &mut Sandbox) -> anyhow::Result<()> {
     let conn = sb.connect().await?;
-    let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
     let ch = channel(&conn).await?;
-    let error = ch.queue_declare(s("missing"), passive, FieldTable::default()).await.unwrap_err();
+    let error = ch
+        .queue_declare(s("missing"), passive, FieldTable::default())
+        .await
+        .unwrap_err();
     assert_eq!(amqp_code(&error), Some(404), "{error}");
 
     let ch = channel(&conn).await?;
     declare(&ch, "plain").await?;
     let error = ch
-        .queue_declare(s("plain"), QueueDeclareOptions { durable: true, ..Default::default() }, FieldTable::default())
+        .queue_declare(
+            s("plain"),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
         .await
         .unwrap_err();
     assert_eq!(amqp_code(&error), Some(406), "{error}");
 
     let ch = channel(&conn).await?;
     let error = ch
-        .exchange_declare(s("amq.mine"), ExchangeKind::Direct, ExchangeDeclareOptions::default(), FieldTable::default())
+        .exchange_declare(
+            s("amq.mine"),
+            ExchangeKind::Direct,
+            ExchangeDeclareOptions::default(),
+            FieldTable::default(),
+        )
         .await
         .unwrap_err();
     assert_eq!(amqp_code(&error), Some(403), "{error}");
 
     let ch = channel(&conn).await?;
-    ch.exchange_declare(s("typed"), ExchangeKind::Direct, ExchangeDeclareOptions::default(), FieldTable::default()).await?;
+    ch.exchange_declare(
+        s("typed"),
+        ExchangeKind::Direct,
+        ExchangeDeclareOptions::default(),
+        FieldTable::default(),
+    )
+    .await?;
     let error = ch
-        .exchange_declare(s("typed"), ExchangeKind::Fanout, ExchangeDeclareOptions::default(), FieldTable::default())
+        .exchange_declare(
+            s("typed"),
+            ExchangeKind::Fanout,
+            ExchangeDeclareOptions::default(),
+            FieldTable::default(),
+        )
         .await
         .unwrap_err();
     assert_eq!(amqp_code(&error), Some(406), "{error}");
 
     let ch = channel(&conn).await?;
-    ch.queue_declare(s("mine"), QueueDeclareOptions { exclusive: true, ..Default::default() }, FieldTable::default()).await?;
+    ch.queue_declare(
+        s("mine"),
+        QueueDeclareOptions {
+            exclusive: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await?;
     let other = sb.connect().await?;
     let och = channel(&other).await?;
     let error = och
-        .basic_consume(s("mine"), s(""), BasicConsumeOptions::default(), FieldTable::default())
+        .basic_consume(
+            s("mine"),
+            s(""),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
         .await
         .unwrap_err();
     assert_eq!(amqp_code(&error), Some(405), "{error}");
@@ -372,12 +643,25 @@ async fn channel_errors_carry_rabbitmq_codes(sb: &mut Sandbox) -> anyhow::Result
     ch.basic_ack(999, BasicAckOptions::default()).await?;
     // The 406 closes the channel asynchronously; the next call sees it closed.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!ch.status().connected(), "unknown delivery tag closes the channel");
+    assert!(
+        !ch.status().connected(),
+        "unknown delivery tag closes the channel"
+    );
 
     let ch = channel(&conn).await?;
-    let error = publish(&ch, "no-such-exchange", "k", b"x", BasicProperties::default()).await;
+    let error = publish(
+        &ch,
+        "no-such-exchange",
+        "k",
+        b"x",
+        BasicProperties::default(),
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(error.is_err() || !ch.status().connected(), "publish to a missing exchange closes the channel");
+    assert!(
+        error.is_err() || !ch.status().connected(),
+        "publish to a missing exchange closes the channel"
+    );
 
     // The connection survived every channel error.
     let ch = channel(&conn).await?;
@@ -389,7 +673,12 @@ async fn invalid_exchange_type_closes_connection(sb: &mut Sandbox) -> anyhow::Re
     let conn = sb.connect().await?;
     let ch = channel(&conn).await?;
     let error = ch
-        .exchange_declare(s("odd"), ExchangeKind::Custom("no-such-type".into()), ExchangeDeclareOptions::default(), FieldTable::default())
+        .exchange_declare(
+            s("odd"),
+            ExchangeKind::Custom("no-such-type".into()),
+            ExchangeDeclareOptions::default(),
+            FieldTable::default(),
+        )
         .await
         .unwrap_err();
     assert_eq!(amqp_code(&error), Some(503), "{error}");
@@ -398,36 +687,89 @@ async fn invalid_exchange_type_closes_connection(sb: &mut Sandbox) -> anyhow::Re
     Ok(())
 }
 
-async fn queue_lifecycle_exclusive_auto_delete_purge_delete(sb: &mut Sandbox) -> anyhow::Result<()> {
+async fn queue_lifecycle_exclusive_auto_delete_purge_delete(
+    sb: &mut Sandbox,
+) -> anyhow::Result<()> {
     let conn = sb.connect().await?;
     let ch = channel(&conn).await?;
-    let named = ch.queue_declare(s(""), QueueDeclareOptions { exclusive: true, ..Default::default() }, FieldTable::default()).await?;
+    let named = ch
+        .queue_declare(
+            s(""),
+            QueueDeclareOptions {
+                exclusive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
     assert!(named.name().as_str().starts_with("amq.gen-"));
     let exclusive_name = named.name().to_string();
 
-    ch.queue_declare(s("auto"), QueueDeclareOptions { auto_delete: true, ..Default::default() }, FieldTable::default()).await?;
-    ch.basic_consume(s("auto"), s("auto-c"), BasicConsumeOptions::default(), FieldTable::default()).await?;
-    ch.basic_cancel(s("auto-c"), BasicCancelOptions::default()).await?;
+    ch.queue_declare(
+        s("auto"),
+        QueueDeclareOptions {
+            auto_delete: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await?;
+    ch.basic_consume(
+        s("auto"),
+        s("auto-c"),
+        BasicConsumeOptions::default(),
+        FieldTable::default(),
+    )
+    .await?;
+    ch.basic_cancel(s("auto-c"), BasicCancelOptions::default())
+        .await?;
 
     declare(&ch, "purge-me").await?;
     for _ in 0..5 {
         publish(&ch, "", "purge-me", b"x", BasicProperties::default()).await?;
     }
-    let error = ch.queue_delete(s("purge-me"), QueueDeleteOptions { if_empty: true, ..Default::default() }).await.unwrap_err();
+    let error = ch
+        .queue_delete(
+            s("purge-me"),
+            QueueDeleteOptions {
+                if_empty: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err();
     assert_eq!(amqp_code(&error), Some(406), "{error}");
     let ch = channel(&conn).await?;
-    assert_eq!(ch.queue_purge(s("purge-me"), QueuePurgeOptions::default()).await?, 5);
+    assert_eq!(
+        ch.queue_purge(s("purge-me"), QueuePurgeOptions::default())
+            .await?,
+        5
+    );
     publish(&ch, "", "purge-me", b"x", BasicProperties::default()).await?;
-    assert_eq!(ch.queue_delete(s("purge-me"), QueueDeleteOptions::default()).await?, 1);
+    assert_eq!(
+        ch.queue_delete(s("purge-me"), QueueDeleteOptions::default())
+            .await?,
+        1
+    );
     conn.close(200, s("bye")).await?;
 
     let conn = sb.connect().await?;
     let ch = channel(&conn).await?;
-    let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
     for gone in [exclusive_name.as_str(), "auto", "purge-me"] {
         let ch = channel(&conn).await?;
-        let error = ch.queue_declare(s(gone), passive, FieldTable::default()).await.unwrap_err();
-        assert_eq!(amqp_code(&error), Some(404), "{gone} should be gone: {error}");
+        let error = ch
+            .queue_declare(s(gone), passive, FieldTable::default())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            amqp_code(&error),
+            Some(404),
+            "{gone} should be gone: {error}"
+        );
     }
     drop(ch);
     Ok(())
@@ -438,10 +780,17 @@ async fn deleting_a_queue_cancels_its_consumers(sb: &mut Sandbox) -> anyhow::Res
     let ch = channel(&conn).await?;
     declare(&ch, "doomed").await?;
     let mut consumer = ch
-        .basic_consume(s("doomed"), s("victim"), BasicConsumeOptions::default(), FieldTable::default())
+        .basic_consume(
+            s("doomed"),
+            s("victim"),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
         .await?;
     let admin = channel(&conn).await?;
-    admin.queue_delete(s("doomed"), QueueDeleteOptions::default()).await?;
+    admin
+        .queue_delete(s("doomed"), QueueDeleteOptions::default())
+        .await?;
     // lapin ends the consumer stream when the server cancels it.
     let next = tokio::time::timeout(Duration::from_secs(5), consumer.next()).await?;
     assert!(next.is_none(), "consumer cancelled by the server");
@@ -453,10 +802,18 @@ async fn recover_requeues_unacked(sb: &mut Sandbox) -> anyhow::Result<()> {
     let ch = channel(&conn).await?;
     declare(&ch, "recover").await?;
     publish(&ch, "", "recover", b"r", BasicProperties::default()).await?;
-    let mut consumer = ch.basic_consume(s("recover"), s("rc"), BasicConsumeOptions::default(), FieldTable::default()).await?;
+    let mut consumer = ch
+        .basic_consume(
+            s("recover"),
+            s("rc"),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
     let first = take(&mut consumer, 1).await?;
     assert!(!first[0].redelivered);
-    ch.basic_recover(BasicRecoverOptions { requeue: true }).await?;
+    ch.basic_recover(BasicRecoverOptions { requeue: true })
+        .await?;
     let again = take(&mut consumer, 1).await?;
     assert!(again[0].redelivered);
     assert_eq!(again[0].data, b"r");
@@ -479,16 +836,55 @@ async fn persistent_messages_survive_restart(sb: &mut Sandbox) -> anyhow::Result
         let conn = sb.connect().await?;
         let ch = channel(&conn).await?;
         ch.confirm_select(ConfirmSelectOptions::default()).await?;
-        ch.exchange_declare(s("keep.x"), ExchangeKind::Direct, ExchangeDeclareOptions { durable: true, ..Default::default() }, FieldTable::default()).await?;
-        ch.queue_declare(s("keep"), QueueDeclareOptions { durable: true, ..Default::default() }, FieldTable::default()).await?;
-        ch.queue_declare(s("forget"), QueueDeclareOptions::default(), FieldTable::default()).await?;
-        ch.queue_bind(s("keep"), s("keep.x"), s("k"), QueueBindOptions::default(), FieldTable::default()).await?;
+        ch.exchange_declare(
+            s("keep.x"),
+            ExchangeKind::Direct,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+        ch.queue_declare(
+            s("keep"),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+        ch.queue_declare(
+            s("forget"),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+        ch.queue_bind(
+            s("keep"),
+            s("keep.x"),
+            s("k"),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
         for i in 0..50u8 {
-            publish(&ch, "keep.x", "k", &[i], BasicProperties::default().with_delivery_mode(2)).await?;
+            publish(
+                &ch,
+                "keep.x",
+                "k",
+                &[i],
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await?;
         }
         publish(&ch, "keep.x", "k", b"transient", BasicProperties::default()).await?;
         // One consumed and acked before the restart: it must stay gone.
-        let got = ch.basic_get(s("keep"), BasicGetOptions::default()).await?.expect("message");
+        let got = ch
+            .basic_get(s("keep"), BasicGetOptions::default())
+            .await?
+            .expect("message");
         got.delivery.ack(BasicAckOptions::default()).await?;
         let _ = conn.close(200, s("bye")).await;
     }
@@ -498,11 +894,28 @@ async fn persistent_messages_survive_restart(sb: &mut Sandbox) -> anyhow::Result
     ch.confirm_select(ConfirmSelectOptions::default()).await?;
     let bodies = bodies_via_get(&ch, "keep").await?;
     let expected: Vec<Vec<u8>> = (1..50u8).map(|i| vec![i]).collect();
-    assert_eq!(bodies, expected, "persistent messages back in order, transient and acked ones gone");
+    assert_eq!(
+        bodies, expected,
+        "persistent messages back in order, transient and acked ones gone"
+    );
     // The durable binding came back too.
     publish(&ch, "keep.x", "k", b"after", BasicProperties::default()).await?;
     assert_eq!(bodies_via_get(&ch, "keep").await?, vec![b"after".to_vec()]);
-    let error = ch.queue_declare(s("forget"), QueueDeclareOptions { passive: true, ..Default::default() }, FieldTable::default()).await.unwrap_err();
-    assert_eq!(amqp_code(&error), Some(404), "non-durable queue gone after restart");
+    let error = ch
+        .queue_declare(
+            s("forget"),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        amqp_code(&error),
+        Some(404),
+        "non-durable queue gone after restart"
+    );
     Ok(())
 }

@@ -19,14 +19,24 @@ async fn confirmed_messages_survive_sigkill(wiring: Wiring) -> anyhow::Result<()
         let conn = sandbox.connect().await?;
         let ch = conn.create_channel().await?;
         ch.confirm_select(ConfirmSelectOptions::default()).await?;
-        let durable = QueueDeclareOptions { durable: true, ..Default::default() };
-        ch.queue_declare("crash".into(), durable, FieldTable::default()).await?;
+        let durable = QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        ch.queue_declare("crash".into(), durable, FieldTable::default())
+            .await?;
         let mut confirms = Vec::new();
         for i in 0..MESSAGES {
             let props = BasicProperties::default().with_delivery_mode(2);
             confirms.push(
-                ch.basic_publish("".into(), "crash".into(), BasicPublishOptions::default(), &i.to_be_bytes(), props)
-                    .await?,
+                ch.basic_publish(
+                    "".into(),
+                    "crash".into(),
+                    BasicPublishOptions::default(),
+                    &i.to_be_bytes(),
+                    props,
+                )
+                .await?,
             );
         }
         for confirm in confirms {
@@ -38,7 +48,15 @@ async fn confirmed_messages_survive_sigkill(wiring: Wiring) -> anyhow::Result<()
     let conn = sandbox.connect().await?;
     let ch = conn.create_channel().await?;
     let mut consumer = ch
-        .basic_consume("crash".into(), "after".into(), BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default())
+        .basic_consume(
+            "crash".into(),
+            "after".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
         .await?;
     for expected in 0..MESSAGES {
         let delivery = tokio::time::timeout(Duration::from_secs(10), consumer.next())
@@ -47,7 +65,9 @@ async fn confirmed_messages_survive_sigkill(wiring: Wiring) -> anyhow::Result<()
         assert_eq!(delivery.data, expected.to_be_bytes(), "in order, none lost");
     }
     assert!(
-        tokio::time::timeout(Duration::from_millis(500), consumer.next()).await.is_err(),
+        tokio::time::timeout(Duration::from_millis(500), consumer.next())
+            .await
+            .is_err(),
         "no duplicates"
     );
     Ok(())
@@ -55,10 +75,14 @@ async fn confirmed_messages_survive_sigkill(wiring: Wiring) -> anyhow::Result<()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_all_in_one_keeps_confirmed_messages() {
-    confirmed_messages_survive_sigkill(Wiring::AllInOneProcess).await.expect("recovered");
+    confirmed_messages_survive_sigkill(Wiring::AllInOneProcess)
+        .await
+        .expect("recovered");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_separate_processes_keeps_confirmed_messages() {
-    confirmed_messages_survive_sigkill(Wiring::Separate).await.expect("recovered");
+    confirmed_messages_survive_sigkill(Wiring::Separate)
+        .await
+        .expect("recovered");
 }

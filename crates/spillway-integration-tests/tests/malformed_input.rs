@@ -28,7 +28,8 @@ async fn read_frame(socket: &mut TcpStream) -> anyhow::Result<AMQPFrame> {
     socket.read_exact(&mut rest).await?;
     let mut whole = head.to_vec();
     whole.extend(rest);
-    let (_, frame) = parse_frame(&whole[..]).map_err(|e| anyhow::anyhow!("unparsable frame: {e:?}"))?;
+    let (_, frame) =
+        parse_frame(&whole[..]).map_err(|e| anyhow::anyhow!("unparsable frame: {e:?}"))?;
     Ok(frame)
 }
 
@@ -36,7 +37,9 @@ async fn read_frame(socket: &mut TcpStream) -> anyhow::Result<AMQPFrame> {
 async fn open_connection(sandbox: &Sandbox) -> anyhow::Result<TcpStream> {
     let mut socket = TcpStream::connect(sandbox.amqp_addr()).await?;
     socket.write_all(HEADER).await?;
-    let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Start(_))) = read_frame(&mut socket).await? else {
+    let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Start(_))) =
+        read_frame(&mut socket).await?
+    else {
         anyhow::bail!("expected connection.start");
     };
     let start_ok = connection::StartOk {
@@ -46,9 +49,14 @@ async fn open_connection(sandbox: &Sandbox) -> anyhow::Result<TcpStream> {
         locale: "en_US".into(),
     };
     socket
-        .write_all(&encode(AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::StartOk(start_ok)))))
+        .write_all(&encode(AMQPFrame::Method(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::StartOk(start_ok)),
+        )))
         .await?;
-    let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Tune(_))) = read_frame(&mut socket).await? else {
+    let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Tune(_))) =
+        read_frame(&mut socket).await?
+    else {
         anyhow::bail!("expected connection.tune");
     };
     let tune_ok = connection::TuneOk {
@@ -57,15 +65,23 @@ async fn open_connection(sandbox: &Sandbox) -> anyhow::Result<TcpStream> {
         heartbeat: 0,
     };
     socket
-        .write_all(&encode(AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::TuneOk(tune_ok)))))
+        .write_all(&encode(AMQPFrame::Method(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::TuneOk(tune_ok)),
+        )))
         .await?;
     let open = connection::Open {
         virtual_host: "/".into(),
     };
     socket
-        .write_all(&encode(AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Open(open)))))
+        .write_all(&encode(AMQPFrame::Method(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::Open(open)),
+        )))
         .await?;
-    let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::OpenOk(_))) = read_frame(&mut socket).await? else {
+    let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::OpenOk(_))) =
+        read_frame(&mut socket).await?
+    else {
         anyhow::bail!("expected connection.open-ok");
     };
     Ok(socket)
@@ -74,8 +90,13 @@ async fn open_connection(sandbox: &Sandbox) -> anyhow::Result<TcpStream> {
 /// Reads until a connection.close arrives; returns its reply code.
 async fn expect_connection_close(socket: &mut TcpStream) -> anyhow::Result<u16> {
     loop {
-        if let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Close(close))) = read_frame(socket).await? {
-            let close_ok = AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {})));
+        if let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Close(close))) =
+            read_frame(socket).await?
+        {
+            let close_ok = AMQPFrame::Method(
+                0,
+                AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {})),
+            );
             let _ = socket.write_all(&encode(close_ok)).await;
             return Ok(close.reply_code);
         }
@@ -92,7 +113,8 @@ async fn read_to_end(socket: &mut TcpStream) -> anyhow::Result<Vec<u8>> {
 async fn broker_still_serves(sandbox: &Sandbox) -> anyhow::Result<()> {
     let conn = sandbox.connect().await?;
     let ch = conn.create_channel().await?;
-    ch.queue_declare("alive".into(), Default::default(), Default::default()).await?;
+    ch.queue_declare("alive".into(), Default::default(), Default::default())
+        .await?;
     conn.close(200, "bye".into()).await?;
     Ok(())
 }
@@ -100,7 +122,9 @@ async fn broker_still_serves(sandbox: &Sandbox) -> anyhow::Result<()> {
 async fn check_all(sandbox: &Sandbox) -> anyhow::Result<()> {
     // Garbage instead of a protocol header: the spec's answer is our header, then close.
     let mut socket = TcpStream::connect(sandbox.amqp_addr()).await?;
-    socket.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await?;
+    socket
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await?;
     assert_eq!(read_to_end(&mut socket).await?, HEADER);
     broker_still_serves(sandbox).await?;
 
@@ -125,7 +149,10 @@ async fn check_all(sandbox: &Sandbox) -> anyhow::Result<()> {
         ..Default::default()
     };
     socket
-        .write_all(&encode(AMQPFrame::Method(5, AMQPClass::Queue(queue::AMQPMethod::Declare(declare)))))
+        .write_all(&encode(AMQPFrame::Method(
+            5,
+            AMQPClass::Queue(queue::AMQPMethod::Declare(declare)),
+        )))
         .await?;
     assert_eq!(expect_connection_close(&mut socket).await?, 504);
 
@@ -137,12 +164,19 @@ async fn check_all(sandbox: &Sandbox) -> anyhow::Result<()> {
     // A content body with no publish before it: 505 UNEXPECTED_FRAME.
     let mut socket = open_connection(sandbox).await?;
     socket
-        .write_all(&encode(AMQPFrame::Method(1, AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})))))
+        .write_all(&encode(AMQPFrame::Method(
+            1,
+            AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+        )))
         .await?;
-    let AMQPFrame::Method(1, AMQPClass::Channel(channel::AMQPMethod::OpenOk(_))) = read_frame(&mut socket).await? else {
+    let AMQPFrame::Method(1, AMQPClass::Channel(channel::AMQPMethod::OpenOk(_))) =
+        read_frame(&mut socket).await?
+    else {
         anyhow::bail!("expected channel.open-ok");
     };
-    socket.write_all(&encode(AMQPFrame::Body(1, b"orphan".to_vec()))).await?;
+    socket
+        .write_all(&encode(AMQPFrame::Body(1, b"orphan".to_vec())))
+        .await?;
     assert_eq!(expect_connection_close(&mut socket).await?, 505);
 
     // An unknown frame type: 501.

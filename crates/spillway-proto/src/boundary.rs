@@ -36,8 +36,11 @@ pub trait StorageApi: Send + Sync + 'static {
     async fn write(&self, batch: Arc<WriteBatch>) -> Result<(), ServiceError>;
     async fn load_definitions(&self) -> Result<Definitions, ServiceError>;
     /// The stored messages of one queue, oldest first.
-    async fn load_messages(&self, vhost: &str, queue: &str)
-        -> Result<Vec<StoredMessage>, ServiceError>;
+    async fn load_messages(
+        &self,
+        vhost: &str,
+        queue: &str,
+    ) -> Result<Vec<StoredMessage>, ServiceError>;
     async fn status(&self) -> Result<StoreStatus, ServiceError>;
 }
 
@@ -84,7 +87,12 @@ impl StorageApi for RemoteStorage {
             vhost: vhost.to_string(),
             queue: queue.to_string(),
         };
-        let mut stream = self.client.clone().load_messages(request).await?.into_inner();
+        let mut stream = self
+            .client
+            .clone()
+            .load_messages(request)
+            .await?
+            .into_inner();
         let mut messages = Vec::new();
         while let Some(chunk) = stream.message().await? {
             messages.extend(chunk.messages);
@@ -93,7 +101,12 @@ impl StorageApi for RemoteStorage {
     }
 
     async fn status(&self) -> Result<StoreStatus, ServiceError> {
-        Ok(self.client.clone().status(StatusRequest {}).await?.into_inner())
+        Ok(self
+            .client
+            .clone()
+            .status(StatusRequest {})
+            .await?
+            .into_inner())
     }
 }
 
@@ -200,10 +213,7 @@ pub fn serve_remote_session(
     mut inbound: tonic::Streaming<SessionCommand>,
     session: SessionStreams,
 ) -> Pin<Box<dyn Stream<Item = Result<SessionEvent, tonic::Status>> + Send>> {
-    let SessionStreams {
-        commands,
-        events,
-    } = session;
+    let SessionStreams { commands, events } = session;
     tokio::spawn(async move {
         loop {
             let command = match inbound.message().await {
@@ -253,7 +263,9 @@ fn pack_commands(mut ready: Vec<SessionCommand>) -> SessionCommand {
         (_, last) => {
             ready.extend(last);
             SessionCommand {
-                command: Some(session_command::Command::Batch(CommandBatch { commands: ready })),
+                command: Some(session_command::Command::Batch(CommandBatch {
+                    commands: ready,
+                })),
             }
         }
     }

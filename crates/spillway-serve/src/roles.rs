@@ -76,29 +76,62 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
             start_amqp(&mut running, Arc::new(engine), settings).await?;
             let management = ManagementService::new(storage).into_server();
             let router = tonic::transport::Server::builder().add_service(management);
-            start_grpc(&mut running, "management", &settings.management.listen, router, stopped).await?;
+            start_grpc(
+                &mut running,
+                "management",
+                &settings.management.listen,
+                router,
+                stopped,
+            )
+            .await?;
         }
         Role::Storage => {
             let store = open_store(&settings.storage.data_dir)?;
-            let router = tonic::transport::Server::builder().add_service(StorageService::new(store).into_server());
-            start_grpc(&mut running, "storage", &settings.storage.listen, router, stopped).await?;
+            let router = tonic::transport::Server::builder()
+                .add_service(StorageService::new(store).into_server());
+            start_grpc(
+                &mut running,
+                "storage",
+                &settings.storage.listen,
+                router,
+                stopped,
+            )
+            .await?;
         }
         Role::Engine => {
-            let storage: Arc<dyn StorageApi> = Arc::new(RemoteStorage::connect_lazy(&settings.engine.storage_addr)?);
+            let storage: Arc<dyn StorageApi> =
+                Arc::new(RemoteStorage::connect_lazy(&settings.engine.storage_addr)?);
             let engine = start_engine(storage, settings).await?;
-            let router = tonic::transport::Server::builder().add_service(EngineService::new(engine).into_server());
-            start_grpc(&mut running, "engine", &settings.engine.listen, router, stopped).await?;
+            let router = tonic::transport::Server::builder()
+                .add_service(EngineService::new(engine).into_server());
+            start_grpc(
+                &mut running,
+                "engine",
+                &settings.engine.listen,
+                router,
+                stopped,
+            )
+            .await?;
         }
         Role::Gateway => {
-            let engine: Arc<dyn EngineApi> = Arc::new(RemoteEngine::connect_lazy(&settings.gateway.engine_addr)?);
+            let engine: Arc<dyn EngineApi> =
+                Arc::new(RemoteEngine::connect_lazy(&settings.gateway.engine_addr)?);
             start_amqp(&mut running, engine, settings).await?;
         }
         Role::Management => {
-            let storage: Arc<dyn StorageApi> =
-                Arc::new(RemoteStorage::connect_lazy(&settings.management.storage_addr)?);
-            let router =
-                tonic::transport::Server::builder().add_service(ManagementService::new(storage).into_server());
-            start_grpc(&mut running, "management", &settings.management.listen, router, stopped).await?;
+            let storage: Arc<dyn StorageApi> = Arc::new(RemoteStorage::connect_lazy(
+                &settings.management.storage_addr,
+            )?);
+            let router = tonic::transport::Server::builder()
+                .add_service(ManagementService::new(storage).into_server());
+            start_grpc(
+                &mut running,
+                "management",
+                &settings.management.listen,
+                router,
+                stopped,
+            )
+            .await?;
         }
     }
     Ok(running)
@@ -131,12 +164,17 @@ async fn start_engine(storage: Arc<dyn StorageApi>, settings: &Settings) -> anyh
     }
 }
 
-async fn start_amqp(running: &mut Running, engine: Arc<dyn EngineApi>, settings: &Settings) -> anyhow::Result<()> {
-    let addr: SocketAddr = settings
-        .gateway
-        .amqp_listen
-        .parse()
-        .with_context(|| format!("gateway.amqp_listen '{}' is not an address", settings.gateway.amqp_listen))?;
+async fn start_amqp(
+    running: &mut Running,
+    engine: Arc<dyn EngineApi>,
+    settings: &Settings,
+) -> anyhow::Result<()> {
+    let addr: SocketAddr = settings.gateway.amqp_listen.parse().with_context(|| {
+        format!(
+            "gateway.amqp_listen '{}' is not an address",
+            settings.gateway.amqp_listen
+        )
+    })?;
     let server = AmqpServer::start(addr, engine, settings.gateway.protocol())
         .await
         .with_context(|| format!("binding the AMQP port {addr}"))?;

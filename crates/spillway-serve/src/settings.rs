@@ -144,7 +144,11 @@ impl Settings {
         let mut builder = config::Config::builder();
         match file {
             Some(path) => {
-                builder = builder.add_source(config::File::from(path).required(true));
+                builder = builder.add_source(
+                    config::File::from(path)
+                        .format(config::FileFormat::Toml)
+                        .required(true),
+                );
             }
             None => {
                 builder = builder.add_source(config::File::with_name("spillway").required(false));

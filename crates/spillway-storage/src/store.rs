@@ -101,7 +101,10 @@ impl RocksStore {
 
     fn scan<T: prost::Message + Default>(&self, prefix: &[u8]) -> Result<Vec<T>, StoreError> {
         let mut records = Vec::new();
-        for entry in self.db.iterator(IteratorMode::From(prefix, Direction::Forward)) {
+        for entry in self
+            .db
+            .iterator(IteratorMode::From(prefix, Direction::Forward))
+        {
             let (key, value) = entry?;
             if !key.starts_with(prefix) {
                 break;
@@ -239,7 +242,11 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         {
             let store = RocksStore::open(dir.path())?;
-            let ops = vec![put_message("q", 300), put_message("q", 2), put_message("q2", 1)];
+            let ops = vec![
+                put_message("q", 300),
+                put_message("q", 2),
+                put_message("q2", 1),
+            ];
             store.write_sync(&WriteBatch { ops })?;
             let delete = WriteOp {
                 op: Some(write_op::Op::DeleteMessage(MessageKey {

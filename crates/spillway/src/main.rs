@@ -9,7 +9,10 @@ use spillway_serve::{Role, Settings};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
-#[command(version, about = "Spillway: an AMQP 0-9-1 broker that spills to disk instead of falling over")]
+#[command(
+    version,
+    about = "Spillway: an AMQP 0-9-1 broker that spills to disk instead of falling over"
+)]
 struct Cli {
     /// Configuration file (default: ./spillway.toml when present).
     #[arg(long, global = true)]
@@ -61,7 +64,9 @@ async fn main() -> anyhow::Result<()> {
 fn init_logging(settings: &Settings) {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(&settings.telemetry.log_level));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if settings.telemetry.log_format == "json" {
         builder.json().init();
     } else {
@@ -72,7 +77,8 @@ fn init_logging(settings: &Settings) {
 /// Written to a temporary name then renamed, so readers never see half a file.
 fn write_ready_file(path: &std::path::Path, content: &str) -> anyhow::Result<()> {
     let temporary = path.with_extension("tmp");
-    std::fs::write(&temporary, content).with_context(|| format!("writing {}", temporary.display()))?;
+    std::fs::write(&temporary, content)
+        .with_context(|| format!("writing {}", temporary.display()))?;
     std::fs::rename(&temporary, path).with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
