@@ -1,0 +1,331 @@
+# shellcheck shell=bash
+# Start and stop Spillway (all-in-one or as separate processes) and a private RabbitMQ
+# node for tests and benchmarks. Source this file from bash:
+#
+#   . scripts/lib/spillway-procs.sh
+#   trap stop_all EXIT
+#   start_spillway_all_in_one      # sets BROKER_URL, SPILLWAY_AMQP_ADDR, SPILLWAY_MGMT_ADDR
+#   ...; stop_spillway
+#   start_spillway_separate        # storage, engine, gateway as three processes
+#   ...; stop_spillway
+#   start_rabbitmq                 # private node on free ports; sets BROKER_URL, RABBITMQ_URL
+#   ...; stop_rabbitmq
+#
+# Every process is started with setsid in its own process group and recorded; stop_* and
+# stop_all signal those groups only (never a process found by name). All state lives under
+# one temp dir ($SPW_WORKDIR, removed by stop_all unless SPW_KEEP_WORKDIR=1).
+# The brokers are background jobs of the sourcing shell: use `wait PID`, never a bare
+# `wait` (it would wait for the brokers too).
+#
+# Settings (environment):
+#   SPILLWAY_BIN           spillway binary (default: <repo>/target/release/spillway)
+#   SPW_READY_TIMEOUT      seconds to wait for a ready file / broker start (default 60)
+#   SPW_WORKDIR            temp dir to use (default: mktemp -d)
+#   SPW_KEEP_WORKDIR=1     keep the temp dir (logs) after stop_all
+#   SPW_QUIET=1            no progress messages on stderr
+#   SPW_SEPARATE_MANAGEMENT=1  start_spillway_separate also starts the management process
+#   Any SPILLWAY_* setting you export is passed on to the spillway processes.
+
+SPW_LIB_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+SPW_REPO_ROOT="$(cd "$SPW_LIB_DIR/../.." && pwd)"
+: "${SPILLWAY_BIN:=$SPW_REPO_ROOT/target/release/spillway}"
+: "${SPW_READY_TIMEOUT:=60}"
+
+SPW_SPILLWAY_PGIDS=()   # process groups of the spillway processes we started
+SPW_RABBIT_PGIDS=()     # process groups of rabbitmq-server and its epmd
+SPW_RABBIT_ENV=()       # env (VAR=value) that rabbitmqctl needs to reach our node
+
+spw_log() { [ "${SPW_QUIET:-0}" = 1 ] || echo "[spillway-procs] $*" >&2; }
+spw_die() { echo "[spillway-procs] ERROR: $*" >&2; return 1; }
+
+# spw_workdir: make sure $SPW_WORKDIR exists (call directly, not in $(...)).
+spw_workdir() {
+    if [ -z "${SPW_WORKDIR:-}" ]; then
+        SPW_WORKDIR="$(mktemp -d "${TMPDIR:-/tmp}/spillway-procs.XXXXXX")" || return 1
+        SPW_WORKDIR_OWNED=1
+    fi
+    mkdir -p "$SPW_WORKDIR"
+}
+
+# json_get FILE_OR_STRING KEY -> value of a top-level "KEY" in flat JSON (string unquoted).
+json_get() {
+    local src="$1" key="$2" text
+    if [ -f "$src" ]; then text="$(cat "$src")"; else text="$src"; fi
+    printf '%s' "$text" | tr -d '\n' |
+        sed -n -E "s/.*\"$key\"[[:space:]]*:[[:space:]]*(\"([^\"]*)\"|([-+0-9.eE]+|true|false|null)).*/\2\3/p"
+}
+
+# port_is_free PORT: true when nothing listens on 127.0.0.1:PORT.
+port_is_free() {
+    if command -v ss >/dev/null 2>&1; then
+        ! ss -Hltn "sport = :$1" 2>/dev/null | grep -q .
+    else
+        ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+    fi
+}
+
+# free_port [MIN [MAX]]: a currently free TCP port (random in range).
+free_port() {
+    local min="${1:-20000}" max="${2:-45000}" p i
+    for i in $(seq 1 200); do
+        p=$((min + RANDOM % (max - min)))
+        if port_is_free "$p"; then echo "$p"; return 0; fi
+    done
+    spw_die "no free port found in $min-$max"
+}
+
+# spw_spawn LOGFILE CMD... : start CMD in a new session (own process group, so its pid is
+# the group id); sets SPW_LAST_PID. Call directly, not in $(...).
+spw_spawn() {
+    local log="$1"; shift
+    setsid "$@" >>"$log" 2>&1 </dev/null &
+    SPW_LAST_PID=$!
+}
+
+spw_alive() { kill -0 "$1" 2>/dev/null; }
+
+# spw_kill_group PGID [GRACE_SECONDS]: TERM the group, wait, then KILL what is left.
+spw_kill_group() {
+    local pg="$1" grace="${2:-10}" i
+    [ -n "$pg" ] || return 0
+    kill -TERM -- "-$pg" 2>/dev/null || kill -TERM "$pg" 2>/dev/null || return 0
+    for i in $(seq 1 $((grace * 10))); do
+        kill -0 -- "-$pg" 2>/dev/null || return 0
+        sleep 0.1
+    done
+    spw_log "process group $pg still alive after ${grace}s: SIGKILL"
+    kill -KILL -- "-$pg" 2>/dev/null || true
+    # Reap it if it was our child.
+    wait "$pg" 2>/dev/null || true
+}
+
+# spw_wait_ready FILE PID NAME LOG: wait until FILE exists (and PID lives).
+spw_wait_ready() {
+    local file="$1" pid="$2" name="$3" log="$4" deadline=$((SECONDS + SPW_READY_TIMEOUT))
+    while [ ! -s "$file" ]; do
+        if ! spw_alive "$pid"; then
+            echo "---- last lines of $log ----" >&2; tail -n 30 "$log" >&2 2>/dev/null
+            spw_die "$name exited before it was ready (log: $log)"; return 1
+        fi
+        if [ "$SECONDS" -ge "$deadline" ]; then
+            echo "---- last lines of $log ----" >&2; tail -n 30 "$log" >&2 2>/dev/null
+            spw_die "$name not ready after ${SPW_READY_TIMEOUT}s (log: $log)"; return 1
+        fi
+        sleep 0.1
+    done
+}
+
+# spw_start_component NAME SUBCOMMAND [VAR=value...]: start one spillway process with the
+# given extra environment; waits for its ready file and sets SPW_READY_FILE to its path.
+spw_start_component() {
+    local name="$1" sub="$2"; shift 2
+    local dir ready log pid
+    spw_workdir || return 1
+    dir="$SPW_WORKDIR/$name"
+    mkdir -p "$dir"
+    ready="$dir/ready.json"; log="$dir/$name.log"
+    rm -f "$ready"
+    [ -x "$SPILLWAY_BIN" ] || { spw_die "spillway binary not found: $SPILLWAY_BIN (cargo build --release -p spillway)"; return 1; }
+    spw_spawn "$log" env \
+        SPILLWAY_GATEWAY__AMQP_LISTEN="${SPILLWAY_GATEWAY__AMQP_LISTEN:-127.0.0.1:0}" \
+        SPILLWAY_STORAGE__LISTEN="${SPILLWAY_STORAGE__LISTEN:-127.0.0.1:0}" \
+        SPILLWAY_ENGINE__LISTEN="${SPILLWAY_ENGINE__LISTEN:-127.0.0.1:0}" \
+        SPILLWAY_MANAGEMENT__LISTEN="${SPILLWAY_MANAGEMENT__LISTEN:-127.0.0.1:0}" \
+        SPILLWAY_TELEMETRY__METRICS_LISTEN="${SPILLWAY_TELEMETRY__METRICS_LISTEN:-127.0.0.1:0}" \
+        SPILLWAY_STORAGE__DATA_DIR="${SPILLWAY_STORAGE__DATA_DIR:-$dir/data}" \
+        "$@" "$SPILLWAY_BIN" --ready-file "$ready" "$sub"
+    pid=$SPW_LAST_PID
+    SPW_SPILLWAY_PGIDS+=("$pid")
+    spw_log "started spillway $sub (pid $pid, log $log)"
+    spw_wait_ready "$ready" "$pid" "spillway $sub" "$log" || return 1
+    SPW_READY_FILE="$ready"
+}
+
+spw_set_broker() {
+    SPILLWAY_AMQP_ADDR="$1"
+    BROKER_URL="amqp://guest:guest@$1/%2f"
+    export SPILLWAY_AMQP_ADDR BROKER_URL
+}
+
+# start_spillway_all_in_one: every component in one process (embedded storage).
+start_spillway_all_in_one() {
+    local ready amqp
+    spw_start_component all-in-one all-in-one || return 1
+    ready="$SPW_READY_FILE"
+    amqp="$(json_get "$ready" amqp)"
+    [ -n "$amqp" ] || { spw_die "no \"amqp\" address in $ready: $(cat "$ready")"; return 1; }
+    SPILLWAY_MGMT_ADDR="$(json_get "$ready" management)"; export SPILLWAY_MGMT_ADDR
+    spw_set_broker "$amqp"
+    spw_log "spillway all-in-one ready: amqp $amqp"
+}
+
+# start_spillway_separate: storage, then engine (-> storage), then gateway (-> engine), and
+# with SPW_SEPARATE_MANAGEMENT=1 management (-> storage). Sets SPILLWAY_STORAGE_ADDR,
+# SPILLWAY_ENGINE_ADDR, SPILLWAY_AMQP_ADDR, SPILLWAY_MGMT_ADDR (when one runs), BROKER_URL.
+start_spillway_separate() {
+    local ready storage engine amqp
+    spw_start_component storage storage || return 1
+    ready="$SPW_READY_FILE"
+    storage="$(json_get "$ready" storage)"
+    [ -n "$storage" ] || { spw_die "no \"storage\" address in $ready"; return 1; }
+    SPILLWAY_STORAGE_ADDR="$storage"; export SPILLWAY_STORAGE_ADDR
+
+    spw_start_component engine engine \
+        SPILLWAY_ENGINE__STORAGE_ADDR="http://$storage" || return 1
+    ready="$SPW_READY_FILE"
+    engine="$(json_get "$ready" engine)"
+    [ -n "$engine" ] || { spw_die "no \"engine\" address in $ready"; return 1; }
+    SPILLWAY_ENGINE_ADDR="$engine"; export SPILLWAY_ENGINE_ADDR
+    # Management may run inside the engine process; take it from whichever reports it.
+    SPILLWAY_MGMT_ADDR="$(json_get "$ready" management)"
+
+    spw_start_component gateway gateway \
+        SPILLWAY_GATEWAY__ENGINE_ADDR="http://$engine" || return 1
+    ready="$SPW_READY_FILE"
+    amqp="$(json_get "$ready" amqp)"
+    [ -n "$amqp" ] || { spw_die "no \"amqp\" address in $ready"; return 1; }
+    [ -n "$SPILLWAY_MGMT_ADDR" ] || SPILLWAY_MGMT_ADDR="$(json_get "$ready" management)"
+
+    if [ "${SPW_SEPARATE_MANAGEMENT:-0}" = 1 ] && [ -z "$SPILLWAY_MGMT_ADDR" ]; then
+        spw_start_component management management \
+            SPILLWAY_MANAGEMENT__STORAGE_ADDR="http://$storage" || return 1
+        SPILLWAY_MGMT_ADDR="$(json_get "$SPW_READY_FILE" management)"
+    fi
+    export SPILLWAY_MGMT_ADDR
+    spw_set_broker "$amqp"
+    spw_log "spillway separate ready: storage $storage, engine $engine, amqp $amqp"
+}
+
+stop_spillway() {
+    local pg i
+    # Stop in reverse start order (gateway, engine, storage).
+    for ((i = ${#SPW_SPILLWAY_PGIDS[@]} - 1; i >= 0; i--)); do
+        pg="${SPW_SPILLWAY_PGIDS[$i]}"
+        spw_kill_group "$pg" 15
+    done
+    SPW_SPILLWAY_PGIDS=()
+}
+
+# ---------------------------------------------------------------------------- RabbitMQ
+: "${RABBITMQ_HOME_DIR:=/usr/lib/rabbitmq}"
+
+spw_rabbit_bin() { echo "$RABBITMQ_HOME_DIR/bin/$1"; }
+
+# rabbitmq_ctl ARGS...: rabbitmqctl against the node started by start_rabbitmq.
+rabbitmq_ctl() {
+    env "${SPW_RABBIT_ENV[@]}" "$(spw_rabbit_bin rabbitmqctl)" "$@"
+}
+
+spw_ensure_rabbitmq() {
+    [ -x "$(spw_rabbit_bin rabbitmq-server)" ] && return 0
+    spw_log "rabbitmq-server not installed: apt-get install -y rabbitmq-server"
+    if [ "$(id -u)" = 0 ]; then
+        DEBIAN_FRONTEND=noninteractive apt-get install -y rabbitmq-server >&2 ||
+            { apt-get update >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y rabbitmq-server >&2; }
+        # The package starts the system service on the default port: we don't want it.
+        if command -v systemctl >/dev/null 2>&1; then systemctl stop rabbitmq-server 2>/dev/null || true; fi
+    fi
+    [ -x "$(spw_rabbit_bin rabbitmq-server)" ] || { spw_die "rabbitmq-server unavailable"; return 1; }
+}
+
+# start_rabbitmq: a private node (own name, epmd, ports, data, logs, cookie); sets
+# BROKER_URL / RABBITMQ_URL / RABBITMQ_AMQP_ADDR.
+start_rabbitmq() {
+    spw_ensure_rabbitmq || return 1
+    local dir port dist epmd_port node log pid epmd_pid deadline
+    spw_workdir || return 1
+    dir="$SPW_WORKDIR/rabbitmq"
+    mkdir -p "$dir/home" "$dir/mnesia" "$dir/log"
+    log="$dir/rabbitmq-server.log"
+    node="spillway-bench-$$-$RANDOM@localhost"
+    for _ in $(seq 1 50); do
+        port="$(free_port 20000 45000)" || return 1
+        dist=$((port + 20000))
+        port_is_free "$dist" && break
+    done
+    epmd_port="$(free_port 45001 49000)" || return 1
+    printf '' >"$dir/rabbitmq-env.conf"
+    echo '[].' >"$dir/enabled_plugins"
+    cat >"$dir/rabbitmq.conf" <<EOF
+listeners.tcp.default = 127.0.0.1:$port
+loopback_users.guest = true
+log.console = false
+log.file.level = info
+EOF
+    # A fresh cookie for this node only; HOME points at it for the server and the CLI.
+    head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$dir/home/.erlang.cookie"
+    chmod 400 "$dir/home/.erlang.cookie"
+    SPW_RABBIT_ENV=(
+        HOME="$dir/home"
+        ERL_EPMD_PORT="$epmd_port"
+        RABBITMQ_NODENAME="$node"
+        RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
+        RABBITMQ_NODE_PORT="$port"
+        RABBITMQ_DIST_PORT="$dist"
+        RABBITMQ_MNESIA_BASE="$dir/mnesia"
+        RABBITMQ_LOG_BASE="$dir/log"
+        RABBITMQ_PID_FILE="$dir/rabbitmq.pid"
+        RABBITMQ_CONF_ENV_FILE="$dir/rabbitmq-env.conf"
+        RABBITMQ_CONFIG_FILE="$dir/rabbitmq.conf"
+        RABBITMQ_ADVANCED_CONFIG_FILE="$dir/advanced.config"
+        RABBITMQ_ENABLED_PLUGINS_FILE="$dir/enabled_plugins"
+        RABBITMQ_PLUGINS_EXPAND_DIR="$dir/plugins-expand"
+    )
+    # Our own epmd on its own port, so we never touch a shared one.
+    spw_spawn "$dir/epmd.log" env "${SPW_RABBIT_ENV[@]}" epmd -port "$epmd_port"
+    epmd_pid=$SPW_LAST_PID
+    SPW_RABBIT_PGIDS+=("$epmd_pid")
+    deadline=$((SECONDS + 10))
+    until ! port_is_free "$epmd_port"; do
+        spw_alive "$epmd_pid" || { spw_die "epmd failed (log: $dir/epmd.log)"; return 1; }
+        [ "$SECONDS" -lt "$deadline" ] || { spw_die "epmd not listening on $epmd_port"; return 1; }
+        sleep 0.1
+    done
+    spw_spawn "$log" env "${SPW_RABBIT_ENV[@]}" "$(spw_rabbit_bin rabbitmq-server)"
+    pid=$SPW_LAST_PID
+    SPW_RABBIT_PGIDS+=("$pid")
+    spw_log "started rabbitmq-server $node (pid $pid, amqp 127.0.0.1:$port, log $log)"
+    deadline=$((SECONDS + SPW_READY_TIMEOUT))
+    # Poll the AMQP port, then confirm with await_startup.
+    while port_is_free "$port"; do
+        if ! spw_alive "$pid"; then
+            tail -n 30 "$log" >&2; spw_die "rabbitmq-server exited during start (log: $log)"; return 1
+        fi
+        if [ "$SECONDS" -ge "$deadline" ]; then
+            tail -n 30 "$log" >&2; spw_die "rabbitmq-server not listening after ${SPW_READY_TIMEOUT}s"; return 1
+        fi
+        sleep 0.2
+    done
+    rabbitmq_ctl -q await_startup --timeout "$SPW_READY_TIMEOUT" >>"$log" 2>&1 ||
+        { spw_die "rabbitmqctl await_startup failed (log: $log)"; return 1; }
+    RABBITMQ_AMQP_ADDR="127.0.0.1:$port"
+    RABBITMQ_URL="amqp://guest:guest@$RABBITMQ_AMQP_ADDR/%2f"
+    export RABBITMQ_AMQP_ADDR RABBITMQ_URL
+    BROKER_URL="$RABBITMQ_URL"; export BROKER_URL
+    spw_log "rabbitmq ready: amqp $RABBITMQ_AMQP_ADDR"
+}
+
+stop_rabbitmq() {
+    [ "${#SPW_RABBIT_PGIDS[@]}" -gt 0 ] || return 0
+    local server="${SPW_RABBIT_PGIDS[${#SPW_RABBIT_PGIDS[@]}-1]}" pg
+    if spw_alive "$server"; then
+        timeout 60 env "${SPW_RABBIT_ENV[@]}" "$(spw_rabbit_bin rabbitmqctl)" -q stop \
+            >/dev/null 2>&1 || spw_log "rabbitmqctl stop failed; killing the node"
+    fi
+    # Whatever is left of the node (beam.smp, erl_child_setup, inet_gethost) and our epmd.
+    for pg in "${SPW_RABBIT_PGIDS[@]}"; do
+        spw_kill_group "$pg" 10
+    done
+    SPW_RABBIT_PGIDS=()
+}
+
+# stop_all: stop everything this library started and remove its temp dir.
+stop_all() {
+    stop_spillway
+    stop_rabbitmq
+    if [ "${SPW_WORKDIR_OWNED:-0}" = 1 ] && [ -n "${SPW_WORKDIR:-}" ] && [ "${SPW_KEEP_WORKDIR:-0}" != 1 ]; then
+        rm -rf "$SPW_WORKDIR"
+        SPW_WORKDIR=""
+        SPW_WORKDIR_OWNED=0
+    fi
+}
