@@ -1,7 +1,7 @@
 # Spillway — the two commands a newcomer needs:
 #   make run    start the all-in-one broker (AMQP on 5672, data in ./data)
 #   make test   install what the tests need, then run the whole suite
-.PHONY: run test build deps venv lint test-rust test-python bench fmt clean
+.PHONY: run test build deps venv lint test-build test-rust test-python bench fmt clean
 
 CARGO := scripts/cargo.sh
 
@@ -21,10 +21,15 @@ lint: deps
 	cargo fmt --all -- --check
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
 
-test-rust: build
+# Building every target at once (tests included) gives one feature set, so
+# `cargo test` then reuses it instead of recompiling half the tree.
+test-build: deps
+	$(CARGO) build --release --workspace --all-targets
+
+test-rust: test-build
 	$(CARGO) test --release --workspace
 
-test-python: build venv
+test-python: test-build venv
 	.venv/bin/pytest tests/python -q -p no:cacheprovider
 
 test: lint test-rust test-python

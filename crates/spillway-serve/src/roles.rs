@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::StreamExt;
 
 use crate::Settings;
 
@@ -200,8 +201,17 @@ async fn start_grpc(
         let shutdown = async move {
             let _ = stopped.changed().await;
         };
+        // Small gRPC messages (one confirm's write, one delivery) must not
+        // wait for Nagle's algorithm: without this the remote wiring stalls
+        // ~40 ms per round trip against delayed acks.
+        let incoming = TcpListenerStream::new(listener).map(|stream| {
+            if let Ok(stream) = &stream {
+                let _ = stream.set_nodelay(true);
+            }
+            stream
+        });
         if let Err(error) = router
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+            .serve_with_incoming_shutdown(incoming, shutdown)
             .await
         {
             tracing::error!(component = name, %error, "grpc server failed");
