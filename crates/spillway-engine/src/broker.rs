@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 use crate::errors::{self, codes};
 use crate::model::*;
 use crate::persistence::StoreWriter;
-use crate::routing::{headers_match, topic_matches, values_equal, ExchangeKind};
+use crate::routing::{as_integer, headers_match, topic_matches, values_equal, ExchangeKind};
 
 pub type OpResult<T> = Result<T, AmqpError>;
 
@@ -35,6 +35,8 @@ pub enum PublishOutcome {
     Done,
     /// Confirm once this fires: the message is on disk.
     AfterWrite(oneshot::Receiver<()>),
+    /// A queue's `x-overflow: reject-publish` refused it: nack the publisher.
+    Rejected,
 }
 
 impl Broker {
@@ -402,18 +404,16 @@ impl Broker {
             ));
         }
         let argument_table = errors::decode_table(&cmd.arguments)?;
-        let queue = Queue {
-            name: name.clone(),
-            durable: cmd.durable,
-            auto_delete: cmd.auto_delete,
-            exclusive_owner: cmd.exclusive.then_some(session),
-            arguments: cmd.arguments.clone(),
-            argument_table,
-            messages: Default::default(),
-            consumers: Vec::new(),
-            next_consumer: 0,
-            exclusive_consumer: false,
-        };
+        let limits = queue_limits(&argument_table, &name, &vhost_name)?;
+        let mut queue = Queue::new(
+            name.clone(),
+            cmd.durable,
+            cmd.auto_delete,
+            cmd.exclusive.then_some(session),
+        );
+        queue.arguments = cmd.arguments.clone();
+        queue.argument_table = argument_table;
+        queue.limits = limits;
         if queue.stores_messages() {
             self.persist.submit(
                 vec![op(write_op::Op::PutQueue(store::QueueDefinition {
@@ -603,7 +603,7 @@ impl Broker {
         let vhost = self.vhost_mut(&vhost_name)?;
         let queue = find_queue_mut(vhost, &cmd.queue, &vhost_name)?;
         check_exclusive(queue, session, &vhost_name)?;
-        let purged: Vec<QueuedMessage> = queue.messages.drain(..).collect();
+        let purged = queue.purge();
         if queue.stores_messages() {
             let ops = purged
                 .iter()
@@ -860,12 +860,19 @@ impl Broker {
             persistent: cmd.persistent,
         });
         let mut ops = Vec::new();
+        let mut rejected = false;
         let vhost = self.vhost_mut(&vhost_name)?;
         for name in &targets {
             let Some(queue) = vhost.queues.get_mut(name) else {
                 continue;
             };
-            if message.persistent && queue.stores_messages() {
+            let body_len = message.body.len() as u64;
+            if queue.limits.overflow != Overflow::DropHead && queue.would_overflow(body_len) {
+                rejected = true;
+                continue;
+            }
+            let stores = queue.stores_messages();
+            if message.persistent && stores {
                 ops.push(op(write_op::Op::PutMessage(stored_message(
                     &vhost_name,
                     name,
@@ -873,13 +880,22 @@ impl Broker {
                     &message,
                 ))));
             }
-            queue.messages.push_back(QueuedMessage {
+            let dropped = queue.enqueue(QueuedMessage {
                 id,
                 message: message.clone(),
                 redelivered: false,
             });
+            ops.extend(
+                dropped
+                    .iter()
+                    .filter(|m| stores && m.message.persistent)
+                    .map(|m| delete_message_op(&vhost_name, name, m.id)),
+            );
         }
-        let outcome = if ops.is_empty() {
+        let outcome = if rejected && confirm_seq > 0 {
+            self.persist.submit(ops, None);
+            PublishOutcome::Rejected
+        } else if ops.is_empty() {
             PublishOutcome::Done
         } else if confirm_seq > 0 {
             let (done, wait) = oneshot::channel();
@@ -901,7 +917,7 @@ impl Broker {
         let vhost = self.vhost_mut(&vhost_name)?;
         let queue = find_queue_mut(vhost, &cmd.queue, &vhost_name)?;
         check_exclusive(queue, session, &vhost_name)?;
-        let Some(message) = queue.messages.pop_front() else {
+        let Some(message) = queue.dequeue() else {
             return Ok(None);
         };
         let message_count = queue.messages.len() as u32;
@@ -1128,7 +1144,7 @@ impl Broker {
             };
             queue.next_consumer = (index + 1) % count;
             let consumer_ref = queue.consumers[index].clone();
-            let Some(message) = queue.messages.pop_front() else {
+            let Some(message) = queue.dequeue() else {
                 break;
             };
             let Some(session) = sessions.get_mut(&consumer_ref.session) else {
@@ -1271,6 +1287,45 @@ fn route(vhost: &VHost, exchange: &Exchange, cmd: &pb::Publish) -> OpResult<Vec<
     targets.sort();
     targets.dedup();
     Ok(targets)
+}
+
+/// Reads and checks `x-max-length`, `x-max-length-bytes` and `x-overflow`.
+fn queue_limits(arguments: &FieldTable, queue: &str, vhost: &str) -> OpResult<QueueLimits> {
+    let invalid = |arg: &str| {
+        errors::error(
+            codes::PRECONDITION_FAILED,
+            format!("invalid arg '{arg}' for queue '{queue}' in vhost '{vhost}'"),
+        )
+    };
+    let count = |arg: &str| -> OpResult<Option<u64>> {
+        match arguments.inner().get(arg) {
+            None => Ok(None),
+            Some(value) => match as_integer(value).map(u64::try_from) {
+                Some(Ok(n)) => Ok(Some(n)),
+                _ => Err(invalid(arg)),
+            },
+        }
+    };
+    let overflow = match arguments.inner().get("x-overflow") {
+        None => Overflow::DropHead,
+        Some(AMQPValue::LongString(s)) => match s.as_bytes() {
+            b"drop-head" => Overflow::DropHead,
+            b"reject-publish" => Overflow::RejectPublish,
+            b"reject-publish-dlx" => Overflow::RejectPublishDlx,
+            _ => return Err(invalid("x-overflow")),
+        },
+        Some(_) => return Err(invalid("x-overflow")),
+    };
+    Ok(QueueLimits {
+        max_length: count("x-max-length")?,
+        max_bytes: count("x-max-length-bytes")?,
+        overflow,
+    })
+}
+
+/// The stored arguments of a recovered queue were checked when it was declared.
+pub fn recovered_limits(arguments: &FieldTable) -> QueueLimits {
+    queue_limits(arguments, "", "").unwrap_or_default()
 }
 
 /// The `headers` property of a message, for headers-exchange routing.

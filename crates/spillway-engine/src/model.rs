@@ -101,8 +101,12 @@ pub struct Queue {
     pub exclusive_owner: Option<SessionId>,
     pub arguments: Bytes,
     pub argument_table: FieldTable,
-    /// Ready messages, ordered by id.
+    pub limits: QueueLimits,
+    /// Ready messages, ordered by id. Changed only through the methods below,
+    /// which keep `ready_bytes` exact.
     pub messages: VecDeque<QueuedMessage>,
+    /// Body bytes of the ready messages.
+    pub ready_bytes: u64,
     pub consumers: Vec<ConsumerRef>,
     /// Round-robin position in `consumers`.
     pub next_consumer: usize,
@@ -110,17 +114,114 @@ pub struct Queue {
     pub exclusive_consumer: bool,
 }
 
+/// RabbitMQ's queue length limits (`x-max-length`, `x-max-length-bytes`,
+/// `x-overflow`), counted over ready messages as RabbitMQ does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueLimits {
+    pub max_length: Option<u64>,
+    pub max_bytes: Option<u64>,
+    pub overflow: Overflow,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Overflow {
+    /// Drop (or, once dead-lettering exists, dead-letter) the oldest.
+    #[default]
+    DropHead,
+    /// Refuse the newest: nacked under publisher confirms.
+    RejectPublish,
+    /// As RejectPublish, and dead-letter the refused message (dead-letter
+    /// exchanges are not built yet, so for now the same as RejectPublish).
+    RejectPublishDlx,
+}
+
 impl Queue {
+    pub fn new(
+        name: String,
+        durable: bool,
+        auto_delete: bool,
+        exclusive_owner: Option<SessionId>,
+    ) -> Self {
+        Self {
+            name,
+            durable,
+            auto_delete,
+            exclusive_owner,
+            arguments: Bytes::new(),
+            argument_table: FieldTable::default(),
+            limits: QueueLimits::default(),
+            messages: VecDeque::new(),
+            ready_bytes: 0,
+            consumers: Vec::new(),
+            next_consumer: 0,
+            exclusive_consumer: false,
+        }
+    }
+
     /// Whether persistent messages on this queue are written to the store.
     pub fn stores_messages(&self) -> bool {
         self.durable && self.exclusive_owner.is_none()
     }
 
+    /// Would one more message of `body_len` bytes exceed a limit?
+    pub fn would_overflow(&self, body_len: u64) -> bool {
+        let too_long = self
+            .limits
+            .max_length
+            .is_some_and(|max| self.messages.len() as u64 + 1 > max);
+        let too_big = self
+            .limits
+            .max_bytes
+            .is_some_and(|max| self.ready_bytes + body_len > max);
+        too_long || too_big
+    }
+
+    fn over_limit(&self) -> bool {
+        self.limits
+            .max_length
+            .is_some_and(|max| self.messages.len() as u64 > max)
+            || self
+                .limits
+                .max_bytes
+                .is_some_and(|max| self.ready_bytes > max)
+    }
+
+    /// Appends a message; with drop-head, returns the oldest messages dropped
+    /// to keep within the limits.
+    pub fn enqueue(&mut self, message: QueuedMessage) -> Vec<QueuedMessage> {
+        self.ready_bytes += message.message.body.len() as u64;
+        self.messages.push_back(message);
+        let mut dropped = Vec::new();
+        while self.over_limit() {
+            let Some(oldest) = self.dequeue() else { break };
+            dropped.push(oldest);
+        }
+        dropped
+    }
+
+    pub fn dequeue(&mut self) -> Option<QueuedMessage> {
+        let message = self.messages.pop_front()?;
+        self.ready_bytes -= message.message.body.len() as u64;
+        Some(message)
+    }
+
     /// Puts requeued messages back in id order, ahead of later arrivals.
     pub fn requeue(&mut self, mut message: QueuedMessage) {
         message.redelivered = true;
+        self.ready_bytes += message.message.body.len() as u64;
         let position = self.messages.partition_point(|m| m.id < message.id);
         self.messages.insert(position, message);
+    }
+
+    /// Appends a message read back from the store at start-up, as it was.
+    pub fn push_recovered(&mut self, message: QueuedMessage) {
+        self.ready_bytes += message.message.body.len() as u64;
+        self.messages.push_back(message);
+    }
+
+    pub fn purge(&mut self) -> Vec<QueuedMessage> {
+        self.ready_bytes = 0;
+        self.messages.drain(..).collect()
     }
 }
 

@@ -21,9 +21,13 @@ use tokio::sync::{mpsc, oneshot};
 /// Requests drained into one storage batch at most.
 const MAX_REQUESTS_PER_BATCH: usize = 4096;
 
-struct WriteRequest {
-    ops: Vec<WriteOp>,
-    done: Option<oneshot::Sender<()>>,
+enum WriteRequest {
+    Write {
+        ops: Vec<WriteOp>,
+        done: Option<oneshot::Sender<()>>,
+    },
+    /// Write what came before, then stop and release the store.
+    Stop(oneshot::Sender<()>),
 }
 
 #[derive(Clone)]
@@ -38,6 +42,15 @@ impl StoreWriter {
         Self { requests }
     }
 
+    /// Writes everything submitted so far, then stops the writer so the
+    /// store is released (engine shutdown).
+    pub async fn stop(&self) {
+        let (stopped, wait) = oneshot::channel();
+        if self.requests.send(WriteRequest::Stop(stopped)).is_ok() {
+            let _ = wait.await;
+        }
+    }
+
     /// Queues ops for the next batch; `done` fires once they are durable.
     pub fn submit(&self, ops: Vec<WriteOp>, done: Option<oneshot::Sender<()>>) {
         if ops.is_empty() {
@@ -46,7 +59,11 @@ impl StoreWriter {
             }
             return;
         }
-        if self.requests.send(WriteRequest { ops, done }).is_err() {
+        if self
+            .requests
+            .send(WriteRequest::Write { ops, done })
+            .is_err()
+        {
             tracing::error!("storage writer stopped: a write was not submitted");
         }
     }
@@ -60,25 +77,45 @@ async fn run_writer(
     while requests.recv_many(&mut ready, MAX_REQUESTS_PER_BATCH).await > 0 {
         let mut ops = Vec::new();
         let mut waiters = Vec::new();
+        let mut stop = None;
         for request in ready.drain(..) {
-            ops.extend(request.ops);
-            waiters.extend(request.done);
-        }
-        let batch = Arc::new(WriteBatch { ops });
-        let mut backoff = Duration::from_millis(50);
-        loop {
-            match store.write(batch.clone()).await {
-                Ok(()) => break,
-                Err(error) => {
-                    tracing::warn!(%error, ops = batch.ops.len(), retry_in_ms = backoff.as_millis() as u64,
-                        "storage write failed, retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
+            match request {
+                WriteRequest::Write { ops: more, done } => {
+                    ops.extend(more);
+                    waiters.extend(done);
+                }
+                WriteRequest::Stop(stopped) => {
+                    stop = Some(stopped);
+                    break;
                 }
             }
         }
+        write_until_stored(store.as_ref(), Arc::new(WriteBatch { ops })).await;
         for waiter in waiters {
             let _ = waiter.send(());
+        }
+        if let Some(stopped) = stop {
+            drop(store);
+            let _ = stopped.send(());
+            return;
+        }
+    }
+}
+
+async fn write_until_stored(store: &dyn StorageApi, batch: Arc<WriteBatch>) {
+    if batch.ops.is_empty() {
+        return;
+    }
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match store.write(batch.clone()).await {
+            Ok(()) => return,
+            Err(error) => {
+                tracing::warn!(%error, ops = batch.ops.len(), retry_in_ms = backoff.as_millis() as u64,
+                    "storage write failed, retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
         }
     }
 }

@@ -113,7 +113,7 @@ pub fn values_equal(a: &AMQPValue, b: &AMQPValue) -> bool {
     a == b
 }
 
-fn as_integer(value: &AMQPValue) -> Option<i128> {
+pub fn as_integer(value: &AMQPValue) -> Option<i128> {
     Some(match value {
         AMQPValue::ShortShortInt(v) => i128::from(*v),
         AMQPValue::ShortShortUInt(v) => i128::from(*v),

@@ -12,7 +12,7 @@ use spillway_proto::engine::{
 use spillway_proto::{EngineApi, ServiceError, SessionStreams, StorageApi, SESSION_COMMAND_BUFFER};
 use tokio::sync::mpsc;
 
-use crate::broker::{event, recovered, Broker, PublishOutcome};
+use crate::broker::{event, recovered, recovered_limits, Broker, PublishOutcome};
 use crate::errors;
 use crate::model::{Binding, Destination, Exchange, Queue, SessionId, VHost};
 use crate::persistence::StoreWriter;
@@ -42,12 +42,13 @@ pub enum EngineError {
 /// The queue engine. Cheap to clone; all clones share one broker.
 #[derive(Clone)]
 pub struct Engine {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
 }
 
-struct Shared {
-    broker: Mutex<Broker>,
+pub(crate) struct Shared {
+    pub(crate) broker: Mutex<Broker>,
     next_session: AtomicU64,
+    writer: StoreWriter,
 }
 
 impl Engine {
@@ -59,7 +60,7 @@ impl Engine {
     ) -> Result<Self, EngineError> {
         let definitions = store.load_definitions().await?;
         let writer = StoreWriter::start(store.clone());
-        let mut broker = Broker::new(writer, config.session_credit);
+        let mut broker = Broker::new(writer.clone(), config.session_credit);
         let mut next_id = 1;
         let mut recovered_messages = 0usize;
         for def in definitions.exchanges {
@@ -84,28 +85,22 @@ impl Engine {
                 .vhosts
                 .entry(def.vhost.clone())
                 .or_insert_with(|| VHost::new(&def.vhost));
-            let messages = stored
+            let messages: Vec<_> = stored
                 .into_iter()
                 .map(|m| {
                     next_id = next_id.max(m.id + 1);
                     recovered(m)
                 })
                 .collect();
-            vhost.queues.insert(
-                def.name.clone(),
-                Queue {
-                    name: def.name,
-                    durable: true,
-                    auto_delete: def.auto_delete,
-                    exclusive_owner: None,
-                    argument_table: errors::decode_table(&def.arguments).unwrap_or_default(),
-                    arguments: def.arguments,
-                    messages,
-                    consumers: Vec::new(),
-                    next_consumer: 0,
-                    exclusive_consumer: false,
-                },
-            );
+            let argument_table = errors::decode_table(&def.arguments).unwrap_or_default();
+            let mut queue = Queue::new(def.name.clone(), true, def.auto_delete, None);
+            queue.limits = recovered_limits(&argument_table);
+            queue.argument_table = argument_table;
+            queue.arguments = def.arguments;
+            for message in messages {
+                queue.push_recovered(message);
+            }
+            vhost.queues.insert(def.name, queue);
         }
         for def in definitions.bindings {
             let Some(vhost) = broker.vhosts.get_mut(&def.vhost) else {
@@ -142,8 +137,17 @@ impl Engine {
             shared: Arc::new(Shared {
                 broker: Mutex::new(broker),
                 next_session: AtomicU64::new(1),
+                writer,
             }),
         })
+    }
+}
+
+impl Engine {
+    /// Flushes pending writes and releases the store. Call after the
+    /// gateways have stopped; later writes are refused (and logged).
+    pub async fn shutdown(&self) {
+        self.shared.writer.stop().await;
     }
 }
 
@@ -295,6 +299,13 @@ impl Session {
                         }));
                     }
                     Ok(PublishOutcome::Done) => {}
+                    Ok(PublishOutcome::Rejected) => {
+                        self.send(Event::Confirm(pb::Confirm {
+                            channel,
+                            seq,
+                            ack: false,
+                        }));
+                    }
                     Ok(PublishOutcome::AfterWrite(written)) => {
                         self.confirms.push_back(Box::pin(async move {
                             // A dropped writer means the engine is going away;

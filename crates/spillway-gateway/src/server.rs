@@ -22,11 +22,13 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::codec::FramedRead;
+use tokio_util::task::TaskTracker;
 
 use crate::codec::{FrameDecoder, FrameError, FrameWriter, PROTOCOL_HEADER};
 use crate::connection::{
     codes, write_connection_close, Connection, ConnectionError, Handshake, HandshakeStep, Next,
 };
+use crate::metrics::GatewayMetrics;
 use crate::GatewayConfig;
 
 /// How long a client has to send its protocol header and finish the handshake.
@@ -51,25 +53,37 @@ pub struct AmqpServer {
     addr: SocketAddr,
     stop: watch::Sender<bool>,
     accept_loop: JoinHandle<()>,
+    connections: TaskTracker,
 }
 
 impl AmqpServer {
-    /// Binds `addr` and starts accepting AMQP clients.
+    /// Binds `addr` and starts accepting AMQP clients, counting into
+    /// `metrics`.
     pub async fn start(
         addr: SocketAddr,
         engine: Arc<dyn EngineApi>,
         config: GatewayConfig,
+        metrics: GatewayMetrics,
     ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let (stop, stopped) = watch::channel(false);
         let config = Arc::new(config);
         tracing::info!(code = "BRK-1002", %addr, "BRK-1002 : Starting : Listening on TCP port {}", addr.port());
-        let accept_loop = tokio::spawn(accept_loop(listener, engine, config, stopped));
+        let connections = TaskTracker::new();
+        let accept_loop = tokio::spawn(accept_loop(
+            listener,
+            engine,
+            config,
+            stopped,
+            connections.clone(),
+            metrics,
+        ));
         Ok(Self {
             addr,
             stop,
             accept_loop,
+            connections,
         })
     }
 }
@@ -83,6 +97,9 @@ impl Server for AmqpServer {
     async fn shutdown(self: Box<Self>) {
         let _ = self.stop.send(true);
         let _ = self.accept_loop.await;
+        // Open connections were told to close (320); wait for them to go.
+        self.connections.close();
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT * 2, self.connections.wait()).await;
         tracing::info!(code = "BRK-1003", addr = %self.addr, "BRK-1003 : Shutting down : TCP port {}", self.addr.port());
     }
 }
@@ -92,6 +109,8 @@ async fn accept_loop(
     engine: Arc<dyn EngineApi>,
     config: Arc<GatewayConfig>,
     mut stopped: watch::Receiver<bool>,
+    connections: TaskTracker,
+    metrics: GatewayMetrics,
 ) {
     loop {
         tokio::select! {
@@ -109,9 +128,10 @@ async fn accept_loop(
                 let engine = engine.clone();
                 let config = config.clone();
                 let stopped = stopped.clone();
-                tokio::spawn(async move {
+                let metrics = metrics.clone();
+                connections.spawn(async move {
                     tracing::debug!(%peer, "connection accepted");
-                    if let Err(error) = serve_connection(stream, peer, engine, config, stopped).await {
+                    if let Err(error) = serve_connection(stream, peer, engine, config, stopped, metrics).await {
                         tracing::debug!(%peer, %error, "connection ended with an i/o error");
                     }
                 });
@@ -131,6 +151,7 @@ async fn serve_connection(
     engine: Arc<dyn EngineApi>,
     config: Arc<GatewayConfig>,
     mut stopped: watch::Receiver<bool>,
+    metrics: GatewayMetrics,
 ) -> std::io::Result<()> {
     let mut header = [0u8; 8];
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, stream.read_exact(&mut header)).await {
@@ -202,8 +223,14 @@ async fn serve_connection(
     if commands.send(connection.open_session()).await.is_err() {
         return Ok(());
     }
+    let mut open = metrics.connection_opened();
     let (writer_tx, writer_rx) = mpsc::channel::<Outbound>(WRITER_QUEUE);
-    let writer = tokio::spawn(write_loop(write_half, writer_rx, commands.clone()));
+    let writer = tokio::spawn(write_loop(
+        write_half,
+        writer_rx,
+        commands.clone(),
+        metrics.clone(),
+    ));
 
     let heartbeat = connection.heartbeat();
     let beat_every = Duration::from_secs(u64::from(heartbeat.max(1))) / 2;
@@ -239,10 +266,15 @@ async fn serve_connection(
             _ = stopped.changed() => Err(ConnectionError::new(codes::CONNECTION_FORCED, "broker shutdown")),
         };
         for command in pending_commands.drain(..) {
+            let counter = metrics.counter_for(&command);
             if commands.send(command).await.is_err() {
                 break;
             }
+            if let Some(counter) = counter {
+                counter.inc();
+            }
         }
+        open.set_channels(connection.channel_count());
         match step {
             Ok(Next::Continue) => {}
             Ok(Next::Closed) => {
@@ -302,6 +334,7 @@ async fn write_loop(
     mut socket: OwnedWriteHalf,
     mut outbound: mpsc::Receiver<Outbound>,
     commands: mpsc::Sender<SessionCommand>,
+    metrics: GatewayMetrics,
 ) {
     let mut ready = Vec::with_capacity(WRITER_QUEUE);
     while outbound.recv_many(&mut ready, WRITER_QUEUE).await > 0 {
@@ -313,6 +346,7 @@ async fn write_loop(
             }
         }
         if deliveries > 0 {
+            metrics.count_delivered(deliveries);
             let written = SessionCommand {
                 command: Some(Command::DeliveriesWritten(DeliveriesWritten {
                     count: deliveries,

@@ -61,6 +61,8 @@ both_wirings!(
     recover_requeues_unacked,
     large_messages_span_frames,
     persistent_messages_survive_restart,
+    max_length_drops_the_oldest,
+    overflow_reject_publish_nacks,
 );
 
 fn s(text: &str) -> ShortString {
@@ -917,5 +919,101 @@ async fn persistent_messages_survive_restart(sb: &mut Sandbox) -> anyhow::Result
         Some(404),
         "non-durable queue gone after restart"
     );
+    Ok(())
+}
+
+fn limits(entries: &[(&str, AMQPValue)]) -> FieldTable {
+    let mut table = FieldTable::default();
+    for (key, value) in entries {
+        table.insert(s(key), value.clone());
+    }
+    table
+}
+
+async fn max_length_drops_the_oldest(sb: &mut Sandbox) -> anyhow::Result<()> {
+    let conn = sb.connect().await?;
+    let ch = channel(&conn).await?;
+    ch.confirm_select(ConfirmSelectOptions::default()).await?;
+    let args = limits(&[("x-max-length", AMQPValue::LongInt(3))]);
+    ch.queue_declare(
+        s("capped"),
+        QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        args,
+    )
+    .await?;
+    for i in 1..=5u8 {
+        let props = BasicProperties::default().with_delivery_mode(2);
+        assert!(matches!(
+            publish(&ch, "", "capped", &[i], props).await?,
+            Confirmation::Ack(_)
+        ));
+    }
+    let args = limits(&[("x-max-length-bytes", AMQPValue::LongLongInt(10))]);
+    ch.queue_declare(s("capped-bytes"), QueueDeclareOptions::default(), args)
+        .await?;
+    for i in 1..=5u8 {
+        publish(&ch, "", "capped-bytes", &[i; 4], BasicProperties::default()).await?;
+    }
+    assert_eq!(
+        bodies_via_get(&ch, "capped-bytes").await?,
+        vec![vec![4u8; 4], vec![5u8; 4]]
+    );
+    // The dropped persistent messages are gone from the store too.
+    let _ = conn.close(200, s("bye")).await;
+    sb.restart().await?;
+    let conn = sb.connect().await?;
+    let ch = channel(&conn).await?;
+    assert_eq!(
+        bodies_via_get(&ch, "capped").await?,
+        vec![vec![3], vec![4], vec![5]]
+    );
+    Ok(())
+}
+
+async fn overflow_reject_publish_nacks(sb: &mut Sandbox) -> anyhow::Result<()> {
+    let conn = sb.connect().await?;
+    let ch = channel(&conn).await?;
+    ch.confirm_select(ConfirmSelectOptions::default()).await?;
+    let args = limits(&[
+        ("x-max-length", AMQPValue::ShortShortInt(2)),
+        ("x-overflow", AMQPValue::LongString("reject-publish".into())),
+    ]);
+    ch.queue_declare(s("strict"), QueueDeclareOptions::default(), args)
+        .await?;
+    let mut outcomes = Vec::new();
+    for i in 1..=4u8 {
+        outcomes.push(publish(&ch, "", "strict", &[i], BasicProperties::default()).await?);
+    }
+    assert!(matches!(outcomes[0], Confirmation::Ack(_)));
+    assert!(matches!(outcomes[1], Confirmation::Ack(_)));
+    assert!(
+        matches!(outcomes[2], Confirmation::Nack(_)),
+        "{:?}",
+        outcomes[2]
+    );
+    assert!(matches!(outcomes[3], Confirmation::Nack(_)));
+    assert_eq!(bodies_via_get(&ch, "strict").await?, vec![vec![1], vec![2]]);
+    // Room again: accepted again.
+    assert!(matches!(
+        publish(&ch, "", "strict", &[9], BasicProperties::default()).await?,
+        Confirmation::Ack(_)
+    ));
+
+    let bad = limits(&[("x-overflow", AMQPValue::LongString("bogus".into()))]);
+    let error = ch
+        .queue_declare(s("bad-overflow"), QueueDeclareOptions::default(), bad)
+        .await
+        .unwrap_err();
+    assert_eq!(amqp_code(&error), Some(406), "{error}");
+    let ch = channel(&conn).await?;
+    let bad = limits(&[("x-max-length", AMQPValue::LongInt(-1))]);
+    let error = ch
+        .queue_declare(s("bad-length"), QueueDeclareOptions::default(), bad)
+        .await
+        .unwrap_err();
+    assert_eq!(amqp_code(&error), Some(406), "{error}");
     Ok(())
 }

@@ -34,6 +34,7 @@ pub struct Running {
     /// Component name → bound address (`amqp`, `engine`, `storage`, `management`).
     pub addresses: BTreeMap<&'static str, SocketAddr>,
     amqp: Option<Box<dyn Server>>,
+    engine: Option<Engine>,
     stop: watch::Sender<bool>,
     grpc_servers: Vec<JoinHandle<()>>,
 }
@@ -46,6 +47,10 @@ impl Running {
         let _ = self.stop.send(true);
         for server in self.grpc_servers {
             let _ = server.await;
+        }
+        // Last: pending writes reach the store, which is then released.
+        if let Some(engine) = self.engine {
+            engine.shutdown().await;
         }
     }
 
@@ -66,6 +71,7 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
     let mut running = Running {
         addresses: BTreeMap::new(),
         amqp: None,
+        engine: None,
         stop,
         grpc_servers: Vec::new(),
     };
@@ -74,6 +80,7 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
             let store = open_store(&settings.storage.data_dir)?;
             let storage: Arc<dyn StorageApi> = Arc::new(store);
             let engine = start_engine(storage.clone(), settings).await?;
+            running.engine = Some(engine.clone());
             start_amqp(&mut running, Arc::new(engine), settings).await?;
             let management = ManagementService::new(storage).into_server();
             let router = tonic::transport::Server::builder().add_service(management);
@@ -103,6 +110,7 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
             let storage: Arc<dyn StorageApi> =
                 Arc::new(RemoteStorage::connect_lazy(&settings.engine.storage_addr)?);
             let engine = start_engine(storage, settings).await?;
+            running.engine = Some(engine.clone());
             let router = tonic::transport::Server::builder()
                 .add_service(EngineService::new(engine).into_server());
             start_grpc(
