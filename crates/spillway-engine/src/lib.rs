@@ -8,6 +8,9 @@
 //! - [`EngineService`] serves the same engine over gRPC to gateways in other
 //!   processes.
 //!
+//! [`Engine::queue_stats`] reads every queue's figures under the lock, and
+//! [`Engine::register_metrics`] puts them on `/metrics`.
+//!
 //! Inside, one lock guards the [`broker::Broker`] state; each client
 //! connection is a session task that applies its commands in order and sends
 //! replies and deliveries back as events.
@@ -22,6 +25,8 @@ mod persistence;
 pub mod routing;
 mod service;
 mod session;
+mod stats;
 
 pub use service::EngineService;
 pub use session::{Engine, EngineConfig, EngineError};
+pub use stats::QueueStats;

@@ -369,6 +369,11 @@ impl Connection {
         self.negotiated.heartbeat
     }
 
+    /// Channels open on this connection, including ones being closed.
+    pub fn channel_count(&self) -> usize {
+        self.channels.len()
+    }
+
     /// The first command of the session.
     pub fn open_session(&mut self) -> SessionCommand {
         let request_id = self.track(0, 10, 40, false, Answer::Session);

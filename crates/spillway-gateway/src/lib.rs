@@ -7,7 +7,9 @@
 //! - [`codec`]: bytes ⇄ frames (no protocol state);
 //! - [`connection`]: the handshake and the connection/channel state machines
 //!   (no I/O);
-//! - [`server`]: the TCP listener and the per-connection I/O loop.
+//! - [`server`]: the TCP listener and the per-connection I/O loop;
+//! - [`metrics`]: the connection, channel and message counts the I/O loop
+//!   keeps for `/metrics`.
 //!
 //! The engine is reached through [`spillway_proto::EngineApi`]: in-process
 //! in the all-in-one broker, over gRPC when the gateway runs alone.
@@ -15,9 +17,11 @@
 pub mod auth;
 pub mod codec;
 pub mod connection;
+pub mod metrics;
 pub mod server;
 
 pub use auth::User;
+pub use metrics::GatewayMetrics;
 pub use server::{AmqpServer, Server};
 
 /// Gateway settings (the `[gateway]` section of the configuration).

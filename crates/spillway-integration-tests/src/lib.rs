@@ -9,6 +9,9 @@
 //! - [`Wiring::AllInOneProcess`]: the all-in-one broker as one child process,
 //!   for tests that SIGKILL it.
 //!
+//! Every process serves `/metrics` and `/healthz` on an ephemeral port too:
+//! [`Sandbox::metrics_addr`] tells where, [`http_get`] fetches them.
+//!
 //! Child processes need the release binary (`cargo build --release -p
 //! spillway`; the Makefile builds it before the tests): `SPILLWAY_BIN`
 //! overrides where it is looked for.
@@ -21,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use spillway_serve::{Role, Running, Settings};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Wiring {
@@ -29,10 +33,31 @@ pub enum Wiring {
     AllInOneProcess,
 }
 
+/// A component whose process's `/metrics` a test wants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Component {
+    Gateway,
+    Engine,
+    Storage,
+}
+
+impl Component {
+    fn role(self) -> &'static str {
+        match self {
+            Component::Gateway => "gateway",
+            Component::Engine => "engine",
+            Component::Storage => "storage",
+        }
+    }
+}
+
 pub struct Sandbox {
     wiring: Wiring,
     dir: tempfile::TempDir,
     amqp: SocketAddr,
+    /// Role (`all-in-one`, `storage`, `engine`, `gateway`) → its `/metrics`
+    /// address, from the ready files.
+    metrics: BTreeMap<&'static str, SocketAddr>,
     in_process: Option<Running>,
     /// Started in dependency order; stopped in reverse.
     children: Vec<(String, Child)>,
@@ -45,6 +70,7 @@ impl Sandbox {
             wiring,
             dir,
             amqp: SocketAddr::from(([127, 0, 0, 1], 0)),
+            metrics: BTreeMap::new(),
             in_process: None,
             children: Vec::new(),
         };
@@ -58,6 +84,16 @@ impl Sandbox {
 
     pub fn amqp_addr(&self) -> SocketAddr {
         self.amqp
+    }
+
+    /// Where the process running `component` serves `/metrics` and
+    /// `/healthz` (in the one-process wirings, the same for every component).
+    pub fn metrics_addr(&self, component: Component) -> anyhow::Result<SocketAddr> {
+        self.metrics
+            .get(component.role())
+            .or_else(|| self.metrics.get("all-in-one"))
+            .copied()
+            .with_context(|| format!("no metrics address for {component:?}"))
     }
 
     pub fn amqp_uri(&self) -> String {
@@ -76,14 +112,21 @@ impl Sandbox {
     }
 
     async fn boot(&mut self) -> anyhow::Result<()> {
+        self.metrics.clear();
         match self.wiring {
             Wiring::InProcess => {
                 let mut settings = Settings::default();
                 settings.gateway.amqp_listen = "127.0.0.1:0".into();
                 settings.management.listen = "127.0.0.1:0".into();
+                settings.telemetry.metrics_listen = Some("127.0.0.1:0".into());
                 settings.storage.data_dir = self.data_dir();
                 let running = spillway_serve::run(Role::AllInOne, &settings).await?;
                 self.amqp = *running.addresses.get("amqp").context("no amqp address")?;
+                let metrics = running
+                    .addresses
+                    .get("metrics")
+                    .context("no metrics address")?;
+                self.metrics.insert("all-in-one", *metrics);
                 self.in_process = Some(running);
             }
             Wiring::AllInOneProcess => {
@@ -114,7 +157,7 @@ impl Sandbox {
 
     async fn spawn(
         &mut self,
-        role: &str,
+        role: &'static str,
         env: &[(&str, String)],
     ) -> anyhow::Result<BTreeMap<String, String>> {
         let ready = self.dir.path().join(format!("{role}.ready"));
@@ -132,6 +175,7 @@ impl Sandbox {
             .env("SPILLWAY_ENGINE__LISTEN", "127.0.0.1:0")
             .env("SPILLWAY_STORAGE__LISTEN", "127.0.0.1:0")
             .env("SPILLWAY_MANAGEMENT__LISTEN", "127.0.0.1:0")
+            .env("SPILLWAY_TELEMETRY__METRICS_LISTEN", "127.0.0.1:0")
             .env("SPILLWAY_STORAGE__DATA_DIR", self.data_dir())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -141,7 +185,9 @@ impl Sandbox {
         }
         let child = command.spawn().context("starting spillway")?;
         self.children.push((role.to_string(), child));
-        wait_for_ready(&ready, Duration::from_secs(60)).await
+        let ready = wait_for_ready(&ready, Duration::from_secs(60)).await?;
+        self.metrics.insert(role, parse_addr(&ready, "metrics")?);
+        Ok(ready)
     }
 
     /// Stops the broker gracefully and starts it again on the same data.
@@ -245,6 +291,32 @@ async fn wait_for_ready(
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
+}
+
+/// A plain HTTP/1.1 GET over a fresh connection: the status code and the
+/// body (responses are small and sent with a length, then the connection is
+/// closed).
+pub async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    let mut stream =
+        tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
+            .await
+            .with_context(|| format!("connecting to {addr} timed out"))??;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response))
+        .await
+        .with_context(|| format!("GET {path} from {addr} timed out"))??;
+    let response = String::from_utf8(response).context("response is not UTF-8")?;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .with_context(|| format!("no end of headers in {response:?}"))?;
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .with_context(|| format!("no status in {head:?}"))?;
+    Ok((status, body.to_string()))
 }
 
 fn parse_addr(ready: &BTreeMap<String, String>, key: &str) -> anyhow::Result<SocketAddr> {

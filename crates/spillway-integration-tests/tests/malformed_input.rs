@@ -189,7 +189,62 @@ async fn check_all(sandbox: &Sandbox) -> anyhow::Result<()> {
     socket.write_all(&[1, 0, 1, 0, 0, 0, 200, 0, 10]).await?;
     drop(socket);
 
+    random_frames(sandbox).await?;
     broker_still_serves(sandbox).await
+}
+
+/// Well-framed but random payloads (method ids, content headers, bodies on
+/// random channels) and raw noise: whatever the broker answers, it must
+/// answer without dying. A cheap fuzz pass over the state machines.
+async fn random_frames(sandbox: &Sandbox) -> anyhow::Result<()> {
+    let mut seed: u64 = 0x5eed_1234_abcd_0001;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for _ in 0..40 {
+        let mut socket = open_connection(sandbox).await?;
+        let _ = socket
+            .write_all(&encode(AMQPFrame::Method(
+                1,
+                AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+            )))
+            .await;
+        let mut bytes = Vec::new();
+        for _ in 0..(next() % 8 + 1) {
+            let kind = [1u8, 1, 2, 3, 8][(next() % 5) as usize];
+            let channel = (next() % 3) as u16;
+            let len = (next() % 64) as usize;
+            let mut payload: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            if kind == 1 && payload.len() >= 4 {
+                // Mostly real class ids, so parsing goes past the first bytes.
+                let class = [10u16, 20, 40, 50, 60, 85, 90][(next() % 7) as usize];
+                payload[..2].copy_from_slice(&class.to_be_bytes());
+                payload[2..4].copy_from_slice(&((next() % 130) as u16).to_be_bytes());
+            }
+            bytes.push(kind);
+            bytes.extend_from_slice(&channel.to_be_bytes());
+            bytes.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+            bytes.extend_from_slice(&payload);
+            bytes.push(0xCE);
+        }
+        if next() % 4 == 0 {
+            bytes.extend((0..(next() % 32)).map(|_| next() as u8));
+        }
+        let _ = socket.write_all(&bytes).await;
+        // Read whatever comes back until the broker closes or goes quiet.
+        let mut sink = [0u8; 4096];
+        while let Ok(Ok(n)) =
+            tokio::time::timeout(Duration::from_millis(50), socket.read(&mut sink)).await
+        {
+            if n == 0 {
+                break;
+            }
+        }
+    }
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use spillway_engine::{Engine, EngineConfig, EngineService};
-use spillway_gateway::{AmqpServer, Server};
+use spillway_gateway::{AmqpServer, GatewayMetrics, Server};
 use spillway_management::ManagementService;
 use spillway_proto::{EngineApi, RemoteEngine, RemoteStorage, StorageApi};
 use spillway_storage::{RocksStore, StorageService};
+use spillway_telemetry::{Health, HttpServer, Metrics};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -29,10 +30,30 @@ pub enum Role {
     Management,
 }
 
+impl Role {
+    /// Where the role serves `/metrics` and `/healthz` when
+    /// `telemetry.metrics_listen` is not set: one port per role, so that
+    /// separate processes on one host do not collide.
+    pub fn default_metrics_listen(self) -> &'static str {
+        match self {
+            Role::AllInOne => "127.0.0.1:9090",
+            Role::Gateway => "127.0.0.1:9091",
+            Role::Engine => "127.0.0.1:9092",
+            Role::Storage => "127.0.0.1:9093",
+            Role::Management => "127.0.0.1:9094",
+        }
+    }
+}
+
 /// A started process: its bound addresses, and how to stop it.
 pub struct Running {
-    /// Component name → bound address (`amqp`, `engine`, `storage`, `management`).
+    /// Component name → bound address (`amqp`, `engine`, `storage`,
+    /// `management`, and `metrics` for the HTTP `/metrics` and `/healthz`).
     pub addresses: BTreeMap<&'static str, SocketAddr>,
+    /// `/healthz`: ready once every listener is bound, not ready again from
+    /// the start of shutdown.
+    health: Health,
+    http: Option<HttpServer>,
     amqp: Option<Box<dyn Server>>,
     engine: Option<Engine>,
     stop: watch::Sender<bool>,
@@ -41,6 +62,7 @@ pub struct Running {
 
 impl Running {
     pub async fn shutdown(self) {
+        self.health.set_ready(false);
         if let Some(amqp) = self.amqp {
             amqp.shutdown().await;
         }
@@ -51,6 +73,9 @@ impl Running {
         // Last: pending writes reach the store, which is then released.
         if let Some(engine) = self.engine {
             engine.shutdown().await;
+        }
+        if let Some(http) = self.http {
+            http.shutdown().await;
         }
     }
 
@@ -66,22 +91,32 @@ impl Running {
 }
 
 /// Starts `role` as configured; returns once every listener is bound.
+///
+/// The metrics HTTP endpoint comes first, so `/healthz` answers 503 while
+/// the rest starts (for the engine: while it waits for storage and
+/// recovers), then 200.
 pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
     let (stop, stopped) = watch::channel(false);
     let mut running = Running {
         addresses: BTreeMap::new(),
+        health: Health::new(),
+        http: None,
         amqp: None,
         engine: None,
         stop,
         grpc_servers: Vec::new(),
     };
+    let metrics = Metrics::new();
+    start_http(&mut running, role, settings, &metrics).await?;
     match role {
         Role::AllInOne => {
             let store = open_store(&settings.storage.data_dir)?;
+            store.register_metrics(&metrics);
             let storage: Arc<dyn StorageApi> = Arc::new(store);
             let engine = start_engine(storage.clone(), settings).await?;
+            engine.register_metrics(&metrics);
             running.engine = Some(engine.clone());
-            start_amqp(&mut running, Arc::new(engine), settings).await?;
+            start_amqp(&mut running, Arc::new(engine), settings, &metrics).await?;
             let management = ManagementService::new(storage).into_server();
             let router = tonic::transport::Server::builder().add_service(management);
             start_grpc(
@@ -95,6 +130,7 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
         }
         Role::Storage => {
             let store = open_store(&settings.storage.data_dir)?;
+            store.register_metrics(&metrics);
             let router = tonic::transport::Server::builder()
                 .add_service(StorageService::new(store).into_server());
             start_grpc(
@@ -110,6 +146,7 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
             let storage: Arc<dyn StorageApi> =
                 Arc::new(RemoteStorage::connect_lazy(&settings.engine.storage_addr)?);
             let engine = start_engine(storage, settings).await?;
+            engine.register_metrics(&metrics);
             running.engine = Some(engine.clone());
             let router = tonic::transport::Server::builder()
                 .add_service(EngineService::new(engine).into_server());
@@ -125,7 +162,7 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
         Role::Gateway => {
             let engine: Arc<dyn EngineApi> =
                 Arc::new(RemoteEngine::connect_lazy(&settings.gateway.engine_addr)?);
-            start_amqp(&mut running, engine, settings).await?;
+            start_amqp(&mut running, engine, settings, &metrics).await?;
         }
         Role::Management => {
             let storage: Arc<dyn StorageApi> = Arc::new(RemoteStorage::connect_lazy(
@@ -143,7 +180,30 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
             .await?;
         }
     }
+    running.health.set_ready(true);
     Ok(running)
+}
+
+/// Serves `/metrics` from `metrics` and `/healthz` from the role's health.
+async fn start_http(
+    running: &mut Running,
+    role: Role,
+    settings: &Settings,
+    metrics: &Metrics,
+) -> anyhow::Result<()> {
+    let listen = settings
+        .telemetry
+        .metrics_listen
+        .as_deref()
+        .unwrap_or(role.default_metrics_listen());
+    let addr: SocketAddr = listen
+        .parse()
+        .with_context(|| format!("telemetry.metrics_listen '{listen}' is not an address"))?;
+    let server =
+        spillway_telemetry::start_http(addr, metrics.clone(), running.health.clone()).await?;
+    running.addresses.insert("metrics", server.local_addr());
+    running.http = Some(server);
+    Ok(())
 }
 
 fn open_store(data_dir: &Path) -> anyhow::Result<RocksStore> {
@@ -177,6 +237,7 @@ async fn start_amqp(
     running: &mut Running,
     engine: Arc<dyn EngineApi>,
     settings: &Settings,
+    metrics: &Metrics,
 ) -> anyhow::Result<()> {
     let addr: SocketAddr = settings.gateway.amqp_listen.parse().with_context(|| {
         format!(
@@ -184,7 +245,9 @@ async fn start_amqp(
             settings.gateway.amqp_listen
         )
     })?;
-    let server = AmqpServer::start(addr, engine, settings.gateway.protocol())
+    let gateway_metrics = GatewayMetrics::new();
+    gateway_metrics.register(metrics);
+    let server = AmqpServer::start(addr, engine, settings.gateway.protocol(), gateway_metrics)
         .await
         .with_context(|| format!("binding the AMQP port {addr}"))?;
     running.addresses.insert("amqp", server.bind_addr());

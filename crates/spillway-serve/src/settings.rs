@@ -126,6 +126,10 @@ pub struct TelemetrySettings {
     /// A tracing filter, e.g. `info` or `spillway_gateway=debug,info`
     /// (`RUST_LOG` wins when set).
     pub log_level: String,
+    /// Where HTTP `/metrics` and `/healthz` are served (`IP:port`; port 0
+    /// picks one). Unset: the role's default, `127.0.0.1:9090` for
+    /// all-in-one (`Role::default_metrics_listen`).
+    pub metrics_listen: Option<String>,
 }
 
 impl Default for TelemetrySettings {
@@ -133,6 +137,7 @@ impl Default for TelemetrySettings {
         Self {
             log_format: "text".into(),
             log_level: "info".into(),
+            metrics_listen: None,
         }
     }
 }

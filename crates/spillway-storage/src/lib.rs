@@ -9,10 +9,12 @@
 //!   all-in-one broker calls directly.
 //! - [`StorageService`]: the same store served over gRPC for the engine when
 //!   the components run as separate processes.
+//! - [`RocksStore::register_metrics`]: its disk usage on `/metrics`.
 //!
 //! [`StorageApi`]: spillway_proto::StorageApi
 
 mod keys;
+mod metrics;
 mod service;
 mod store;
 

@@ -45,6 +45,22 @@ pub struct RocksStore {
     path: PathBuf,
 }
 
+/// A [`RocksStore`] that may have been closed since.
+pub(crate) struct WeakStore {
+    db: std::sync::Weak<DB>,
+    path: PathBuf,
+}
+
+impl WeakStore {
+    /// The store, while something else still keeps it open.
+    pub(crate) fn upgrade(&self) -> Option<RocksStore> {
+        Some(RocksStore {
+            db: self.db.upgrade()?,
+            path: self.path.clone(),
+        })
+    }
+}
+
 impl RocksStore {
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let mut options = Options::default();
@@ -86,6 +102,15 @@ impl RocksStore {
 
     pub fn messages(&self, vhost: &str, queue: &str) -> Result<Vec<StoredMessage>, StoreError> {
         self.scan(&keys::queue_messages_prefix(vhost, queue))
+    }
+
+    /// A handle that does not keep the database open, for readers that must
+    /// not outlive the store (scrape-time metrics).
+    pub(crate) fn downgrade(&self) -> WeakStore {
+        WeakStore {
+            db: Arc::downgrade(&self.db),
+            path: self.path.clone(),
+        }
     }
 
     pub fn status(&self) -> Result<StoreStatus, StoreError> {

@@ -1,0 +1,186 @@
+//! The gateway's metrics: open connections and channels, and the messages
+//! that crossed it. Counted by the I/O loop (`server.rs`); registered into the
+//! process's [`Metrics`] by whoever starts the gateway.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use spillway_proto::engine::{session_command::Command, SessionCommand};
+use spillway_telemetry::prometheus_client;
+use spillway_telemetry::Metrics;
+
+/// The gateway's counters and gauges. Cheap to clone; clones share them.
+/// [`GatewayMetrics::default`] counts into no registry until
+/// [`GatewayMetrics::register`] is called.
+#[derive(Clone, Debug, Default)]
+pub struct GatewayMetrics {
+    connections: Gauge,
+    channels: Gauge,
+    published: Counter,
+    delivered: Counter,
+    acknowledged: Counter,
+}
+
+impl GatewayMetrics {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds these metrics to `metrics` (once per process).
+    pub fn register(&self, metrics: &Metrics) {
+        metrics.register(
+            "spillway_connections",
+            "Open AMQP connections (handshake done, engine session open)",
+            self.connections.clone(),
+        );
+        metrics.register(
+            "spillway_channels",
+            "Open AMQP channels, over all connections",
+            self.channels.clone(),
+        );
+        metrics.register(
+            "spillway_messages_published",
+            "Messages published by clients and handed to the engine (basic.publish with its content)",
+            self.published.clone(),
+        );
+        metrics.register(
+            "spillway_messages_delivered",
+            "Messages written to consumers' sockets (basic.deliver; basic.get is not counted)",
+            self.delivered.clone(),
+        );
+        metrics.register(
+            "spillway_messages_acknowledged",
+            "basic.ack, basic.nack and basic.reject methods received from consumers and handed to the engine (one per method, also when multiple is set)",
+            self.acknowledged.clone(),
+        );
+    }
+
+    pub fn connections(&self) -> i64 {
+        self.connections.get()
+    }
+
+    pub fn channels(&self) -> i64 {
+        self.channels.get()
+    }
+
+    pub fn published(&self) -> u64 {
+        self.published.get()
+    }
+
+    pub fn delivered(&self) -> u64 {
+        self.delivered.get()
+    }
+
+    pub fn acknowledged(&self) -> u64 {
+        self.acknowledged.get()
+    }
+
+    /// Counts one open connection until the guard is dropped.
+    pub(crate) fn connection_opened(&self) -> OpenConnection {
+        self.connections.inc();
+        OpenConnection {
+            connections: self.connections.clone(),
+            channels: self.channels.clone(),
+            open_channels: 0,
+        }
+    }
+
+    /// The counter a command sent to the engine adds to, if any.
+    pub(crate) fn counter_for(&self, command: &SessionCommand) -> Option<&Counter> {
+        match command.command.as_ref()? {
+            Command::Publish(_) => Some(&self.published),
+            Command::Ack(_) | Command::Nack(_) => Some(&self.acknowledged),
+            _ => None,
+        }
+    }
+
+    /// `count` deliveries reached a client's socket.
+    pub(crate) fn count_delivered(&self, count: u32) {
+        self.delivered.inc_by(u64::from(count));
+    }
+}
+
+/// One open connection in the gauges; dropping it takes the connection and
+/// the channels it still counts out of them.
+pub(crate) struct OpenConnection {
+    connections: Gauge,
+    channels: Gauge,
+    open_channels: i64,
+}
+
+impl OpenConnection {
+    /// The connection now has `open` channels.
+    pub(crate) fn set_channels(&mut self, open: usize) {
+        let open = i64::try_from(open).unwrap_or(i64::MAX);
+        if open != self.open_channels {
+            self.channels.inc_by(open - self.open_channels);
+            self.open_channels = open;
+        }
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.channels.dec_by(self.open_channels);
+        self.connections.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spillway_proto::engine as pb;
+
+    #[test]
+    fn connection_guard_keeps_the_gauges_exact() {
+        let metrics = GatewayMetrics::new();
+        let mut first = metrics.connection_opened();
+        let mut second = metrics.connection_opened();
+        first.set_channels(3);
+        second.set_channels(1);
+        first.set_channels(2);
+        assert_eq!((metrics.connections(), metrics.channels()), (2, 3));
+        drop(first);
+        assert_eq!((metrics.connections(), metrics.channels()), (1, 1));
+        drop(second);
+        assert_eq!((metrics.connections(), metrics.channels()), (0, 0));
+    }
+
+    #[test]
+    fn publish_and_acks_pick_their_counters() {
+        let metrics = GatewayMetrics::new();
+        let command = |command| SessionCommand {
+            command: Some(command),
+        };
+        for sent in [
+            command(Command::Publish(pb::Publish::default())),
+            command(Command::Ack(pb::Ack::default())),
+            command(Command::Nack(pb::Nack::default())),
+            command(Command::Qos(pb::Qos::default())),
+        ] {
+            if let Some(counter) = metrics.counter_for(&sent) {
+                counter.inc();
+            }
+        }
+        metrics.count_delivered(5);
+        assert_eq!(
+            (
+                metrics.published(),
+                metrics.acknowledged(),
+                metrics.delivered()
+            ),
+            (1, 2, 5)
+        );
+        let registry = Metrics::new();
+        metrics.register(&registry);
+        let text = registry.encode().unwrap();
+        for line in [
+            "spillway_connections 0\n",
+            "spillway_channels 0\n",
+            "spillway_messages_published_total 1\n",
+            "spillway_messages_delivered_total 5\n",
+            "spillway_messages_acknowledged_total 2\n",
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+    }
+}
