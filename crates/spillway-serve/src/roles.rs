@@ -33,14 +33,15 @@ pub enum Role {
 impl Role {
     /// Where the role serves `/metrics` and `/healthz` when
     /// `telemetry.metrics_listen` is not set: one port per role, so that
-    /// separate processes on one host do not collide.
+    /// separate processes on one host do not collide. Not 9090: that is
+    /// Prometheus's own port, often on the same host.
     pub fn default_metrics_listen(self) -> &'static str {
         match self {
-            Role::AllInOne => "127.0.0.1:9090",
-            Role::Gateway => "127.0.0.1:9091",
-            Role::Engine => "127.0.0.1:9092",
-            Role::Storage => "127.0.0.1:9093",
-            Role::Management => "127.0.0.1:9094",
+            Role::AllInOne => "127.0.0.1:9471",
+            Role::Gateway => "127.0.0.1:9472",
+            Role::Engine => "127.0.0.1:9473",
+            Role::Storage => "127.0.0.1:9474",
+            Role::Management => "127.0.0.1:9475",
         }
     }
 }

@@ -127,7 +127,7 @@ pub struct TelemetrySettings {
     /// (`RUST_LOG` wins when set).
     pub log_level: String,
     /// Where HTTP `/metrics` and `/healthz` are served (`IP:port`; port 0
-    /// picks one). Unset: the role's default, `127.0.0.1:9090` for
+    /// picks one). Unset: the role's default, `127.0.0.1:9471` for
     /// all-in-one (`Role::default_metrics_listen`).
     pub metrics_listen: Option<String>,
 }
