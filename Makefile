@@ -1,7 +1,8 @@
 # Spillway — the two commands a newcomer needs:
 #   make run    start the all-in-one broker (AMQP on 5672, data in ./data)
 #   make test   install what the tests need, then run the whole suite
-.PHONY: run test build deps venv lint test-build test-rust test-python bench fmt clean
+# make images   build the images docker-compose.yml runs (no registry needed)
+.PHONY: images run test build deps venv lint test-build test-rust test-python bench fmt clean
 
 CARGO := scripts/cargo.sh
 
@@ -37,6 +38,13 @@ test: lint test-rust test-python
 bench: deps
 	@scripts/install-deps.sh --bench
 	scripts/bench.sh
+
+images: deps
+	$(CARGO) build --release -p spillway -p spillway-loadgen
+	rm -rf deploy/context && mkdir -p deploy/context
+	cp target/release/spillway target/release/spillway-loadgen deploy/context/
+	deploy/make-base.sh
+	docker build -q -t spillway:local -f deploy/Dockerfile deploy/context
 
 fmt:
 	cargo fmt --all

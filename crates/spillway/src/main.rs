@@ -24,7 +24,7 @@ struct Cli {
     role: Option<RoleArg>,
 }
 
-#[derive(Subcommand, Clone, Copy)]
+#[derive(Subcommand, Clone)]
 enum RoleArg {
     /// Every component in one process on an embedded store (the default).
     AllInOne,
@@ -36,15 +36,25 @@ enum RoleArg {
     Storage,
     /// The management API alone.
     Management,
+    /// Exits 0 when the process serving `/healthz` at ADDR is ready (for
+    /// container healthchecks: the images carry no curl).
+    Healthcheck {
+        /// The `host:port` of a process's metrics/health endpoint.
+        #[arg(long, default_value = "127.0.0.1:9471")]
+        addr: String,
+    },
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Some(RoleArg::Healthcheck { addr }) = &cli.role {
+        return healthcheck(addr).await;
+    }
     let settings = Settings::load(cli.config.as_deref())?;
     init_logging(&settings);
-    let role = match cli.role.unwrap_or(RoleArg::AllInOne) {
-        RoleArg::AllInOne => Role::AllInOne,
+    let role = match cli.role.clone().unwrap_or(RoleArg::AllInOne) {
+        RoleArg::AllInOne | RoleArg::Healthcheck { .. } => Role::AllInOne,
         RoleArg::Gateway => Role::Gateway,
         RoleArg::Engine => Role::Engine,
         RoleArg::Storage => Role::Storage,
@@ -59,6 +69,29 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!("shutting down");
     running.shutdown().await;
     Ok(())
+}
+
+/// One HTTP/1.0 GET: enough for a healthcheck, no HTTP client dependency.
+async fn healthcheck(addr: &str) -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let check = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        stream
+            .write_all(format!("GET /healthz HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+            .await?;
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).await?;
+        anyhow::Ok(response)
+    };
+    let response = tokio::time::timeout(std::time::Duration::from_secs(5), check)
+        .await
+        .context("healthcheck timed out")??;
+    let status_line = String::from_utf8_lossy(&response);
+    let status_line = status_line.lines().next().unwrap_or_default();
+    if status_line.split_whitespace().nth(1) == Some("200") {
+        return Ok(());
+    }
+    anyhow::bail!("not ready: {status_line}")
 }
 
 fn init_logging(settings: &Settings) {
