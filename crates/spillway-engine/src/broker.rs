@@ -446,7 +446,7 @@ impl Broker {
         )
     }
 
-    pub fn unbind_queue(&mut self, session: SessionId, cmd: &pb::QueueUnbind) -> OpResult<()> {
+    pub fn unbind_queue(&mut self, session: SessionId, cmd: &pb::QueueBind) -> OpResult<()> {
         let target = Destination::Queue(cmd.queue.clone());
         self.unbind(
             session,
@@ -503,14 +503,18 @@ impl Broker {
         }
     }
 
-    fn bind(
+    /// Checks a bind/unbind request (both ends exist and may be used, the
+    /// source is not the default exchange) and builds the binding it names.
+    /// Returns the vhost, the binding, and whether it is stored (both ends
+    /// durable).
+    fn binding_request(
         &mut self,
         session: SessionId,
         destination: Destination,
         source: &str,
         routing_key: &str,
         arguments: &bytes::Bytes,
-    ) -> OpResult<()> {
+    ) -> OpResult<(String, Binding, bool)> {
         let vhost_name = self.session_vhost(session)?;
         let argument_table = errors::decode_table(arguments)?;
         let vhost = self.vhost_mut(&vhost_name)?;
@@ -520,16 +524,35 @@ impl Broker {
         if exchange.name.is_empty() {
             return Err(default_exchange_refused());
         }
+        let durable = exchange.durable && destination_durable;
         let binding = Binding {
             destination,
             routing_key: routing_key.to_string(),
             arguments: arguments.clone(),
             argument_table,
         };
-        if exchange.bindings.iter().any(|b| same_binding(b, &binding)) {
+        Ok((vhost_name, binding, durable))
+    }
+
+    fn bind(
+        &mut self,
+        session: SessionId,
+        destination: Destination,
+        source: &str,
+        routing_key: &str,
+        arguments: &bytes::Bytes,
+    ) -> OpResult<()> {
+        let (vhost_name, binding, durable) =
+            self.binding_request(session, destination, source, routing_key, arguments)?;
+        let vhost = self.vhost_mut(&vhost_name)?;
+        let exists = vhost
+            .exchanges
+            .get(source)
+            .is_some_and(|x| x.bindings.iter().any(|b| same_binding(b, &binding)));
+        if exists {
             return Ok(());
         }
-        if exchange.durable && destination_durable {
+        if durable {
             self.persist.submit(
                 vec![op(write_op::Op::PutBinding(binding_definition(
                     &vhost_name,
@@ -554,22 +577,9 @@ impl Broker {
         routing_key: &str,
         arguments: &bytes::Bytes,
     ) -> OpResult<()> {
-        let vhost_name = self.session_vhost(session)?;
-        let argument_table = errors::decode_table(arguments)?;
+        let (vhost_name, probe, durable) =
+            self.binding_request(session, destination, source, routing_key, arguments)?;
         let vhost = self.vhost_mut(&vhost_name)?;
-        let destination_durable =
-            Self::check_destination(vhost, &destination, session, &vhost_name)?;
-        let exchange = find_exchange(vhost, source, &vhost_name)?;
-        if exchange.name.is_empty() {
-            return Err(default_exchange_refused());
-        }
-        let probe = Binding {
-            destination,
-            routing_key: routing_key.to_string(),
-            arguments: arguments.clone(),
-            argument_table,
-        };
-        let durable = exchange.durable && destination_durable;
         let Some(exchange) = vhost.exchanges.get_mut(source) else {
             return Ok(());
         };

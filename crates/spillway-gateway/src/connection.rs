@@ -656,7 +656,7 @@ impl Connection {
             AMQPClass::Queue(queue::AMQPMethod::Unbind(m)) => {
                 let request_id =
                     self.track(channel_id, class_id, method_id, false, Answer::QueueUnbind);
-                Command::QueueUnbind(pb::QueueUnbind {
+                Command::QueueUnbind(pb::QueueBind {
                     request_id,
                     channel: ch,
                     queue: m.queue.to_string(),

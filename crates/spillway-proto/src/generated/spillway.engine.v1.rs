@@ -28,7 +28,7 @@ pub mod session_command {
         #[prost(message, tag = "7")]
         QueueBind(super::QueueBind),
         #[prost(message, tag = "8")]
-        QueueUnbind(super::QueueUnbind),
+        QueueUnbind(super::QueueBind),
         #[prost(message, tag = "9")]
         QueuePurge(super::QueuePurge),
         #[prost(message, tag = "10")]
@@ -150,25 +150,10 @@ pub struct QueueDeclare {
     #[prost(bytes = "bytes", tag = "8")]
     pub arguments: ::prost::bytes::Bytes,
 }
+/// queue.bind and queue.unbind.
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct QueueBind {
-    #[prost(uint64, tag = "1")]
-    pub request_id: u64,
-    #[prost(uint32, tag = "2")]
-    pub channel: u32,
-    #[prost(string, tag = "3")]
-    pub queue: ::prost::alloc::string::String,
-    #[prost(string, tag = "4")]
-    pub exchange: ::prost::alloc::string::String,
-    #[prost(string, tag = "5")]
-    pub routing_key: ::prost::alloc::string::String,
-    #[prost(bytes = "bytes", tag = "6")]
-    pub arguments: ::prost::bytes::Bytes,
-}
-#[allow(clippy::all)]
-#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
-pub struct QueueUnbind {
     #[prost(uint64, tag = "1")]
     pub request_id: u64,
     #[prost(uint32, tag = "2")]
