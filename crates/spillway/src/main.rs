@@ -97,8 +97,11 @@ async fn healthcheck(addr: &str) -> anyhow::Result<()> {
 fn init_logging(settings: &Settings) {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(&settings.telemetry.log_level));
+    // Colours only on a terminal: logs in files and `docker logs` stay
+    // greppable (`code=BRK-1014`).
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     if settings.telemetry.log_format == "json" {
         builder.json().init();
