@@ -7,12 +7,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use amq_protocol_types::{AMQPValue, FieldTable};
+use bytes::Bytes;
 use rand::distr::{Alphanumeric, SampleString};
 use spillway_proto::engine::{self as pb, session_event::Event, AmqpError, SessionEvent};
-use spillway_proto::storage::{self as store, write_op, WriteOp};
-use tokio::sync::oneshot;
+use spillway_proto::storage::{self as store, write_op, Durability, WriteOp};
+use tokio::sync::{mpsc, oneshot, Notify};
 
+use crate::budget::MemoryBudget;
 use crate::errors::{self, codes};
+use crate::flow::{discard, LoadRequest};
 use crate::model::*;
 use crate::persistence::StoreWriter;
 use crate::routing::{as_integer, headers_match, topic_matches, values_equal, ExchangeKind};
@@ -23,10 +26,29 @@ pub struct Broker {
     pub vhosts: HashMap<String, VHost>,
     pub sessions: HashMap<SessionId, SessionState>,
     next_message_id: u64,
-    persist: StoreWriter,
+    pub(crate) persist: StoreWriter,
     /// Deliveries in flight to one gateway session before it must report
     /// them written.
     session_credit: u32,
+    pub(crate) budget: Arc<MemoryBudget>,
+    /// Whether flow to disk is on (see [`crate::flow`]).
+    pub(crate) flow_active: bool,
+    /// Holders of each message routed to more than one queue; a message
+    /// held by one queue is not listed.
+    pub(crate) shared_refs: HashMap<u64, u32>,
+    /// To the loader task: payloads to read back from the store.
+    pub(crate) loads: mpsc::UnboundedSender<LoadRequest>,
+    /// Wakes the housekeeping task early.
+    pub(crate) housekeeping_kick: Arc<Notify>,
+}
+
+/// What the broker needs from the engine around it.
+pub struct BrokerContext {
+    pub persist: StoreWriter,
+    pub session_credit: u32,
+    pub budget: Arc<MemoryBudget>,
+    pub loads: mpsc::UnboundedSender<LoadRequest>,
+    pub housekeeping_kick: Arc<Notify>,
 }
 
 /// What publishing did, for the session to confirm.
@@ -39,16 +61,30 @@ pub enum PublishOutcome {
     Rejected,
 }
 
+/// What basic.get found.
+pub enum GetOutcome {
+    Got(pb::GetOk),
+    Empty,
+    /// The head's payload is being read back from the store: ask again once
+    /// this fires.
+    Wait(oneshot::Receiver<()>),
+}
+
 impl Broker {
-    pub fn new(persist: StoreWriter, session_credit: u32) -> Self {
+    pub fn new(context: BrokerContext) -> Self {
         let mut vhosts = HashMap::new();
         vhosts.insert("/".to_string(), VHost::new("/"));
         Self {
             vhosts,
             sessions: HashMap::new(),
             next_message_id: 1,
-            persist,
-            session_credit: session_credit.max(1),
+            persist: context.persist,
+            session_credit: context.session_credit.max(1),
+            budget: context.budget,
+            flow_active: false,
+            shared_refs: HashMap::new(),
+            loads: context.loads,
+            housekeeping_kick: context.housekeeping_kick,
         }
     }
 
@@ -137,12 +173,11 @@ impl Broker {
             self.detach_consumer(&vhost, &consumer.queue, session, channel, tag);
             touched.push(consumer.queue.clone());
         }
+        let mut ops = Vec::new();
         for (_, unacked) in channel_state.unacked.into_iter().rev() {
-            if let Some(queue) = self.queue_mut_opt(&vhost, &unacked.queue) {
-                queue.requeue(unacked.message);
-                touched.push(unacked.queue);
-            }
+            self.requeue_or_discard(&vhost, unacked, &mut ops, &mut touched);
         }
+        self.persist.submit(ops, Durability::Logged, None);
         touched.sort();
         touched.dedup();
         for queue in &touched {
@@ -233,7 +268,7 @@ impl Broker {
             bindings: Vec::new(),
         };
         if exchange.durable {
-            self.persist.submit(
+            self.persist.submit_synced(
                 vec![op(write_op::Op::PutExchange(store::ExchangeDefinition {
                     vhost: vhost_name.clone(),
                     name: exchange.name.clone(),
@@ -315,7 +350,7 @@ impl Broker {
                 keep
             });
         }
-        self.persist.submit(ops, None);
+        self.persist.submit_synced(ops, None);
     }
 
     // --------------------------------------------------------------- queues
@@ -415,7 +450,7 @@ impl Broker {
         queue.argument_table = argument_table;
         queue.limits = limits;
         if queue.stores_messages() {
-            self.persist.submit(
+            self.persist.submit_synced(
                 vec![op(write_op::Op::PutQueue(store::QueueDefinition {
                     vhost: vhost_name.clone(),
                     name: name.clone(),
@@ -553,7 +588,7 @@ impl Broker {
             return Ok(());
         }
         if durable {
-            self.persist.submit(
+            self.persist.submit_synced(
                 vec![op(write_op::Op::PutBinding(binding_definition(
                     &vhost_name,
                     source,
@@ -593,7 +628,7 @@ impl Broker {
         let removed = exchange.bindings.remove(position);
         let now_unused = exchange.auto_delete && exchange.bindings.is_empty();
         if durable {
-            self.persist.submit(
+            self.persist.submit_synced(
                 vec![op(write_op::Op::DeleteBinding(binding_definition(
                     &vhost_name,
                     source,
@@ -614,14 +649,19 @@ impl Broker {
         let queue = find_queue_mut(vhost, &cmd.queue, &vhost_name)?;
         check_exclusive(queue, session, &vhost_name)?;
         let purged = queue.purge();
-        if queue.stores_messages() {
-            let ops = purged
-                .iter()
-                .filter(|m| m.message.persistent)
-                .map(|m| delete_message_op(&vhost_name, &cmd.queue, m.id))
-                .collect();
-            self.persist.submit(ops, None);
+        let stores = queue.stores_messages();
+        let mut ops = Vec::new();
+        for entry in &purged {
+            discard(
+                &mut self.shared_refs,
+                &vhost_name,
+                &cmd.queue,
+                stores,
+                entry,
+                &mut ops,
+            );
         }
+        self.persist.submit(ops, Durability::Logged, None);
         Ok(purged.len() as u32)
     }
 
@@ -688,7 +728,19 @@ impl Broker {
                 name: name.to_string(),
             })));
         }
-        self.persist.submit(ops, None);
+        // The queue's entries went with DeleteQueue; the records of messages
+        // no other queue holds go one by one.
+        for entry in &queue.messages {
+            discard(
+                &mut self.shared_refs,
+                vhost_name,
+                name,
+                false,
+                entry,
+                &mut ops,
+            );
+        }
+        self.persist.submit_synced(ops, None);
         for consumer in &queue.consumers {
             if let Some(session) = self.sessions.get_mut(&consumer.session) {
                 if let Some(channel) = session.channels.get_mut(&consumer.channel) {
@@ -862,16 +914,31 @@ impl Broker {
         }
         let id = self.next_message_id;
         self.next_message_id += 1;
-        let message = Arc::new(Message {
-            exchange: cmd.exchange,
-            routing_key: cmd.routing_key,
-            properties: cmd.properties,
-            body: cmd.body,
-            persistent: cmd.persistent,
-        });
+        // Copied out of the frame (or gRPC) buffer it arrived in: a slice
+        // would keep that whole buffer alive, and the budget would not see it.
+        let message = Message::new(
+            &self.budget,
+            cmd.exchange,
+            cmd.routing_key,
+            Bytes::copy_from_slice(&cmd.properties),
+            Bytes::copy_from_slice(&cmd.body),
+            cmd.persistent,
+        );
         let mut ops = Vec::new();
         let mut rejected = false;
-        let vhost = self.vhost_mut(&vhost_name)?;
+        let mut holders = 0u32;
+        let shared = targets.len() > 1;
+        let Self {
+            vhosts,
+            shared_refs,
+            ..
+        } = self;
+        let vhost = vhosts.get_mut(&vhost_name).ok_or_else(|| {
+            errors::error(
+                codes::NOT_ALLOWED,
+                format!("vhost '{vhost_name}' not found"),
+            )
+        })?;
         for name in &targets {
             let Some(queue) = vhost.queues.get_mut(name) else {
                 continue;
@@ -883,84 +950,117 @@ impl Broker {
             }
             let stores = queue.stores_messages();
             if message.persistent && stores {
-                ops.push(op(write_op::Op::PutMessage(stored_message(
-                    &vhost_name,
-                    name,
+                if message.stored_seq() == 0 {
+                    ops.push(op(write_op::Op::PutMessage(message.record(id))));
+                    message.mark_stored(u64::MAX);
+                }
+                ops.push(op(write_op::Op::PutQueueEntry(store::QueueEntry {
+                    vhost: vhost_name.clone(),
+                    queue: name.clone(),
                     id,
-                    &message,
-                ))));
+                    body_size: body_len,
+                    redelivered: false,
+                })));
             }
-            let dropped = queue.enqueue(QueuedMessage {
-                id,
-                message: message.clone(),
-                redelivered: false,
-            });
-            ops.extend(
-                dropped
-                    .iter()
-                    .filter(|m| stores && m.message.persistent)
-                    .map(|m| delete_message_op(&vhost_name, name, m.id)),
-            );
+            let mut entry = QueuedMessage::resident(id, message.clone());
+            entry.shared = shared;
+            holders += 1;
+            let dropped = queue.enqueue(entry);
+            for entry in &dropped {
+                discard(shared_refs, &vhost_name, name, stores, entry, &mut ops);
+            }
         }
+        if holders > 1 {
+            self.shared_refs.insert(id, holders);
+        }
+        let stored_now = message.stored_seq() != 0;
         let outcome = if rejected && confirm_seq > 0 {
-            self.persist.submit(ops, None);
+            self.persist.submit(ops, Durability::Synced, None);
             PublishOutcome::Rejected
         } else if ops.is_empty() {
             PublishOutcome::Done
         } else if confirm_seq > 0 {
             let (done, wait) = oneshot::channel();
-            self.persist.submit(ops, Some(done));
+            let seq = self.persist.submit(ops, Durability::Synced, Some(done));
+            if stored_now {
+                message.mark_stored(seq);
+            }
             PublishOutcome::AfterWrite(wait)
         } else {
-            self.persist.submit(ops, None);
+            let seq = self.persist.submit(ops, Durability::Synced, None);
+            if stored_now {
+                message.mark_stored(seq);
+            }
             PublishOutcome::Done
         };
+        drop(message);
+        if !self.flow_active && self.budget.over_threshold() {
+            self.housekeeping_kick.notify_one();
+        }
         for name in &targets {
+            self.spill_arrival(&vhost_name, name, id);
             self.dispatch(&vhost_name, name);
         }
         Ok(outcome)
     }
 
-    pub fn get(&mut self, session: SessionId, cmd: &pb::Get) -> OpResult<Option<pb::GetOk>> {
+    pub fn get(&mut self, session: SessionId, cmd: &pb::Get) -> OpResult<GetOutcome> {
         let vhost_name = self.session_vhost(session)?;
         self.channel_mut(session, cmd.channel)?;
         let vhost = self.vhost_mut(&vhost_name)?;
         let queue = find_queue_mut(vhost, &cmd.queue, &vhost_name)?;
         check_exclusive(queue, session, &vhost_name)?;
-        let Some(message) = queue.dequeue() else {
-            return Ok(None);
+        let Some(head) = queue.messages.front() else {
+            return Ok(GetOutcome::Empty);
+        };
+        if head.message.is_none() {
+            let (waiter, wait) = oneshot::channel();
+            queue.get_waiters.push(waiter);
+            self.read_ahead(&vhost_name, &cmd.queue);
+            return Ok(GetOutcome::Wait(wait));
+        }
+        let Some(entry) = queue.dequeue() else {
+            return Ok(GetOutcome::Empty);
+        };
+        let Some(message) = entry.message.clone() else {
+            return Ok(GetOutcome::Empty);
         };
         let message_count = queue.messages.len() as u32;
-        let stored = queue.stores_messages() && message.message.persistent;
+        let stores = queue.stores_messages();
         let channel = self.channel_mut(session, cmd.channel)?;
         let delivery_tag = channel.take_delivery_tag();
         let get_ok = pb::GetOk {
             delivery_tag,
-            redelivered: message.redelivered,
-            exchange: message.message.exchange.clone(),
-            routing_key: message.message.routing_key.clone(),
+            redelivered: entry.redelivered,
+            exchange: message.exchange.clone(),
+            routing_key: message.routing_key.clone(),
             message_count,
-            properties: message.message.properties.clone(),
-            body: message.message.body.clone(),
+            properties: message.properties.clone(),
+            body: message.body.clone(),
         };
         if cmd.no_ack {
-            if stored {
-                self.persist.submit(
-                    vec![delete_message_op(&vhost_name, &cmd.queue, message.id)],
-                    None,
-                );
-            }
+            let mut ops = Vec::new();
+            discard(
+                &mut self.shared_refs,
+                &vhost_name,
+                &cmd.queue,
+                stores,
+                &entry,
+                &mut ops,
+            );
+            self.persist.submit(ops, Durability::Logged, None);
         } else {
             channel.unacked.insert(
                 delivery_tag,
                 Unacked {
                     queue: cmd.queue.clone(),
-                    message,
+                    message: entry,
                     consumer_tag: None,
                 },
             );
         }
-        Ok(Some(get_ok))
+        self.read_ahead(&vhost_name, &cmd.queue);
+        Ok(GetOutcome::Got(get_ok))
     }
 
     pub fn ack(&mut self, session: SessionId, cmd: &pb::Ack) -> OpResult<()> {
@@ -969,20 +1069,23 @@ impl Broker {
         let mut ops = Vec::new();
         let mut touched = Vec::new();
         for unacked in settled {
-            if let Some(queue) = self.queue_mut_opt(&vhost_name, &unacked.queue) {
-                if queue.stores_messages() && unacked.message.message.persistent {
-                    ops.push(delete_message_op(
-                        &vhost_name,
-                        &unacked.queue,
-                        unacked.message.id,
-                    ));
-                }
-            }
+            // A queue deleted meanwhile took its stored entries with it.
+            let stores = self
+                .queue_mut_opt(&vhost_name, &unacked.queue)
+                .is_some_and(|queue| queue.stores_messages());
+            discard(
+                &mut self.shared_refs,
+                &vhost_name,
+                &unacked.queue,
+                stores,
+                &unacked.message,
+                &mut ops,
+            );
             if unacked.consumer_tag.is_some() {
                 touched.push(unacked.queue);
             }
         }
-        self.persist.submit(ops, None);
+        self.persist.submit(ops, Durability::Logged, None);
         self.dispatch_all(&vhost_name, touched);
         Ok(())
     }
@@ -994,21 +1097,42 @@ impl Broker {
         let mut ops = Vec::new();
         let mut touched = Vec::new();
         for unacked in settled.into_iter().rev() {
-            let Some(queue) = self.queue_mut_opt(&vhost_name, &unacked.queue) else {
-                continue;
-            };
-            if cmd.requeue {
-                queue.requeue(unacked.message);
-            } else if queue.stores_messages() && unacked.message.message.persistent {
-                ops.push(delete_message_op(
-                    &vhost_name,
-                    &unacked.queue,
-                    unacked.message.id,
-                ));
+            let Self {
+                vhosts,
+                shared_refs,
+                ..
+            } = self;
+            let queue = vhosts
+                .get_mut(&vhost_name)
+                .and_then(|v| v.queues.get_mut(&unacked.queue));
+            match queue {
+                Some(queue) if cmd.requeue => queue.requeue(unacked.message),
+                Some(queue) => {
+                    let stores = queue.stores_messages();
+                    discard(
+                        shared_refs,
+                        &vhost_name,
+                        &unacked.queue,
+                        stores,
+                        &unacked.message,
+                        &mut ops,
+                    );
+                }
+                None => {
+                    discard(
+                        shared_refs,
+                        &vhost_name,
+                        &unacked.queue,
+                        false,
+                        &unacked.message,
+                        &mut ops,
+                    );
+                    continue;
+                }
             }
             touched.push(unacked.queue);
         }
-        self.persist.submit(ops, None);
+        self.persist.submit(ops, Durability::Logged, None);
         self.dispatch_all(&vhost_name, touched);
         Ok(())
     }
@@ -1027,13 +1151,45 @@ impl Broker {
             consumer.unacked = 0;
         }
         let mut touched = Vec::new();
+        let mut ops = Vec::new();
         for (_, entry) in unacked.into_iter().rev() {
-            if let Some(queue) = self.queue_mut_opt(&vhost_name, &entry.queue) {
-                queue.requeue(entry.message);
-                touched.push(entry.queue);
-            }
+            self.requeue_or_discard(&vhost_name, entry, &mut ops, &mut touched);
         }
+        self.persist.submit(ops, Durability::Logged, None);
         Ok(touched)
+    }
+
+    /// Returns a delivery to its queue; if the queue is gone, lets go of
+    /// what the store holds for it.
+    fn requeue_or_discard(
+        &mut self,
+        vhost: &str,
+        unacked: Unacked,
+        ops: &mut Vec<WriteOp>,
+        touched: &mut Vec<String>,
+    ) {
+        let Self {
+            vhosts,
+            shared_refs,
+            ..
+        } = self;
+        match vhosts
+            .get_mut(vhost)
+            .and_then(|v| v.queues.get_mut(&unacked.queue))
+        {
+            Some(queue) => {
+                queue.requeue(unacked.message);
+                touched.push(unacked.queue);
+            }
+            None => discard(
+                shared_refs,
+                vhost,
+                &unacked.queue,
+                false,
+                &unacked.message,
+                ops,
+            ),
+        }
     }
 
     /// Dispatches the given queues of the session's vhost.
@@ -1111,12 +1267,15 @@ impl Broker {
         }
     }
 
-    /// Hands ready messages to consumers with room, round robin.
+    /// Hands ready messages to consumers with room, round robin. Stops at a
+    /// message whose payload is still in the store: read-ahead brings it
+    /// back and dispatches again.
     pub fn dispatch(&mut self, vhost_name: &str, queue_name: &str) {
         let Self {
             vhosts,
             sessions,
             persist,
+            shared_refs,
             ..
         } = self;
         let Some(queue) = vhosts
@@ -1125,8 +1284,11 @@ impl Broker {
         else {
             return;
         };
+        if queue.consumers.is_empty() {
+            return;
+        }
         let mut ops = Vec::new();
-        while !queue.messages.is_empty() && !queue.consumers.is_empty() {
+        while queue.messages.front().is_some_and(|m| m.message.is_some()) {
             let count = queue.consumers.len();
             let mut chosen = None;
             for step in 0..count {
@@ -1154,7 +1316,10 @@ impl Broker {
             };
             queue.next_consumer = (index + 1) % count;
             let consumer_ref = queue.consumers[index].clone();
-            let Some(message) = queue.dequeue() else {
+            let Some(entry) = queue.dequeue() else {
+                break;
+            };
+            let Some(message) = entry.message.as_ref() else {
                 break;
             };
             let Some(session) = sessions.get_mut(&consumer_ref.session) else {
@@ -1173,16 +1338,22 @@ impl Broker {
                 channel: consumer_ref.channel,
                 consumer_tag: consumer_ref.tag.clone(),
                 delivery_tag,
-                redelivered: message.redelivered,
-                exchange: message.message.exchange.clone(),
-                routing_key: message.message.routing_key.clone(),
-                properties: message.message.properties.clone(),
-                body: message.message.body.clone(),
+                redelivered: entry.redelivered,
+                exchange: message.exchange.clone(),
+                routing_key: message.routing_key.clone(),
+                properties: message.properties.clone(),
+                body: message.body.clone(),
             };
             if no_ack {
-                if queue.stores_messages() && message.message.persistent {
-                    ops.push(delete_message_op(vhost_name, queue_name, message.id));
-                }
+                let stores = queue.stores_messages();
+                discard(
+                    shared_refs,
+                    vhost_name,
+                    queue_name,
+                    stores,
+                    &entry,
+                    &mut ops,
+                );
             } else {
                 if let Some(consumer) = channel.consumers.get_mut(&consumer_ref.tag) {
                     consumer.unacked += 1;
@@ -1191,14 +1362,15 @@ impl Broker {
                     delivery_tag,
                     Unacked {
                         queue: queue_name.to_string(),
-                        message,
+                        message: entry,
                         consumer_tag: Some(consumer_ref.tag.clone()),
                     },
                 );
             }
             let _ = session.events.send(event(Event::Deliver(deliver)));
         }
-        persist.submit(ops, None);
+        persist.submit(ops, Durability::Logged, None);
+        self.read_ahead(vhost_name, queue_name);
     }
 
     // -------------------------------------------------------------- helpers
@@ -1436,27 +1608,6 @@ fn binding_definition(vhost: &str, exchange: &str, binding: &Binding) -> store::
     }
 }
 
-fn stored_message(vhost: &str, queue: &str, id: u64, message: &Message) -> store::StoredMessage {
-    store::StoredMessage {
-        vhost: vhost.to_string(),
-        queue: queue.to_string(),
-        id,
-        exchange: message.exchange.clone(),
-        routing_key: message.routing_key.clone(),
-        properties: message.properties.clone(),
-        body: message.body.clone(),
-        redelivered: false,
-    }
-}
-
-fn delete_message_op(vhost: &str, queue: &str, id: u64) -> WriteOp {
-    op(write_op::Op::DeleteMessage(store::MessageKey {
-        vhost: vhost.to_string(),
-        queue: queue.to_string(),
-        id,
-    }))
-}
-
 fn op(op: write_op::Op) -> WriteOp {
     WriteOp { op: Some(op) }
 }
@@ -1465,17 +1616,16 @@ pub fn event(event: Event) -> SessionEvent {
     SessionEvent { event: Some(event) }
 }
 
-/// Rebuilds a recovered message.
-pub fn recovered(stored: store::StoredMessage) -> QueuedMessage {
+/// A durable queue's entry as recovered at start-up: its payload stays in
+/// the store until a consumer needs it.
+pub fn recovered(entry: store::QueueEntry) -> QueuedMessage {
     QueuedMessage {
-        id: stored.id,
-        message: Arc::new(Message {
-            exchange: stored.exchange,
-            routing_key: stored.routing_key,
-            properties: stored.properties,
-            body: stored.body,
-            persistent: true,
-        }),
-        redelivered: stored.redelivered,
+        id: entry.id,
+        message: None,
+        body_size: entry.body_size,
+        redelivered: entry.redelivered,
+        persistent: true,
+        shared: false,
+        loading: false,
     }
 }

@@ -11,6 +11,10 @@
 //! [`Engine::queue_stats`] reads every queue's figures under the lock, and
 //! [`Engine::register_metrics`] puts them on `/metrics`.
 //!
+//! It also owns the memory budget for message bytes: past
+//! `broker.flow_to_disk_threshold` payloads flow to the storage node and are
+//! read back ahead of their consumers ([`budget`], `flow`).
+//!
 //! Inside, one lock guards the [`broker::Broker`] state; each client
 //! connection is a session task that applies its commands in order and sends
 //! replies and deliveries back as events.
@@ -19,7 +23,9 @@
 //! [`EngineApi`]: spillway_proto::EngineApi
 
 pub mod broker;
+pub mod budget;
 pub mod errors;
+mod flow;
 mod model;
 mod persistence;
 pub mod routing;
@@ -27,6 +33,7 @@ mod service;
 mod session;
 mod stats;
 
+pub use flow::FlowStatus;
 pub use service::EngineService;
 pub use session::{Engine, EngineConfig, EngineError};
 pub use stats::QueueStats;

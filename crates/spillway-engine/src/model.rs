@@ -3,19 +3,24 @@
 //! deliveries. Everything here is plain data guarded by the broker lock.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use amq_protocol_types::FieldTable;
 use bytes::Bytes;
 use spillway_proto::engine::SessionEvent;
-use tokio::sync::mpsc;
+use spillway_proto::storage::MessageRecord;
+use tokio::sync::{mpsc, oneshot};
 
+use crate::budget::{MemoryBudget, MESSAGE_OVERHEAD_BYTES};
 use crate::routing::ExchangeKind;
 
 pub type SessionId = u64;
 pub type ChannelId = u32;
 
-/// A published message. Shared (not copied) by every queue it was routed to.
+/// A message whose payload is in memory. Shared (not copied) by every queue
+/// and delivery that holds it; counted in the [`MemoryBudget`] from the
+/// moment it is made until its last reference drops.
 #[derive(Debug)]
 pub struct Message {
     pub exchange: String,
@@ -25,16 +30,122 @@ pub struct Message {
     pub body: Bytes,
     /// delivery-mode 2: stored when it lands on a durable queue.
     pub persistent: bool,
+    /// The store writer's sequence number of the write that stores this
+    /// message's record; 0 while the store has no copy.
+    stored_seq: AtomicU64,
+    accounted: u64,
+    budget: Arc<MemoryBudget>,
 }
 
-/// A message's place in one queue.
+impl Message {
+    pub fn new(
+        budget: &Arc<MemoryBudget>,
+        exchange: String,
+        routing_key: String,
+        properties: Bytes,
+        body: Bytes,
+        persistent: bool,
+    ) -> Arc<Self> {
+        let accounted = (exchange.len() + routing_key.len() + properties.len() + body.len()) as u64
+            + MESSAGE_OVERHEAD_BYTES;
+        budget.add_resident(accounted);
+        Arc::new(Self {
+            exchange,
+            routing_key,
+            properties,
+            body,
+            persistent,
+            stored_seq: AtomicU64::new(0),
+            accounted,
+            budget: budget.clone(),
+        })
+    }
+
+    /// A message read back from the store.
+    pub fn from_record(budget: &Arc<MemoryBudget>, record: MessageRecord) -> Arc<Self> {
+        let message = Self::new(
+            budget,
+            record.exchange,
+            record.routing_key,
+            record.properties,
+            record.body,
+            record.persistent,
+        );
+        message.mark_stored(STORED_EARLIER);
+        message
+    }
+
+    /// What this message counts for in the memory budget.
+    pub fn accounted_size(&self) -> u64 {
+        self.accounted
+    }
+
+    pub fn stored_seq(&self) -> u64 {
+        self.stored_seq.load(Ordering::Relaxed)
+    }
+
+    pub fn mark_stored(&self, seq: u64) {
+        self.stored_seq.store(seq, Ordering::Relaxed);
+    }
+
+    pub fn record(&self, id: u64) -> MessageRecord {
+        MessageRecord {
+            id,
+            exchange: self.exchange.clone(),
+            routing_key: self.routing_key.clone(),
+            properties: self.properties.clone(),
+            body: self.body.clone(),
+            persistent: self.persistent,
+        }
+    }
+}
+
+impl Drop for Message {
+    fn drop(&mut self) {
+        self.budget.remove_resident(self.accounted);
+    }
+}
+
+/// The `stored_seq` of records written before this engine started (read
+/// back, or recovered): older than any write of this run.
+pub const STORED_EARLIER: u64 = 1;
+
+/// A message's place in one queue. 32 bytes: a backlog that flowed to disk
+/// costs this much memory per message.
 #[derive(Clone, Debug)]
 pub struct QueuedMessage {
     /// Engine-wide, increasing: a queue is ordered by it, and it keys the
     /// message in the store.
     pub id: u64,
-    pub message: Arc<Message>,
+    /// The payload, or `None` once it flowed to disk: read back before
+    /// delivery.
+    pub message: Option<Arc<Message>>,
+    pub body_size: u64,
     pub redelivered: bool,
+    pub persistent: bool,
+    /// Routed to more than one queue: the broker counts its holders.
+    pub shared: bool,
+    /// Its payload is being read back from the store.
+    pub loading: bool,
+}
+
+impl QueuedMessage {
+    pub fn resident(id: u64, message: Arc<Message>) -> Self {
+        Self {
+            id,
+            body_size: message.body.len() as u64,
+            persistent: message.persistent,
+            message: Some(message),
+            redelivered: false,
+            shared: false,
+            loading: false,
+        }
+    }
+
+    /// Bytes this entry holds resident, for its queue's share of the budget.
+    pub fn resident_size(&self) -> u64 {
+        self.message.as_ref().map_or(0, |m| m.accounted_size())
+    }
 }
 
 pub struct Exchange {
@@ -103,10 +214,27 @@ pub struct Queue {
     pub argument_table: FieldTable,
     pub limits: QueueLimits,
     /// Ready messages, ordered by id. Changed only through the methods below,
-    /// which keep `ready_bytes` exact.
+    /// which keep `ready_bytes` and `resident_bytes` exact.
     pub messages: VecDeque<QueuedMessage>,
-    /// Body bytes of the ready messages.
+    /// Body bytes of the ready messages, resident or not.
     pub ready_bytes: u64,
+    /// Accounted bytes of the ready messages whose payload is resident.
+    pub resident_bytes: u64,
+    /// Ready messages whose payload is only in the store, and their body
+    /// bytes.
+    pub spilled_count: u64,
+    pub spilled_bytes: u64,
+    /// This queue's share of the flow-to-disk threshold while flow to disk
+    /// is active (`u64::MAX` otherwise): resident bytes above it go to disk.
+    pub target_bytes: u64,
+    /// Every ready message with an id at or above this one has flowed to
+    /// disk (or is being read back): eviction starts below it.
+    pub spilled_from: u64,
+    /// Every ready message with an id below this one is resident or being
+    /// read back: read-ahead continues from it.
+    pub read_ahead_until: u64,
+    /// basic.get callers waiting for the head's payload.
+    pub get_waiters: Vec<oneshot::Sender<()>>,
     pub consumers: Vec<ConsumerRef>,
     /// Round-robin position in `consumers`.
     pub next_consumer: usize,
@@ -152,6 +280,13 @@ impl Queue {
             limits: QueueLimits::default(),
             messages: VecDeque::new(),
             ready_bytes: 0,
+            resident_bytes: 0,
+            spilled_count: 0,
+            spilled_bytes: 0,
+            target_bytes: u64::MAX,
+            spilled_from: u64::MAX,
+            read_ahead_until: 0,
+            get_waiters: Vec::new(),
             consumers: Vec::new(),
             next_consumer: 0,
             exclusive_consumer: false,
@@ -189,7 +324,11 @@ impl Queue {
     /// Appends a message; with drop-head, returns the oldest messages dropped
     /// to keep within the limits.
     pub fn enqueue(&mut self, message: QueuedMessage) -> Vec<QueuedMessage> {
-        self.ready_bytes += message.message.body.len() as u64;
+        self.count_in(&message);
+        if message.message.is_some() {
+            // The tail is resident again: eviction must look at it.
+            self.spilled_from = u64::MAX;
+        }
         self.messages.push_back(message);
         let mut dropped = Vec::new();
         while self.over_limit() {
@@ -201,27 +340,92 @@ impl Queue {
 
     pub fn dequeue(&mut self) -> Option<QueuedMessage> {
         let message = self.messages.pop_front()?;
-        self.ready_bytes -= message.message.body.len() as u64;
+        self.count_out(&message);
         Some(message)
     }
 
     /// Puts requeued messages back in id order, ahead of later arrivals.
     pub fn requeue(&mut self, mut message: QueuedMessage) {
         message.redelivered = true;
-        self.ready_bytes += message.message.body.len() as u64;
+        self.count_in(&message);
+        if message.message.is_some() && message.id >= self.spilled_from {
+            self.spilled_from = message.id.saturating_add(1);
+        }
         let position = self.messages.partition_point(|m| m.id < message.id);
         self.messages.insert(position, message);
     }
 
-    /// Appends a message read back from the store at start-up, as it was.
+    /// Appends a message recovered from the store at start-up, as it was.
     pub fn push_recovered(&mut self, message: QueuedMessage) {
-        self.ready_bytes += message.message.body.len() as u64;
+        self.count_in(&message);
         self.messages.push_back(message);
     }
 
     pub fn purge(&mut self) -> Vec<QueuedMessage> {
         self.ready_bytes = 0;
+        self.resident_bytes = 0;
+        self.spilled_count = 0;
+        self.spilled_bytes = 0;
+        self.spilled_from = u64::MAX;
         self.messages.drain(..).collect()
+    }
+
+    /// The position of the ready message `id`, if it is still here.
+    pub fn position(&self, id: u64) -> Option<usize> {
+        let position = self.messages.partition_point(|m| m.id < id);
+        (self.messages.get(position)?.id == id).then_some(position)
+    }
+
+    /// Drops the payload of the ready message at `position` from memory (its
+    /// record is in the store, or on its way there).
+    pub fn evict_at(&mut self, position: usize) {
+        let Some(entry) = self.messages.get_mut(position) else {
+            return;
+        };
+        let Some(message) = entry.message.take() else {
+            return;
+        };
+        self.resident_bytes -= message.accounted_size();
+        self.spilled_count += 1;
+        self.spilled_bytes += entry.body_size;
+    }
+
+    /// Puts a payload read back from the store into the ready message `id`.
+    pub fn install(&mut self, id: u64, message: Arc<Message>) -> bool {
+        let Some(position) = self.position(id) else {
+            return false;
+        };
+        let entry = &mut self.messages[position];
+        entry.loading = false;
+        if entry.message.is_some() {
+            return false;
+        }
+        self.resident_bytes += message.accounted_size();
+        self.spilled_count -= 1;
+        self.spilled_bytes -= entry.body_size;
+        entry.message = Some(message);
+        if id >= self.spilled_from {
+            self.spilled_from = id.saturating_add(1);
+        }
+        true
+    }
+
+    fn count_in(&mut self, message: &QueuedMessage) {
+        self.ready_bytes += message.body_size;
+        self.resident_bytes += message.resident_size();
+        if message.message.is_none() {
+            self.spilled_count += 1;
+            self.spilled_bytes += message.body_size;
+        }
+    }
+
+    fn count_out(&mut self, message: &QueuedMessage) {
+        self.ready_bytes -= message.body_size;
+        self.resident_bytes -= message.resident_size();
+        if message.message.is_none() {
+            self.spilled_count -= 1;
+            self.spilled_bytes -= message.body_size;
+        }
     }
 }
 

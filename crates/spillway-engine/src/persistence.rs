@@ -11,19 +11,32 @@
 //! If the storage node is unreachable the batch is retried until it lands:
 //! confirms wait (publishers see their confirms stall), nothing is dropped.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use spillway_proto::storage::{WriteBatch, WriteOp};
+use parking_lot::Mutex;
+use spillway_proto::storage::{write_op, Durability, MessageRecord, WriteBatch, WriteOp};
 use spillway_proto::StorageApi;
 use tokio::sync::{mpsc, oneshot};
+
+use crate::budget::MemoryBudget;
 
 /// Requests drained into one storage batch at most.
 const MAX_REQUESTS_PER_BATCH: usize = 4096;
 
+/// Sequence numbers start above [`crate::model::STORED_EARLIER`].
+const FIRST_SEQ: u64 = 2;
+
 enum WriteRequest {
     Write {
+        seq: u64,
         ops: Vec<WriteOp>,
+        durability: Durability,
+        /// Payload bytes this write takes out of memory (flow to disk):
+        /// counted as in flight until it lands.
+        spilled_bytes: u64,
         done: Option<oneshot::Sender<()>>,
     },
     /// Write what came before, then stop and release the store.
@@ -33,13 +46,31 @@ enum WriteRequest {
 #[derive(Clone)]
 pub struct StoreWriter {
     requests: mpsc::UnboundedSender<WriteRequest>,
+    state: Arc<WriterState>,
+}
+
+struct WriterState {
+    next_seq: AtomicU64,
+    /// Every write with a sequence number up to this one has landed.
+    completed: AtomicU64,
+    /// Message records submitted and not yet written, by id: a read that
+    /// finds its record here needs no trip to the store, and one that does
+    /// not is sure the store has it.
+    pending: Mutex<HashMap<u64, (u64, MessageRecord)>>,
+    budget: Arc<MemoryBudget>,
 }
 
 impl StoreWriter {
-    pub fn start(store: Arc<dyn StorageApi>) -> Self {
+    pub fn start(store: Arc<dyn StorageApi>, budget: Arc<MemoryBudget>) -> Self {
         let (requests, receiver) = mpsc::unbounded_channel();
-        tokio::spawn(run_writer(store, receiver));
-        Self { requests }
+        let state = Arc::new(WriterState {
+            next_seq: AtomicU64::new(FIRST_SEQ),
+            completed: AtomicU64::new(FIRST_SEQ - 1),
+            pending: Mutex::new(HashMap::new()),
+            budget,
+        });
+        tokio::spawn(run_writer(store, receiver, state.clone()));
+        Self { requests, state }
     }
 
     /// Writes everything submitted so far, then stops the writer so the
@@ -51,38 +82,103 @@ impl StoreWriter {
         }
     }
 
-    /// Queues ops for the next batch; `done` fires once they are durable.
-    pub fn submit(&self, ops: Vec<WriteOp>, done: Option<oneshot::Sender<()>>) {
+    /// Queues ops for the next batch; `done` fires once they are written as
+    /// durably as asked. Returns the write's sequence number.
+    pub fn submit(
+        &self,
+        ops: Vec<WriteOp>,
+        durability: Durability,
+        done: Option<oneshot::Sender<()>>,
+    ) -> u64 {
+        self.submit_spill(ops, durability, 0, done)
+    }
+
+    /// Definitions and other writes that must be on disk before anyone is
+    /// told they happened.
+    pub fn submit_synced(&self, ops: Vec<WriteOp>, done: Option<oneshot::Sender<()>>) -> u64 {
+        self.submit(ops, Durability::Synced, done)
+    }
+
+    /// As [`StoreWriter::submit`], for writes that take `spilled_bytes` of
+    /// payloads out of memory.
+    pub fn submit_spill(
+        &self,
+        ops: Vec<WriteOp>,
+        durability: Durability,
+        spilled_bytes: u64,
+        done: Option<oneshot::Sender<()>>,
+    ) -> u64 {
         if ops.is_empty() {
             if let Some(done) = done {
                 let _ = done.send(());
             }
-            return;
+            return self.state.completed.load(Ordering::Acquire);
         }
-        if self
-            .requests
-            .send(WriteRequest::Write { ops, done })
-            .is_err()
+        let seq = self.state.next_seq.fetch_add(1, Ordering::AcqRel);
         {
+            let mut pending = self.state.pending.lock();
+            for op in &ops {
+                if let Some(write_op::Op::PutMessage(record)) = &op.op {
+                    pending.insert(record.id, (seq, record.clone()));
+                }
+            }
+        }
+        self.state.budget.add_in_flight(spilled_bytes);
+        let request = WriteRequest::Write {
+            seq,
+            ops,
+            durability,
+            spilled_bytes,
+            done,
+        };
+        if self.requests.send(request).is_err() {
             tracing::error!("storage writer stopped: a write was not submitted");
         }
+        seq
+    }
+
+    /// Whether the write numbered `seq` has landed.
+    pub fn is_written(&self, seq: u64) -> bool {
+        seq <= self.state.completed.load(Ordering::Acquire)
+    }
+
+    /// The record of message `id` if it is still on its way to the store.
+    pub fn pending_record(&self, id: u64) -> Option<MessageRecord> {
+        self.state
+            .pending
+            .lock()
+            .get(&id)
+            .map(|(_, record)| record.clone())
     }
 }
 
 async fn run_writer(
     store: Arc<dyn StorageApi>,
     mut requests: mpsc::UnboundedReceiver<WriteRequest>,
+    state: Arc<WriterState>,
 ) {
     let mut ready = Vec::with_capacity(MAX_REQUESTS_PER_BATCH);
     while requests.recv_many(&mut ready, MAX_REQUESTS_PER_BATCH).await > 0 {
         let mut ops = Vec::new();
         let mut waiters = Vec::new();
+        let mut durability = Durability::Volatile;
+        let mut spilled = 0;
+        let mut last_seq = None;
         let mut stop = None;
         for request in ready.drain(..) {
             match request {
-                WriteRequest::Write { ops: more, done } => {
+                WriteRequest::Write {
+                    seq,
+                    ops: more,
+                    durability: asked,
+                    spilled_bytes,
+                    done,
+                } => {
                     ops.extend(more);
                     waiters.extend(done);
+                    durability = durability.max(asked);
+                    spilled += spilled_bytes;
+                    last_seq = Some(seq);
                 }
                 WriteRequest::Stop(stopped) => {
                     stop = Some(stopped);
@@ -90,7 +186,23 @@ async fn run_writer(
                 }
             }
         }
-        write_until_stored(store.as_ref(), Arc::new(WriteBatch { ops })).await;
+        let batch = Arc::new(WriteBatch {
+            ops,
+            durability: durability.into(),
+        });
+        write_until_stored(store.as_ref(), batch.clone()).await;
+        if let Some(seq) = last_seq {
+            state.completed.store(seq, Ordering::Release);
+            let mut pending = state.pending.lock();
+            for op in &batch.ops {
+                if let Some(write_op::Op::PutMessage(record)) = &op.op {
+                    if pending.get(&record.id).is_some_and(|(at, _)| *at <= seq) {
+                        pending.remove(&record.id);
+                    }
+                }
+            }
+        }
+        state.budget.remove_in_flight(spilled);
         for waiter in waiters {
             let _ = waiter.send(());
         }

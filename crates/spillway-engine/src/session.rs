@@ -1,5 +1,6 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::stream::FuturesOrdered;
@@ -10,10 +11,14 @@ use spillway_proto::engine::{
     SessionCommand, SessionEvent,
 };
 use spillway_proto::{EngineApi, ServiceError, SessionStreams, StorageApi, SESSION_COMMAND_BUFFER};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify, Semaphore};
 
-use crate::broker::{event, recovered, recovered_limits, Broker, PublishOutcome};
+use crate::broker::{
+    event, recovered, recovered_limits, Broker, BrokerContext, GetOutcome, PublishOutcome,
+};
+use crate::budget::{self, MemoryBudget};
 use crate::errors;
+use crate::flow::{FlowStatus, LoadRequest};
 use crate::model::{Binding, Destination, Exchange, Queue, SessionId, VHost};
 use crate::persistence::StoreWriter;
 use crate::routing::ExchangeKind;
@@ -23,15 +28,25 @@ pub struct EngineConfig {
     /// Deliveries one gateway session may have in flight (not yet written to
     /// the client's socket) before the engine pauses its consumers.
     pub session_credit: u32,
+    /// Message bytes the engine keeps in memory before payloads flow to
+    /// disk (`broker.flow_to_disk_threshold`).
+    pub flow_to_disk_threshold: u64,
+    /// How often flow to disk is re-evaluated (`broker.housekeeping_interval`).
+    pub housekeeping_interval: Duration,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             session_credit: 2048,
+            flow_to_disk_threshold: budget::default_threshold(),
+            housekeeping_interval: Duration::from_secs(1),
         }
     }
 }
+
+/// Payload reads in flight to the store at once.
+const CONCURRENT_LOADS: usize = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -49,6 +64,8 @@ pub(crate) struct Shared {
     pub(crate) broker: Mutex<Broker>,
     next_session: AtomicU64,
     writer: StoreWriter,
+    pub(crate) budget: Arc<MemoryBudget>,
+    housekeeping_kick: Arc<Notify>,
 }
 
 impl Engine {
@@ -59,8 +76,18 @@ impl Engine {
         config: EngineConfig,
     ) -> Result<Self, EngineError> {
         let definitions = store.load_definitions().await?;
-        let writer = StoreWriter::start(store.clone());
-        let mut broker = Broker::new(writer.clone(), config.session_credit);
+        let budget = Arc::new(MemoryBudget::new(config.flow_to_disk_threshold));
+        let writer = StoreWriter::start(store.clone(), budget.clone());
+        let (loads, load_requests) = mpsc::unbounded_channel();
+        let housekeeping_kick = Arc::new(Notify::new());
+        let mut broker = Broker::new(BrokerContext {
+            persist: writer.clone(),
+            session_credit: config.session_credit,
+            budget: budget.clone(),
+            loads,
+            housekeeping_kick: housekeeping_kick.clone(),
+        });
+        let mut holders: std::collections::HashMap<u64, u32> = Default::default();
         let mut next_id = 1;
         let mut recovered_messages = 0usize;
         for def in definitions.exchanges {
@@ -89,6 +116,7 @@ impl Engine {
                 .into_iter()
                 .map(|m| {
                     next_id = next_id.max(m.id + 1);
+                    *holders.entry(m.id).or_default() += 1;
                     recovered(m)
                 })
                 .collect();
@@ -97,11 +125,24 @@ impl Engine {
             queue.limits = recovered_limits(&argument_table);
             queue.argument_table = argument_table;
             queue.arguments = def.arguments;
+            queue.spilled_from = messages.first().map_or(u64::MAX, |m| m.id);
             for message in messages {
                 queue.push_recovered(message);
             }
             vhost.queues.insert(def.name, queue);
         }
+        // A persistent message on several durable queues is stored once.
+        holders.retain(|_, count| *count > 1);
+        for queue in broker
+            .vhosts
+            .values_mut()
+            .flat_map(|v| v.queues.values_mut())
+        {
+            for entry in queue.messages.iter_mut() {
+                entry.shared = holders.contains_key(&entry.id);
+            }
+        }
+        broker.shared_refs = holders;
         for def in definitions.bindings {
             let Some(vhost) = broker.vhosts.get_mut(&def.vhost) else {
                 continue;
@@ -133,13 +174,19 @@ impl Engine {
             messages = recovered_messages,
             "engine recovered durable state"
         );
-        Ok(Self {
-            shared: Arc::new(Shared {
-                broker: Mutex::new(broker),
-                next_session: AtomicU64::new(1),
-                writer,
-            }),
-        })
+        let shared = Arc::new(Shared {
+            broker: Mutex::new(broker),
+            next_session: AtomicU64::new(1),
+            writer,
+            budget,
+            housekeeping_kick,
+        });
+        tokio::spawn(run_loader(Arc::downgrade(&shared), store, load_requests));
+        tokio::spawn(run_housekeeping(
+            Arc::downgrade(&shared),
+            config.housekeeping_interval,
+        ));
+        Ok(Self { shared })
     }
 }
 
@@ -148,6 +195,110 @@ impl Engine {
     /// gateways have stopped; later writes are refused (and logged).
     pub async fn shutdown(&self) {
         self.shared.writer.stop().await;
+    }
+
+    /// Flow to disk at this moment: on or off, the threshold, resident and
+    /// spilled bytes.
+    pub fn flow_status(&self) -> FlowStatus {
+        self.shared.broker.lock().flow_status()
+    }
+
+    /// Changes the flow-to-disk threshold at once (management's runtime
+    /// setting): housekeeping runs straight away with it.
+    pub fn set_flow_to_disk_threshold(&self, bytes: u64) {
+        let previous = self.shared.budget.threshold();
+        self.shared.budget.set_threshold(bytes);
+        tracing::info!(
+            setting = "broker.flow_to_disk_threshold",
+            previous,
+            value = bytes,
+            "runtime setting changed"
+        );
+        self.shared.housekeeping_kick.notify_one();
+    }
+}
+
+/// Every `interval`, or when a publish takes memory over the threshold,
+/// re-evaluates flow to disk. Ends with the engine.
+async fn run_housekeeping(shared: std::sync::Weak<Shared>, interval: Duration) {
+    let interval = interval.max(Duration::from_millis(10));
+    loop {
+        let kick = match shared.upgrade() {
+            Some(shared) => shared.housekeeping_kick.clone(),
+            None => return,
+        };
+        tokio::select! {
+            () = tokio::time::sleep(interval) => {}
+            () = kick.notified() => {}
+        }
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        shared.broker.lock().housekeeping();
+    }
+}
+
+/// Reads payloads back from the store for read-ahead and basic.get, a few
+/// batches at a time, and installs them under the broker lock.
+async fn run_loader(
+    shared: std::sync::Weak<Shared>,
+    store: Arc<dyn StorageApi>,
+    mut requests: mpsc::UnboundedReceiver<LoadRequest>,
+) {
+    let permits = Arc::new(Semaphore::new(CONCURRENT_LOADS));
+    while let Some(request) = requests.recv().await {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(engine) = shared.upgrade() else {
+            return;
+        };
+        let store = store.clone();
+        tokio::spawn(async move {
+            let records = load(&engine, store.as_ref(), &request.ids).await;
+            engine.broker.lock().install_loaded(
+                &request.vhost,
+                &request.queue,
+                &request.ids,
+                records,
+            );
+            drop(permit);
+        });
+    }
+}
+
+/// The records of `ids`: from the store writer when still on their way to
+/// the store, else from the store, retrying until it answers.
+async fn load(
+    engine: &Shared,
+    store: &dyn StorageApi,
+    ids: &[u64],
+) -> Vec<spillway_proto::storage::MessageRecord> {
+    let mut records = Vec::with_capacity(ids.len());
+    let mut missing = Vec::new();
+    for id in ids {
+        match engine.writer.pending_record(*id) {
+            Some(record) => records.push(record),
+            None => missing.push(*id),
+        }
+    }
+    if missing.is_empty() {
+        return records;
+    }
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match store.read_messages(missing.clone()).await {
+            Ok(read) => {
+                records.extend(read);
+                return records;
+            }
+            Err(error) => {
+                tracing::warn!(%error, messages = missing.len(), retry_in_ms = backoff.as_millis() as u64,
+                    "reading payloads back from the store failed, retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
     }
 }
 
@@ -184,7 +335,14 @@ async fn run_session(
         tokio::select! {
             command = commands.recv() => {
                 let Some(command) = command else { break };
-                session.apply(command);
+                match command.command {
+                    Some(Command::Batch(batch)) => {
+                        for command in batch.commands {
+                            session.apply(command).await;
+                        }
+                    }
+                    _ => session.apply(command).await,
+                }
             }
             Some((channel, seq)) = session.confirms.next(), if !session.confirms.is_empty() => {
                 session.send(Event::Confirm(pb::Confirm { channel, seq, ack: true }));
@@ -226,13 +384,46 @@ impl Session {
         self.reply(request_id, result.map(|()| reply::Result::Ok(pb::Empty {})));
     }
 
-    fn apply(&mut self, command: SessionCommand) {
+    /// Applies one command. Waits (holding up this session's later
+    /// commands, and so its socket) only where memory is at stake: a publish
+    /// while the store is behind on spilled payloads, a basic.get whose
+    /// message is being read back.
+    async fn apply(&mut self, command: SessionCommand) {
         let Some(command) = command.command else {
             return;
         };
+        match command {
+            Command::Publish(cmd) => {
+                wait_for_spill_room(self.shared.budget.clone()).await;
+                self.apply_now(Command::Publish(cmd));
+            }
+            Command::Get(cmd) => self.get(cmd).await,
+            command => self.apply_now(command),
+        }
+    }
+
+    async fn get(&mut self, cmd: pb::Get) {
+        loop {
+            let outcome = self.shared.broker.lock().get(self.id, &cmd);
+            let result = match outcome {
+                Ok(GetOutcome::Got(get_ok)) => Ok(reply::Result::GetOk(get_ok)),
+                Ok(GetOutcome::Empty) => Ok(reply::Result::GetEmpty(pb::Empty {})),
+                Ok(GetOutcome::Wait(loaded)) => {
+                    // Dropped when the queue goes: ask again, and hear why.
+                    let _ = loaded.await;
+                    continue;
+                }
+                Err(error) => Err(error),
+            };
+            self.reply(cmd.request_id, result);
+            return;
+        }
+    }
+
+    fn apply_now(&mut self, command: Command) {
         if let Command::Batch(batch) = command {
-            for command in batch.commands {
-                self.apply(command);
+            for command in batch.commands.into_iter().filter_map(|c| c.command) {
+                self.apply_now(command);
             }
             return;
         }
@@ -351,9 +542,12 @@ impl Session {
             },
             Command::Qos(cmd) => self.ok(cmd.request_id, broker.qos(id, &cmd)),
             Command::Get(cmd) => {
+                // Only reached inside a nested batch: answer without waiting.
                 let result = broker.get(id, &cmd).map(|got| match got {
-                    Some(get_ok) => reply::Result::GetOk(get_ok),
-                    None => reply::Result::GetEmpty(pb::Empty {}),
+                    GetOutcome::Got(get_ok) => reply::Result::GetOk(get_ok),
+                    GetOutcome::Empty | GetOutcome::Wait(_) => {
+                        reply::Result::GetEmpty(pb::Empty {})
+                    }
                 });
                 self.reply(cmd.request_id, result);
             }
@@ -378,6 +572,17 @@ impl Session {
             channel,
             error: Some(error),
         }));
+    }
+}
+
+/// Holds a publisher while the store is behind on spilled payloads.
+async fn wait_for_spill_room(budget: Arc<MemoryBudget>) {
+    while budget.spill_backlog_full() {
+        let drained = budget.drained.notified();
+        if !budget.spill_backlog_full() {
+            break;
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(100), drained).await;
     }
 }
 

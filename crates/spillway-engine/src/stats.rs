@@ -12,6 +12,7 @@ use spillway_telemetry::prometheus_client::metrics::gauge::ConstGauge;
 use spillway_telemetry::prometheus_client::metrics::MetricType;
 use spillway_telemetry::Metrics;
 
+use crate::flow::FlowStatus;
 use crate::session::{Engine, Shared};
 
 /// One queue's figures at one moment.
@@ -24,8 +25,14 @@ pub struct QueueStats {
     /// Messages delivered (to a consumer or basic.get) and not yet settled.
     pub unacked: u64,
     pub consumers: u64,
-    /// Body plus encoded properties of the ready messages, in bytes.
+    /// Body bytes of the ready messages, resident or on disk.
     pub bytes: u64,
+    /// Accounted bytes of the ready messages whose payload is in memory.
+    pub resident_bytes: u64,
+    /// Ready messages whose payload is only on disk (flowed), and their
+    /// body bytes.
+    pub spilled_messages: u64,
+    pub spilled_bytes: u64,
 }
 
 impl Engine {
@@ -59,11 +66,10 @@ impl Engine {
                         .copied()
                         .unwrap_or_default(),
                     consumers: queue.consumers.len() as u64,
-                    bytes: queue
-                        .messages
-                        .iter()
-                        .map(|m| (m.message.body.len() + m.message.properties.len()) as u64)
-                        .sum(),
+                    bytes: queue.ready_bytes,
+                    resident_bytes: queue.resident_bytes,
+                    spilled_messages: queue.spilled_count,
+                    spilled_bytes: queue.spilled_bytes,
                 })
             })
             .collect();
@@ -84,7 +90,7 @@ impl Engine {
 /// Name, help, and the figure of each per-queue gauge.
 type QueueGauge = (&'static str, &'static str, fn(&QueueStats) -> u64);
 
-const QUEUE_GAUGES: [QueueGauge; 4] = [
+const QUEUE_GAUGES: [QueueGauge; 7] = [
     (
         "spillway_queue_messages",
         "Ready messages in the queue (not delivered to anyone)",
@@ -100,8 +106,49 @@ const QUEUE_GAUGES: [QueueGauge; 4] = [
     }),
     (
         "spillway_queue_bytes",
-        "Body plus property bytes of the queue's ready messages",
+        "Body bytes of the queue's ready messages, in memory or on disk",
         |q| q.bytes,
+    ),
+    (
+        "spillway_queue_resident_bytes",
+        "Accounted bytes of the queue's ready messages whose payload is in memory",
+        |q| q.resident_bytes,
+    ),
+    (
+        "spillway_queue_spilled_messages",
+        "Ready messages of the queue whose payload has flowed to disk",
+        |q| q.spilled_messages,
+    ),
+    (
+        "spillway_queue_spilled_bytes",
+        "Body bytes of the queue's ready messages whose payload has flowed to disk",
+        |q| q.spilled_bytes,
+    ),
+];
+
+/// Name, help, and the figure of each broker-wide gauge.
+type BrokerGauge = (&'static str, &'static str, fn(&FlowStatus) -> u64);
+
+const BROKER_GAUGES: [BrokerGauge; 4] = [
+    (
+        "spillway_broker_resident_message_bytes",
+        "Message bytes in the engine's memory (payload, properties, per-message overhead), including payloads on their way to disk",
+        |f| f.resident_bytes,
+    ),
+    (
+        "spillway_broker_flow_to_disk_threshold_bytes",
+        "Resident message bytes above which payloads flow to disk",
+        |f| f.threshold_bytes,
+    ),
+    (
+        "spillway_broker_flow_to_disk_active",
+        "1 while flow to disk is active",
+        |f| u64::from(f.active),
+    ),
+    (
+        "spillway_broker_spill_in_flight_bytes",
+        "Payload bytes handed to the storage node and not yet written",
+        |f| f.in_flight_bytes,
     ),
 ];
 
@@ -120,7 +167,13 @@ impl Collector for QueueCollector {
         let Some(shared) = self.engine.upgrade() else {
             return Ok(());
         };
-        let stats = Engine { shared }.queue_stats();
+        let engine = Engine { shared };
+        let flow = engine.flow_status();
+        for (name, help, figure) in BROKER_GAUGES {
+            let family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            ConstGauge::new(figure(&flow)).encode(family)?;
+        }
+        let stats = engine.queue_stats();
         for (name, help, figure) in QUEUE_GAUGES {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             for queue in &stats {
@@ -139,37 +192,13 @@ impl Collector for QueueCollector {
 mod tests {
     use std::sync::Arc;
 
-    use async_trait::async_trait;
     use bytes::Bytes;
     use spillway_proto::engine::{self as pb, session_command::Command, session_event::Event};
-    use spillway_proto::storage::{Definitions, StoreStatus, StoredMessage, WriteBatch};
-    use spillway_proto::{EngineApi, ServiceError, SessionStreams, StorageApi};
+    use spillway_proto::{EngineApi, SessionStreams};
+    use spillway_storage::RocksStore;
 
     use super::*;
     use crate::EngineConfig;
-
-    /// A store with nothing in it that accepts every write.
-    struct EmptyStore;
-
-    #[async_trait]
-    impl StorageApi for EmptyStore {
-        async fn write(&self, _batch: Arc<WriteBatch>) -> Result<(), ServiceError> {
-            Ok(())
-        }
-        async fn load_definitions(&self) -> Result<Definitions, ServiceError> {
-            Ok(Definitions::default())
-        }
-        async fn load_messages(
-            &self,
-            _vhost: &str,
-            _queue: &str,
-        ) -> Result<Vec<StoredMessage>, ServiceError> {
-            Ok(Vec::new())
-        }
-        async fn status(&self) -> Result<StoreStatus, ServiceError> {
-            Ok(StoreStatus::default())
-        }
-    }
 
     async fn send(session: &SessionStreams, command: Command) {
         let command = pb::SessionCommand {
@@ -217,7 +246,9 @@ mod tests {
 
     #[tokio::test]
     async fn counts_ready_unacked_consumers_and_bytes() {
-        let engine = Engine::start(Arc::new(EmptyStore), EngineConfig::default())
+        let dir = tempfile::tempdir().unwrap();
+        let store = RocksStore::open(dir.path()).unwrap();
+        let engine = Engine::start(Arc::new(store), EngineConfig::default())
             .await
             .unwrap();
         let mut session = engine.open_session().await.unwrap();
@@ -285,8 +316,13 @@ mod tests {
                 messages: 2,
                 unacked: 1,
                 consumers: 0,
-                // "two" and "three", each with two property bytes.
-                bytes: 3 + 5 + 2 * 2,
+                // "two" and "three".
+                bytes: 3 + 5,
+                // Each with two property bytes, the routing key and the
+                // fixed overhead.
+                resident_bytes: 3 + 5 + 2 * (2 + 4 + crate::budget::MESSAGE_OVERHEAD_BYTES),
+                spilled_messages: 0,
+                spilled_bytes: 0,
             })
         );
         let idle = find(&stats, "idle").unwrap();
@@ -299,7 +335,7 @@ mod tests {
             "spillway_queue_messages{vhost=\"/\",queue=\"work\"} 2\n",
             "spillway_queue_unacked_messages{vhost=\"/\",queue=\"work\"} 1\n",
             "spillway_queue_consumers{vhost=\"/\",queue=\"idle\"} 1\n",
-            "spillway_queue_bytes{vhost=\"/\",queue=\"work\"} 12\n",
+            "spillway_queue_bytes{vhost=\"/\",queue=\"work\"} 8\n",
         ] {
             assert!(text.contains(line), "{line} missing from\n{text}");
         }

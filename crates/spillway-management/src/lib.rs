@@ -30,11 +30,11 @@ impl Management for ManagementService {
         &self,
         _request: Request<GetBrokerStatusRequest>,
     ) -> Result<Response<BrokerStatus>, Status> {
-        let store = self.storage.status().await?;
+        let store = self.storage.status(false).await?;
         Ok(Response::new(BrokerStatus {
             version: env!("CARGO_PKG_VERSION").to_string(),
             store_disk_bytes: store.disk_bytes,
-            stored_messages: store.message_count,
+            stored_messages: store.estimated_keys,
         }))
     }
 }

@@ -15,8 +15,8 @@ use tonic::transport::{Channel, Endpoint};
 use crate::engine::{session_command, session_event, CommandBatch, EventBatch};
 use crate::engine::{SessionCommand, SessionEvent};
 use crate::storage::{
-    Definitions, LoadDefinitionsRequest, LoadMessagesRequest, StatusRequest, StoreStatus,
-    StoredMessage, WriteBatch,
+    Definitions, LoadDefinitionsRequest, LoadMessagesRequest, MessageRecord, QueueEntry,
+    StatusRequest, StoreStatus, WriteBatch,
 };
 use crate::ServiceError;
 
@@ -32,16 +32,19 @@ const MAX_STREAM_BATCH: usize = 256;
 /// What the queue engine needs from the storage node.
 #[async_trait]
 pub trait StorageApi: Send + Sync + 'static {
-    /// Applies the batch atomically and durably (fsync) before returning.
+    /// Applies the batch atomically, as durably as it asks, before returning.
     async fn write(&self, batch: Arc<WriteBatch>) -> Result<(), ServiceError>;
     async fn load_definitions(&self) -> Result<Definitions, ServiceError>;
-    /// The stored messages of one queue, oldest first.
+    /// The entries of one durable queue, oldest first.
     async fn load_messages(
         &self,
         vhost: &str,
         queue: &str,
-    ) -> Result<Vec<StoredMessage>, ServiceError>;
-    async fn status(&self) -> Result<StoreStatus, ServiceError>;
+    ) -> Result<Vec<QueueEntry>, ServiceError>;
+    /// The message records of `ids` that exist, in the order asked.
+    async fn read_messages(&self, ids: Vec<u64>) -> Result<Vec<MessageRecord>, ServiceError>;
+    /// Disk usage; with `count_records`, exact record counts (a scan).
+    async fn status(&self, count_records: bool) -> Result<StoreStatus, ServiceError>;
 }
 
 /// The storage node over gRPC. The channel connects lazily and reconnects by
@@ -82,7 +85,7 @@ impl StorageApi for RemoteStorage {
         &self,
         vhost: &str,
         queue: &str,
-    ) -> Result<Vec<StoredMessage>, ServiceError> {
+    ) -> Result<Vec<QueueEntry>, ServiceError> {
         let request = LoadMessagesRequest {
             vhost: vhost.to_string(),
             queue: queue.to_string(),
@@ -93,18 +96,27 @@ impl StorageApi for RemoteStorage {
             .load_messages(request)
             .await?
             .into_inner();
-        let mut messages = Vec::new();
+        let mut entries = Vec::new();
         while let Some(chunk) = stream.message().await? {
-            messages.extend(chunk.messages);
+            entries.extend(chunk.entries);
         }
-        Ok(messages)
+        Ok(entries)
     }
 
-    async fn status(&self) -> Result<StoreStatus, ServiceError> {
+    async fn read_messages(&self, ids: Vec<u64>) -> Result<Vec<MessageRecord>, ServiceError> {
+        let response = self
+            .client
+            .clone()
+            .read_messages(crate::storage::ReadMessagesRequest { ids })
+            .await?;
+        Ok(response.into_inner().messages)
+    }
+
+    async fn status(&self, count_records: bool) -> Result<StoreStatus, ServiceError> {
         Ok(self
             .client
             .clone()
-            .status(StatusRequest {})
+            .status(StatusRequest { count_records })
             .await?
             .into_inner())
     }

@@ -57,11 +57,23 @@ pub struct Running {
     http: Option<HttpServer>,
     amqp: Option<Box<dyn Server>>,
     engine: Option<Engine>,
+    storage: Option<Arc<dyn StorageApi>>,
     stop: watch::Sender<bool>,
     grpc_servers: Vec<JoinHandle<()>>,
 }
 
 impl Running {
+    /// The store this process opened (all-in-one, storage), for tests and
+    /// tools that ask it for its status.
+    pub fn storage(&self) -> Option<Arc<dyn StorageApi>> {
+        self.storage.clone()
+    }
+
+    /// The engine this process runs (all-in-one, engine).
+    pub fn engine(&self) -> Option<&Engine> {
+        self.engine.as_ref()
+    }
+
     pub async fn shutdown(self) {
         self.health.set_ready(false);
         if let Some(amqp) = self.amqp {
@@ -104,6 +116,7 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
         http: None,
         amqp: None,
         engine: None,
+        storage: None,
         stop,
         grpc_servers: Vec::new(),
     };
@@ -114,6 +127,7 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
             let store = open_store(&settings.storage.data_dir)?;
             store.register_metrics(&metrics);
             let storage: Arc<dyn StorageApi> = Arc::new(store);
+            running.storage = Some(storage.clone());
             let engine = start_engine(storage.clone(), settings).await?;
             engine.register_metrics(&metrics);
             running.engine = Some(engine.clone());
@@ -215,9 +229,20 @@ fn open_store(data_dir: &Path) -> anyhow::Result<RocksStore> {
 
 /// Starts the engine; a storage node that is not up yet is waited for.
 async fn start_engine(storage: Arc<dyn StorageApi>, settings: &Settings) -> anyhow::Result<Engine> {
+    let defaults = EngineConfig::default();
     let config = EngineConfig {
         session_credit: settings.engine.session_credit,
+        flow_to_disk_threshold: settings
+            .broker
+            .flow_to_disk_threshold
+            .unwrap_or(defaults.flow_to_disk_threshold),
+        housekeeping_interval: settings.broker.housekeeping_interval,
     };
+    tracing::info!(
+        flow_to_disk_threshold = config.flow_to_disk_threshold,
+        housekeeping_interval_ms = config.housekeeping_interval.as_millis() as u64,
+        "engine memory budget"
+    );
     let mut backoff = Duration::from_millis(100);
     let mut waited = Duration::ZERO;
     loop {

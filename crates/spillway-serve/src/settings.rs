@@ -4,6 +4,7 @@
 //! in `docs/configuration.md`.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::Context;
 use serde::Deserialize;
@@ -13,6 +14,7 @@ use spillway_gateway::GatewayConfig;
 #[serde(default)]
 pub struct Settings {
     pub gateway: GatewaySettings,
+    pub broker: BrokerSettings,
     pub engine: EngineSettings,
     pub storage: StorageSettings,
     pub management: ManagementSettings,
@@ -56,6 +58,30 @@ impl GatewaySettings {
             heartbeat: self.heartbeat,
             max_message_size: self.max_message_size,
             users: self.users.clone(),
+        }
+    }
+}
+
+/// The queue engine's memory budget (Qpid's `broker.*` names).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default)]
+pub struct BrokerSettings {
+    /// Resident message bytes above which payloads flow to disk. Unset: 40%
+    /// of the memory available to the process (its cgroup limit, else
+    /// physical memory). Plain bytes or with a unit: `268435456`, `256MiB`.
+    #[serde(deserialize_with = "sizes::optional")]
+    pub flow_to_disk_threshold: Option<u64>,
+    /// How often flow to disk is re-evaluated: `1s`, `250ms`, or plain
+    /// milliseconds.
+    #[serde(deserialize_with = "durations::millis_or_text")]
+    pub housekeeping_interval: Duration,
+}
+
+impl Default for BrokerSettings {
+    fn default() -> Self {
+        Self {
+            flow_to_disk_threshold: None,
+            housekeeping_interval: Duration::from_secs(1),
         }
     }
 }
@@ -171,5 +197,123 @@ impl Settings {
             .try_deserialize()
             .context("invalid configuration")?;
         Ok(settings)
+    }
+}
+
+/// Sizes as plain bytes or with a unit (`256MiB`, `1 GB`).
+pub mod sizes {
+    use serde::{Deserialize, Deserializer};
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Number(u64),
+        Text(String),
+    }
+
+    pub fn optional<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
+        match Option::<Raw>::deserialize(deserializer)? {
+            None => Ok(None),
+            Some(Raw::Number(bytes)) => Ok(Some(bytes)),
+            Some(Raw::Text(text)) => parse(&text).map(Some).map_err(serde::de::Error::custom),
+        }
+    }
+
+    /// `"268435456"`, `"256MiB"`, `"1.5 GB"`, `"64k"` (binary units for
+    /// `KiB`/`MiB`/`GiB`/`k`/`m`/`g`, decimal for `KB`/`MB`/`GB`).
+    ///
+    /// By hand, not bytesize: its serde support does not take the integers
+    /// the `config` crate hands over for environment variables.
+    pub fn parse(text: &str) -> Result<u64, String> {
+        let text = text.trim();
+        let split = text
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(text.len());
+        let (number, unit) = text.split_at(split);
+        let number: f64 = number
+            .parse()
+            .map_err(|_| format!("'{text}' is not a size (e.g. 268435456 or 256MiB)"))?;
+        let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "k" | "kib" => 1 << 10,
+            "m" | "mib" => 1 << 20,
+            "g" | "gib" => 1 << 30,
+            "t" | "tib" => 1 << 40,
+            "kb" => 1_000,
+            "mb" => 1_000_000,
+            "gb" => 1_000_000_000,
+            "tb" => 1_000_000_000_000,
+            other => return Err(format!("unknown size unit '{other}' in '{text}'")),
+        };
+        Ok((number * multiplier as f64) as u64)
+    }
+}
+
+/// Durations as plain milliseconds or text (`1s`, `250ms`).
+pub mod durations {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Millis(u64),
+        Text(String),
+    }
+
+    pub fn millis_or_text<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Duration, D::Error> {
+        match Raw::deserialize(deserializer)? {
+            Raw::Millis(millis) => Ok(Duration::from_millis(millis)),
+            Raw::Text(text) => match text.trim().parse::<u64>() {
+                Ok(millis) => Ok(Duration::from_millis(millis)),
+                Err(_) => humantime::parse_duration(text.trim()).map_err(serde::de::Error::custom),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_take_plain_bytes_and_units() {
+        assert_eq!(sizes::parse("268435456"), Ok(268_435_456));
+        assert_eq!(sizes::parse("256MiB"), Ok(256 << 20));
+        assert_eq!(sizes::parse("256 mib"), Ok(256 << 20));
+        assert_eq!(sizes::parse("1GB"), Ok(1_000_000_000));
+        assert_eq!(sizes::parse("1.5k"), Ok(1536));
+        assert!(sizes::parse("lots").is_err());
+        assert!(sizes::parse("12 parsecs").is_err());
+    }
+
+    #[test]
+    fn the_broker_section_reads_from_a_file_with_units() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let file = dir.path().join("spillway.toml");
+        std::fs::write(
+            &file,
+            "[broker]\nflow_to_disk_threshold = \"32MiB\"\nhousekeeping_interval = \"250ms\"\n",
+        )?;
+        let settings = Settings::load(Some(&file))?;
+        assert_eq!(settings.broker.flow_to_disk_threshold, Some(32 << 20));
+        assert_eq!(
+            settings.broker.housekeeping_interval,
+            Duration::from_millis(250)
+        );
+        std::fs::write(
+            &file,
+            "[broker]\nflow_to_disk_threshold = 1048576\nhousekeeping_interval = 100\n",
+        )?;
+        let settings = Settings::load(Some(&file))?;
+        assert_eq!(settings.broker.flow_to_disk_threshold, Some(1 << 20));
+        assert_eq!(
+            settings.broker.housekeeping_interval,
+            Duration::from_millis(100)
+        );
+        Ok(())
     }
 }

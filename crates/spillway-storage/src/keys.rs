@@ -6,14 +6,21 @@
 //! | `x` | vhost, exchange | `ExchangeDefinition` |
 //! | `q` | vhost, queue | `QueueDefinition` |
 //! | `b` | vhost, source exchange, destination, routing key, arguments, destination kind | `BindingDefinition` |
-//! | `m` | vhost, queue, then the message id as 8 big-endian bytes | `StoredMessage` |
+//! | `m` | vhost, queue, then the message id as 8 big-endian bytes | `QueueEntry` |
+//! | `p` | the message id as 8 big-endian bytes | `MessageRecord` |
+//! | `!format` | (none) | the layout version, [`FORMAT_VERSION`] as 4 big-endian bytes |
 //!
-//! Message ids increase, so a queue's messages iterate oldest first.
+//! Message ids increase, so a queue's entries iterate oldest first, and the
+//! message records of a backlog that flowed to disk lie close together.
 
 pub const EXCHANGE: u8 = b'x';
 pub const QUEUE: u8 = b'q';
 pub const BINDING: u8 = b'b';
-pub const MESSAGE: u8 = b'm';
+pub const ENTRY: u8 = b'm';
+pub const MESSAGE: u8 = b'p';
+pub const FORMAT: &[u8] = b"!format";
+/// 2: messages stored once (`p`), durable queues' holds as entries (`m`).
+pub const FORMAT_VERSION: u32 = 2;
 
 pub fn key(kind: u8, components: &[&[u8]]) -> Vec<u8> {
     let len = 1 + components.iter().map(|c| 4 + c.len()).sum::<usize>();
@@ -28,14 +35,32 @@ pub fn key(kind: u8, components: &[&[u8]]) -> Vec<u8> {
     key
 }
 
-pub fn message_key(vhost: &str, queue: &str, id: u64) -> Vec<u8> {
-    let mut key = queue_messages_prefix(vhost, queue);
+pub fn entry_key(vhost: &str, queue: &str, id: u64) -> Vec<u8> {
+    let mut key = queue_entries_prefix(vhost, queue);
     key.extend_from_slice(&id.to_be_bytes());
     key
 }
 
-pub fn queue_messages_prefix(vhost: &str, queue: &str) -> Vec<u8> {
-    key(MESSAGE, &[vhost.as_bytes(), queue.as_bytes()])
+pub fn queue_entries_prefix(vhost: &str, queue: &str) -> Vec<u8> {
+    key(ENTRY, &[vhost.as_bytes(), queue.as_bytes()])
+}
+
+pub fn message_key(id: u64) -> [u8; 9] {
+    let mut key = [MESSAGE; 9];
+    key[1..].copy_from_slice(&id.to_be_bytes());
+    key
+}
+
+/// The message id of a `p` key.
+pub fn message_id(key: &[u8]) -> Option<u64> {
+    let bytes: [u8; 8] = key.strip_prefix(&[MESSAGE])?.try_into().ok()?;
+    Some(u64::from_be_bytes(bytes))
+}
+
+/// The message id at the end of an `m` key.
+pub fn entry_id(key: &[u8]) -> Option<u64> {
+    let tail = key.len().checked_sub(8).map(|start| &key[start..])?;
+    Some(u64::from_be_bytes(tail.try_into().ok()?))
 }
 
 /// The first key after every key that starts with `prefix`.
@@ -55,18 +80,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn message_keys_sort_by_id_within_a_queue() {
-        let a = message_key("/", "q", 2);
-        let b = message_key("/", "q", 256);
+    fn entry_keys_sort_by_id_within_a_queue() {
+        let a = entry_key("/", "q", 2);
+        let b = entry_key("/", "q", 256);
         assert!(a < b);
-        let prefix = queue_messages_prefix("/", "q");
+        assert_eq!(entry_id(&b), Some(256));
+        let prefix = queue_entries_prefix("/", "q");
         assert!(a.starts_with(&prefix) && b < prefix_end(&prefix));
     }
 
     #[test]
     fn a_queue_prefix_does_not_cover_a_longer_queue_name() {
-        let short = queue_messages_prefix("/", "q");
-        let long = message_key("/", "q2", 1);
+        let short = queue_entries_prefix("/", "q");
+        let long = entry_key("/", "q2", 1);
         assert!(!long.starts_with(&short));
+    }
+
+    #[test]
+    fn message_keys_round_trip_and_sort_by_id() {
+        assert_eq!(message_id(&message_key(513)), Some(513));
+        assert!(message_key(2) < message_key(256));
+        assert_eq!(message_id(b"p123"), None);
     }
 }

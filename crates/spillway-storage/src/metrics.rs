@@ -33,7 +33,7 @@ impl Collector for StoreCollector {
         let Some(store) = self.store.upgrade() else {
             return Ok(());
         };
-        let status = match store.status() {
+        let status = match store.status(false) {
             Ok(status) => status,
             Err(error) => {
                 tracing::warn!(%error, "reading the store's status for /metrics failed");

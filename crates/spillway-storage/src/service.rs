@@ -4,16 +4,16 @@ use std::sync::Arc;
 use futures::Stream;
 use spillway_proto::storage::storage_server::Storage;
 use spillway_proto::storage::{
-    Definitions, LoadDefinitionsRequest, LoadMessagesRequest, StatusRequest, StoreStatus,
-    StoredMessageChunk, WriteAck, WriteBatch,
+    Definitions, LoadDefinitionsRequest, LoadMessagesRequest, QueueEntryChunk, ReadMessagesRequest,
+    ReadMessagesResponse, StatusRequest, StoreStatus, WriteAck, WriteBatch,
 };
 use spillway_proto::StorageApi;
 use tonic::{Request, Response, Status};
 
 use crate::RocksStore;
 
-/// Messages per chunk when streaming a queue's stored messages.
-const LOAD_CHUNK: usize = 512;
+/// Entries per chunk when streaming a durable queue's entries.
+const LOAD_CHUNK: usize = 4096;
 
 /// The storage node's gRPC service, for an engine in another process.
 pub struct StorageService {
@@ -32,7 +32,7 @@ impl StorageService {
     }
 }
 
-type ChunkStream = Pin<Box<dyn Stream<Item = Result<StoredMessageChunk, Status>> + Send>>;
+type ChunkStream = Pin<Box<dyn Stream<Item = Result<QueueEntryChunk, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Storage for StorageService {
@@ -55,25 +55,34 @@ impl Storage for StorageService {
         request: Request<LoadMessagesRequest>,
     ) -> Result<Response<Self::LoadMessagesStream>, Status> {
         let request = request.into_inner();
-        let messages = self
+        let entries = self
             .store
             .load_messages(&request.vhost, &request.queue)
             .await
             .map_err(Status::from)?;
-        let mut chunks = Vec::with_capacity(messages.len() / LOAD_CHUNK + 1);
-        let mut messages = messages.into_iter().peekable();
-        while messages.peek().is_some() {
-            let chunk: Vec<_> = messages.by_ref().take(LOAD_CHUNK).collect();
-            chunks.push(Ok(StoredMessageChunk { messages: chunk }));
+        let mut chunks = Vec::with_capacity(entries.len() / LOAD_CHUNK + 1);
+        let mut entries = entries.into_iter().peekable();
+        while entries.peek().is_some() {
+            let chunk: Vec<_> = entries.by_ref().take(LOAD_CHUNK).collect();
+            chunks.push(Ok(QueueEntryChunk { entries: chunk }));
         }
         Ok(Response::new(Box::pin(futures::stream::iter(chunks))))
     }
 
+    async fn read_messages(
+        &self,
+        request: Request<ReadMessagesRequest>,
+    ) -> Result<Response<ReadMessagesResponse>, Status> {
+        let messages = StorageApi::read_messages(&self.store, request.into_inner().ids).await?;
+        Ok(Response::new(ReadMessagesResponse { messages }))
+    }
+
     async fn status(
         &self,
-        _request: Request<StatusRequest>,
+        request: Request<StatusRequest>,
     ) -> Result<Response<StoreStatus>, Status> {
-        let status = StorageApi::status(&self.store).await;
+        let count_records = request.into_inner().count_records;
+        let status = StorageApi::status(&self.store, count_records).await;
         Ok(Response::new(status?))
     }
 }

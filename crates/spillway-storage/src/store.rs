@@ -1,3 +1,4 @@
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -5,8 +6,8 @@ use async_trait::async_trait;
 use prost::Message as _;
 use rocksdb::{DBCompressionType, Direction, IteratorMode, Options, WriteOptions, DB};
 use spillway_proto::storage::{
-    write_op, BindingDefinition, Definitions, ExchangeDefinition, QueueDefinition, StoreStatus,
-    StoredMessage, WriteBatch,
+    write_op, BindingDefinition, Definitions, Durability, ExchangeDefinition, MessageRecord,
+    QueueDefinition, QueueEntry, StoreStatus, WriteBatch,
 };
 use spillway_proto::{ServiceError, StorageApi};
 
@@ -19,6 +20,15 @@ pub enum StoreError {
         path: PathBuf,
         #[source]
         source: rocksdb::Error,
+    },
+    #[error(
+        "the store at {path} has layout version {found}, this build reads {expected}: \
+         move the data directory aside (nothing released used another layout)"
+    )]
+    Format {
+        path: PathBuf,
+        found: u32,
+        expected: u32,
     },
     #[error("rocksdb: {0}")]
     Rocks(#[from] rocksdb::Error),
@@ -61,7 +71,16 @@ impl WeakStore {
     }
 }
 
+/// What the start-up clean-up removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cleanup {
+    pub orphaned_messages: u64,
+    pub orphaned_bytes: u64,
+}
+
 impl RocksStore {
+    /// Opens (or creates) the store, then deletes every message record no
+    /// durable queue references: payloads that flowed to disk before a crash.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let mut options = Options::default();
         options.create_if_missing(true);
@@ -73,21 +92,114 @@ impl RocksStore {
             path: path.to_path_buf(),
             source,
         })?;
-        tracing::info!(path = %path.display(), "store opened");
-        Ok(Self {
+        let store = Self {
             db: Arc::new(db),
             path: path.to_path_buf(),
-        })
+        };
+        store.check_format()?;
+        let cleanup = store.remove_orphans()?;
+        tracing::info!(
+            path = %path.display(),
+            orphaned_messages = cleanup.orphaned_messages,
+            orphaned_bytes = cleanup.orphaned_bytes,
+            "store opened"
+        );
+        Ok(store)
     }
 
-    /// Applies every op atomically, then fsyncs the write-ahead log once.
-    pub fn write_sync(&self, batch: &WriteBatch) -> Result<(), StoreError> {
+    fn check_format(&self) -> Result<(), StoreError> {
+        let found = match self.db.get(keys::FORMAT)? {
+            Some(value) => value
+                .as_slice()
+                .try_into()
+                .map(u32::from_be_bytes)
+                .unwrap_or(0),
+            None if self.is_empty()? => {
+                let mut options = WriteOptions::default();
+                options.set_sync(true);
+                self.db
+                    .put_opt(keys::FORMAT, keys::FORMAT_VERSION.to_be_bytes(), &options)?;
+                keys::FORMAT_VERSION
+            }
+            None => 1,
+        };
+        if found != keys::FORMAT_VERSION {
+            return Err(StoreError::Format {
+                path: self.path.clone(),
+                found,
+                expected: keys::FORMAT_VERSION,
+            });
+        }
+        Ok(())
+    }
+
+    fn is_empty(&self) -> Result<bool, StoreError> {
+        match self.db.iterator(IteratorMode::Start).next() {
+            None => Ok(true),
+            Some(entry) => entry.map(|_| false).map_err(StoreError::from),
+        }
+    }
+
+    /// Deletes the message records no queue entry references. Run before the
+    /// engine connects, so nothing can reference them any more.
+    pub fn remove_orphans(&self) -> Result<Cleanup, StoreError> {
+        let entry_prefix = [keys::ENTRY];
+        let mut referenced = HashSet::new();
+        for entry in self
+            .db
+            .iterator(IteratorMode::From(&entry_prefix, Direction::Forward))
+        {
+            let (key, _) = entry?;
+            if !key.starts_with(&entry_prefix) {
+                break;
+            }
+            referenced.extend(keys::entry_id(&key));
+        }
+        let mut cleanup = Cleanup::default();
+        let mut batch = rocksdb::WriteBatch::default();
+        let message_prefix = [keys::MESSAGE];
+        for entry in self
+            .db
+            .iterator(IteratorMode::From(&message_prefix, Direction::Forward))
+        {
+            let (key, value) = entry?;
+            if !key.starts_with(&message_prefix) {
+                break;
+            }
+            let Some(id) = keys::message_id(&key) else {
+                continue;
+            };
+            if referenced.contains(&id) {
+                continue;
+            }
+            batch.delete(&key);
+            cleanup.orphaned_messages += 1;
+            cleanup.orphaned_bytes += value.len() as u64;
+            if batch.len() >= 10_000 {
+                self.db.write(std::mem::take(&mut batch))?;
+            }
+        }
+        if cleanup.orphaned_messages > 0 {
+            self.db.write(batch)?;
+            let end = keys::prefix_end(&message_prefix);
+            self.db
+                .compact_range(Some(message_prefix.as_slice()), Some(end.as_slice()));
+        }
+        Ok(cleanup)
+    }
+
+    /// Applies every op atomically, as durably as the batch asks.
+    pub fn write_batch(&self, batch: &WriteBatch) -> Result<(), StoreError> {
         let mut rocks_batch = rocksdb::WriteBatch::default();
         for op in batch.ops.iter().filter_map(|op| op.op.as_ref()) {
             apply(&mut rocks_batch, op);
         }
         let mut options = WriteOptions::default();
-        options.set_sync(true);
+        match batch.durability() {
+            Durability::Volatile => options.disable_wal(true),
+            Durability::Logged => {}
+            Durability::Synced => options.set_sync(true),
+        }
         self.db.write_opt(rocks_batch, &options)?;
         Ok(())
     }
@@ -100,8 +212,27 @@ impl RocksStore {
         })
     }
 
-    pub fn messages(&self, vhost: &str, queue: &str) -> Result<Vec<StoredMessage>, StoreError> {
-        self.scan(&keys::queue_messages_prefix(vhost, queue))
+    /// The entries of one durable queue, oldest first.
+    pub fn entries(&self, vhost: &str, queue: &str) -> Result<Vec<QueueEntry>, StoreError> {
+        self.scan(&keys::queue_entries_prefix(vhost, queue))
+    }
+
+    /// The message records of `ids` that exist, in the order asked.
+    pub fn read_messages(&self, ids: &[u64]) -> Result<Vec<MessageRecord>, StoreError> {
+        let keys: Vec<[u8; 9]> = ids.iter().map(|id| keys::message_key(*id)).collect();
+        let mut records = Vec::with_capacity(ids.len());
+        for (key, value) in keys.iter().zip(self.db.multi_get(&keys)) {
+            let Some(value) = value? else {
+                continue;
+            };
+            let record =
+                MessageRecord::decode(value.as_slice()).map_err(|source| StoreError::Corrupt {
+                    key: key.to_vec(),
+                    source,
+                })?;
+            records.push(record);
+        }
+        Ok(records)
     }
 
     /// A handle that does not keep the database open, for readers that must
@@ -113,15 +244,40 @@ impl RocksStore {
         }
     }
 
-    pub fn status(&self) -> Result<StoreStatus, StoreError> {
-        let message_count = self
+    pub fn status(&self, count_records: bool) -> Result<StoreStatus, StoreError> {
+        let estimated_keys = self
             .db
             .property_int_value("rocksdb.estimate-num-keys")?
             .unwrap_or(0);
-        Ok(StoreStatus {
+        let mut status = StoreStatus {
             disk_bytes: directory_size(&self.path),
-            message_count,
-        })
+            estimated_keys,
+            ..Default::default()
+        };
+        if count_records {
+            let (records, bytes) = self.count(&[keys::MESSAGE])?;
+            status.message_records = records;
+            status.message_record_bytes = bytes;
+            status.queue_entries = self.count(&[keys::ENTRY])?.0;
+        }
+        Ok(status)
+    }
+
+    /// Keys under `prefix`, and their values' bytes.
+    fn count(&self, prefix: &[u8]) -> Result<(u64, u64), StoreError> {
+        let (mut keys, mut bytes) = (0, 0);
+        for entry in self
+            .db
+            .iterator(IteratorMode::From(prefix, Direction::Forward))
+        {
+            let (key, value) = entry?;
+            if !key.starts_with(prefix) {
+                break;
+            }
+            keys += 1;
+            bytes += value.len() as u64;
+        }
+        Ok((keys, bytes))
     }
 
     fn scan<T: prost::Message + Default>(&self, prefix: &[u8]) -> Result<Vec<T>, StoreError> {
@@ -164,20 +320,24 @@ fn apply(batch: &mut rocksdb::WriteBatch, op: &write_op::Op) {
                 keys::QUEUE,
                 &[key.vhost.as_bytes(), key.name.as_bytes()],
             ));
-            delete_queue_messages(batch, &key.vhost, &key.name);
+            delete_queue_entries(batch, &key.vhost, &key.name);
         }
         Op::PutBinding(def) => batch.put(binding_key(def), def.encode_to_vec()),
         Op::DeleteBinding(def) => batch.delete(binding_key(def)),
-        Op::PutMessage(message) => batch.put(
-            keys::message_key(&message.vhost, &message.queue, message.id),
-            message.encode_to_vec(),
+        Op::PutMessage(message) => {
+            batch.put(keys::message_key(message.id), message.encode_to_vec())
+        }
+        Op::DeleteMessage(key) => batch.delete(keys::message_key(key.id)),
+        Op::PutQueueEntry(entry) => batch.put(
+            keys::entry_key(&entry.vhost, &entry.queue, entry.id),
+            entry.encode_to_vec(),
         ),
-        Op::DeleteMessage(key) => batch.delete(keys::message_key(&key.vhost, &key.queue, key.id)),
+        Op::DeleteQueueEntry(key) => batch.delete(keys::entry_key(&key.vhost, &key.queue, key.id)),
     }
 }
 
-fn delete_queue_messages(batch: &mut rocksdb::WriteBatch, vhost: &str, queue: &str) {
-    let prefix = keys::queue_messages_prefix(vhost, queue);
+fn delete_queue_entries(batch: &mut rocksdb::WriteBatch, vhost: &str, queue: &str) {
+    let prefix = keys::queue_entries_prefix(vhost, queue);
     batch.delete_range(&prefix, &keys::prefix_end(&prefix));
 }
 
@@ -207,97 +367,159 @@ fn directory_size(path: &Path) -> u64 {
         .sum()
 }
 
+impl RocksStore {
+    async fn blocking<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&RocksStore) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, ServiceError> {
+        let store = self.clone();
+        Ok(tokio::task::spawn_blocking(move || work(&store))
+            .await
+            .map_err(StoreError::from)??)
+    }
+}
+
 #[async_trait]
 impl StorageApi for RocksStore {
     async fn write(&self, batch: Arc<WriteBatch>) -> Result<(), ServiceError> {
-        let store = self.clone();
-        tokio::task::spawn_blocking(move || store.write_sync(&batch))
-            .await
-            .map_err(StoreError::from)??;
-        Ok(())
+        self.blocking(move |store| store.write_batch(&batch)).await
     }
 
     async fn load_definitions(&self) -> Result<Definitions, ServiceError> {
-        let store = self.clone();
-        Ok(tokio::task::spawn_blocking(move || store.definitions())
-            .await
-            .map_err(StoreError::from)??)
+        self.blocking(|store| store.definitions()).await
     }
 
     async fn load_messages(
         &self,
         vhost: &str,
         queue: &str,
-    ) -> Result<Vec<StoredMessage>, ServiceError> {
-        let (store, vhost, queue) = (self.clone(), vhost.to_string(), queue.to_string());
-        Ok(
-            tokio::task::spawn_blocking(move || store.messages(&vhost, &queue))
-                .await
-                .map_err(StoreError::from)??,
-        )
+    ) -> Result<Vec<QueueEntry>, ServiceError> {
+        let (vhost, queue) = (vhost.to_string(), queue.to_string());
+        self.blocking(move |store| store.entries(&vhost, &queue))
+            .await
     }
 
-    async fn status(&self) -> Result<StoreStatus, ServiceError> {
-        let store = self.clone();
-        Ok(tokio::task::spawn_blocking(move || store.status())
+    async fn read_messages(&self, ids: Vec<u64>) -> Result<Vec<MessageRecord>, ServiceError> {
+        self.blocking(move |store| store.read_messages(&ids)).await
+    }
+
+    async fn status(&self, count_records: bool) -> Result<StoreStatus, ServiceError> {
+        self.blocking(move |store| store.status(count_records))
             .await
-            .map_err(StoreError::from)??)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use spillway_proto::storage::{MessageKey, QueueKey, WriteOp};
+    use spillway_proto::storage::{MessageId, QueueEntryKey, QueueKey, WriteOp};
 
-    fn put_message(queue: &str, id: u64) -> WriteOp {
-        WriteOp {
-            op: Some(write_op::Op::PutMessage(StoredMessage {
-                vhost: "/".into(),
-                queue: queue.into(),
-                id,
-                body: vec![id as u8; 3].into(),
-                ..Default::default()
-            })),
+    fn op(op: write_op::Op) -> WriteOp {
+        WriteOp { op: Some(op) }
+    }
+
+    fn put_message(id: u64) -> WriteOp {
+        op(write_op::Op::PutMessage(MessageRecord {
+            id,
+            body: vec![id as u8; 3].into(),
+            persistent: true,
+            ..Default::default()
+        }))
+    }
+
+    fn put_entry(queue: &str, id: u64) -> WriteOp {
+        op(write_op::Op::PutQueueEntry(QueueEntry {
+            vhost: "/".into(),
+            queue: queue.into(),
+            id,
+            body_size: 3,
+            redelivered: false,
+        }))
+    }
+
+    fn synced(ops: Vec<WriteOp>) -> WriteBatch {
+        WriteBatch {
+            ops,
+            durability: Durability::Synced.into(),
         }
     }
 
     #[test]
-    fn messages_survive_reopen_in_id_order_and_deletes_apply() -> Result<(), StoreError> {
+    fn entries_survive_reopen_in_id_order_and_deletes_apply() -> Result<(), StoreError> {
         let dir = tempfile::tempdir().expect("temp dir");
         {
             let store = RocksStore::open(dir.path())?;
-            let ops = vec![
-                put_message("q", 300),
-                put_message("q", 2),
-                put_message("q2", 1),
-            ];
-            store.write_sync(&WriteBatch { ops })?;
-            let delete = WriteOp {
-                op: Some(write_op::Op::DeleteMessage(MessageKey {
-                    vhost: "/".into(),
-                    queue: "q".into(),
-                    id: 300,
-                })),
-            };
-            store.write_sync(&WriteBatch {
-                ops: vec![delete, put_message("q", 7)],
-            })?;
+            store.write_batch(&synced(vec![
+                put_message(300),
+                put_entry("q", 300),
+                put_message(2),
+                put_entry("q", 2),
+                put_entry("q2", 2),
+            ]))?;
+            let delete = op(write_op::Op::DeleteQueueEntry(QueueEntryKey {
+                vhost: "/".into(),
+                queue: "q".into(),
+                id: 300,
+            }));
+            store.write_batch(&synced(vec![
+                delete,
+                op(write_op::Op::DeleteMessage(MessageId { id: 300 })),
+                put_message(7),
+                put_entry("q", 7),
+            ]))?;
         }
         let store = RocksStore::open(dir.path())?;
-        let ids: Vec<u64> = store.messages("/", "q")?.iter().map(|m| m.id).collect();
+        let ids: Vec<u64> = store.entries("/", "q")?.iter().map(|m| m.id).collect();
         assert_eq!(ids, vec![2, 7]);
-        let delete_queue = WriteOp {
-            op: Some(write_op::Op::DeleteQueue(QueueKey {
-                vhost: "/".into(),
-                name: "q".into(),
-            })),
-        };
-        store.write_sync(&WriteBatch {
-            ops: vec![delete_queue],
-        })?;
-        assert!(store.messages("/", "q")?.is_empty());
-        assert_eq!(store.messages("/", "q2")?.len(), 1);
+        let read: Vec<u64> = store
+            .read_messages(&[7, 300, 2])?
+            .iter()
+            .map(|m| m.id)
+            .collect();
+        assert_eq!(read, vec![7, 2]);
+        let delete_queue = op(write_op::Op::DeleteQueue(QueueKey {
+            vhost: "/".into(),
+            name: "q".into(),
+        }));
+        store.write_batch(&synced(vec![delete_queue]))?;
+        assert!(store.entries("/", "q")?.is_empty());
+        assert_eq!(store.entries("/", "q2")?.len(), 1);
         Ok(())
+    }
+
+    #[test]
+    fn opening_removes_message_records_no_queue_references() -> Result<(), StoreError> {
+        let dir = tempfile::tempdir().expect("temp dir");
+        {
+            let store = RocksStore::open(dir.path())?;
+            // 1 is held by a durable queue; 2 and 3 flowed to disk and were
+            // never deleted (the broker died).
+            store.write_batch(&synced(vec![put_message(1), put_entry("q", 1)]))?;
+            store.write_batch(&WriteBatch {
+                ops: vec![put_message(2), put_message(3)],
+                durability: Durability::Logged.into(),
+            })?;
+            let status = store.status(true)?;
+            assert_eq!((status.message_records, status.queue_entries), (3, 1));
+        }
+        let store = RocksStore::open(dir.path())?;
+        let status = store.status(true)?;
+        assert_eq!((status.message_records, status.queue_entries), (1, 1));
+        assert_eq!(store.read_messages(&[1, 2, 3])?.len(), 1);
+        Ok(())
+    }
+
+    #[test]
+    fn a_store_in_another_layout_is_refused_not_misread() -> Result<(), StoreError> {
+        let dir = tempfile::tempdir().expect("temp dir");
+        {
+            let db = DB::open_default(dir.path())?;
+            db.put(keys::entry_key("/", "q", 1), b"old")?;
+        }
+        match RocksStore::open(dir.path()) {
+            Err(StoreError::Format { found: 1, .. }) => Ok(()),
+            Err(other) => panic!("unexpected error: {other}"),
+            Ok(_) => panic!("an old layout was opened"),
+        }
     }
 }

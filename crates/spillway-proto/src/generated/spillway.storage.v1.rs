@@ -4,6 +4,8 @@
 pub struct WriteBatch {
     #[prost(message, repeated, tag = "1")]
     pub ops: ::prost::alloc::vec::Vec<WriteOp>,
+    #[prost(enumeration = "Durability", tag = "2")]
+    pub durability: i32,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
@@ -11,7 +13,7 @@ pub struct WriteAck {}
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct WriteOp {
-    #[prost(oneof = "write_op::Op", tags = "1, 2, 3, 4, 5, 6, 7, 8")]
+    #[prost(oneof = "write_op::Op", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10")]
     pub op: ::core::option::Option<write_op::Op>,
 }
 /// Nested message and enum types in `WriteOp`.
@@ -33,9 +35,13 @@ pub mod write_op {
         #[prost(message, tag = "6")]
         DeleteBinding(super::BindingDefinition),
         #[prost(message, tag = "7")]
-        PutMessage(super::StoredMessage),
+        PutMessage(super::MessageRecord),
         #[prost(message, tag = "8")]
-        DeleteMessage(super::MessageKey),
+        DeleteMessage(super::MessageId),
+        #[prost(message, tag = "9")]
+        PutQueueEntry(super::QueueEntry),
+        #[prost(message, tag = "10")]
+        DeleteQueueEntry(super::QueueEntryKey),
     }
 }
 #[allow(clippy::all)]
@@ -55,8 +61,14 @@ pub struct QueueKey {
     pub name: ::prost::alloc::string::String,
 }
 #[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct MessageId {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+}
+#[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
-pub struct MessageKey {
+pub struct QueueEntryKey {
     #[prost(string, tag = "1")]
     pub vhost: ::prost::alloc::string::String,
     #[prost(string, tag = "2")]
@@ -110,25 +122,38 @@ pub struct BindingDefinition {
     #[prost(bool, tag = "6")]
     pub to_exchange: bool,
 }
+/// A message: what a delivery needs.
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
-pub struct StoredMessage {
+pub struct MessageRecord {
+    /// Engine-assigned, increasing: the order of every queue.
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(string, tag = "2")]
+    pub exchange: ::prost::alloc::string::String,
+    #[prost(string, tag = "3")]
+    pub routing_key: ::prost::alloc::string::String,
+    #[prost(bytes = "bytes", tag = "4")]
+    pub properties: ::prost::bytes::Bytes,
+    #[prost(bytes = "bytes", tag = "5")]
+    pub body: ::prost::bytes::Bytes,
+    #[prost(bool, tag = "6")]
+    pub persistent: bool,
+}
+/// A durable queue holds a stored message.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct QueueEntry {
     #[prost(string, tag = "1")]
     pub vhost: ::prost::alloc::string::String,
     #[prost(string, tag = "2")]
     pub queue: ::prost::alloc::string::String,
-    /// Engine-assigned, increasing: the order of the queue.
     #[prost(uint64, tag = "3")]
     pub id: u64,
-    #[prost(string, tag = "4")]
-    pub exchange: ::prost::alloc::string::String,
-    #[prost(string, tag = "5")]
-    pub routing_key: ::prost::alloc::string::String,
-    #[prost(bytes = "bytes", tag = "6")]
-    pub properties: ::prost::bytes::Bytes,
-    #[prost(bytes = "bytes", tag = "7")]
-    pub body: ::prost::bytes::Bytes,
-    #[prost(bool, tag = "8")]
+    /// Of the body: queue depth in bytes is known without reading the payload.
+    #[prost(uint64, tag = "4")]
+    pub body_size: u64,
+    #[prost(bool, tag = "5")]
     pub redelivered: bool,
 }
 #[allow(clippy::all)]
@@ -154,20 +179,81 @@ pub struct LoadMessagesRequest {
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
-pub struct StoredMessageChunk {
+pub struct QueueEntryChunk {
     #[prost(message, repeated, tag = "1")]
-    pub messages: ::prost::alloc::vec::Vec<StoredMessage>,
+    pub entries: ::prost::alloc::vec::Vec<QueueEntry>,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ReadMessagesRequest {
+    #[prost(uint64, repeated, tag = "1")]
+    pub ids: ::prost::alloc::vec::Vec<u64>,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ReadMessagesResponse {
+    #[prost(message, repeated, tag = "1")]
+    pub messages: ::prost::alloc::vec::Vec<MessageRecord>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
-pub struct StatusRequest {}
+pub struct StatusRequest {
+    /// Count message records and queue entries exactly (a scan of the store).
+    #[prost(bool, tag = "1")]
+    pub count_records: bool,
+}
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct StoreStatus {
     #[prost(uint64, tag = "1")]
     pub disk_bytes: u64,
+    /// RocksDB's estimate of its keys (all kinds).
     #[prost(uint64, tag = "2")]
-    pub message_count: u64,
+    pub estimated_keys: u64,
+    /// With `count_records`: message records, their body and property bytes,
+    /// and queue entries.
+    #[prost(uint64, tag = "3")]
+    pub message_records: u64,
+    #[prost(uint64, tag = "4")]
+    pub message_record_bytes: u64,
+    #[prost(uint64, tag = "5")]
+    pub queue_entries: u64,
+}
+#[allow(clippy::all)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
+#[repr(i32)]
+pub enum Durability {
+    /// Memory only until RocksDB flushes (no write-ahead log): payloads that
+    /// flowed to disk, which a crash makes garbage anyway.
+    Volatile = 0,
+    /// Written to the write-ahead log, not fsynced: survives the process
+    /// dying, not the machine (acks, deletes).
+    Logged = 1,
+    /// fsynced before the write returns: definitions, confirmed persistent
+    /// messages.
+    Synced = 2,
+}
+impl Durability {
+    /// String value of the enum field names used in the ProtoBuf definition.
+    ///
+    /// The values are not transformed in any way and thus are considered stable
+    /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+    pub fn as_str_name(&self) -> &'static str {
+        match self {
+            Self::Volatile => "DURABILITY_VOLATILE",
+            Self::Logged => "DURABILITY_LOGGED",
+            Self::Synced => "DURABILITY_SYNCED",
+        }
+    }
+    /// Creates an enum from field names used in the ProtoBuf definition.
+    pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+        match value {
+            "DURABILITY_VOLATILE" => Some(Self::Volatile),
+            "DURABILITY_LOGGED" => Some(Self::Logged),
+            "DURABILITY_SYNCED" => Some(Self::Synced),
+            _ => None,
+        }
+    }
 }
 /// Generated client implementations.
 pub mod storage_client {
@@ -305,12 +391,13 @@ pub mod storage_client {
                 );
             self.inner.unary(req, path, codec).await
         }
-        /// The stored messages of one queue, oldest first, in chunks.
+        /// The entries of one durable queue, oldest first, in chunks (no payloads:
+        /// the engine reads those when it needs them).
         pub async fn load_messages(
             &mut self,
             request: impl tonic::IntoRequest<super::LoadMessagesRequest>,
         ) -> std::result::Result<
-            tonic::Response<tonic::codec::Streaming<super::StoredMessageChunk>>,
+            tonic::Response<tonic::codec::Streaming<super::QueueEntryChunk>>,
             tonic::Status,
         > {
             self.inner
@@ -329,6 +416,31 @@ pub mod storage_client {
             req.extensions_mut()
                 .insert(GrpcMethod::new("spillway.storage.v1.Storage", "LoadMessages"));
             self.inner.server_streaming(req, path, codec).await
+        }
+        /// Message records by id; ids with no record are left out.
+        pub async fn read_messages(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ReadMessagesRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ReadMessagesResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.storage.v1.Storage/ReadMessages",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("spillway.storage.v1.Storage", "ReadMessages"));
+            self.inner.unary(req, path, codec).await
         }
         pub async fn status(
             &mut self,
@@ -377,16 +489,25 @@ pub mod storage_server {
         ) -> std::result::Result<tonic::Response<super::Definitions>, tonic::Status>;
         /// Server streaming response type for the LoadMessages method.
         type LoadMessagesStream: tonic::codegen::tokio_stream::Stream<
-                Item = std::result::Result<super::StoredMessageChunk, tonic::Status>,
+                Item = std::result::Result<super::QueueEntryChunk, tonic::Status>,
             >
             + std::marker::Send
             + 'static;
-        /// The stored messages of one queue, oldest first, in chunks.
+        /// The entries of one durable queue, oldest first, in chunks (no payloads:
+        /// the engine reads those when it needs them).
         async fn load_messages(
             &self,
             request: tonic::Request<super::LoadMessagesRequest>,
         ) -> std::result::Result<
             tonic::Response<Self::LoadMessagesStream>,
+            tonic::Status,
+        >;
+        /// Message records by id; ids with no record are left out.
+        async fn read_messages(
+            &self,
+            request: tonic::Request<super::ReadMessagesRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ReadMessagesResponse>,
             tonic::Status,
         >;
         async fn status(
@@ -565,7 +686,7 @@ pub mod storage_server {
                         T: Storage,
                     > tonic::server::ServerStreamingService<super::LoadMessagesRequest>
                     for LoadMessagesSvc<T> {
-                        type Response = super::StoredMessageChunk;
+                        type Response = super::QueueEntryChunk;
                         type ResponseStream = T::LoadMessagesStream;
                         type Future = BoxFuture<
                             tonic::Response<Self::ResponseStream>,
@@ -600,6 +721,51 @@ pub mod storage_server {
                                 max_encoding_message_size,
                             );
                         let res = grpc.server_streaming(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.storage.v1.Storage/ReadMessages" => {
+                    #[allow(non_camel_case_types)]
+                    struct ReadMessagesSvc<T: Storage>(pub Arc<T>);
+                    impl<
+                        T: Storage,
+                    > tonic::server::UnaryService<super::ReadMessagesRequest>
+                    for ReadMessagesSvc<T> {
+                        type Response = super::ReadMessagesResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::ReadMessagesRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Storage>::read_messages(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ReadMessagesSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
                         Ok(res)
                     };
                     Box::pin(fut)

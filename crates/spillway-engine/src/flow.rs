@@ -1,0 +1,402 @@
+//! Flow to disk: the broker's side of the memory budget.
+//!
+//! - [`Broker::housekeeping`] runs every `broker.housekeeping_interval` (and
+//!   at once when a publish takes resident bytes over the threshold). Above
+//!   the threshold it turns flow to disk on (`BRK-1014`), gives each queue a
+//!   target (threshold × its bytes ÷ all queues' bytes) and evicts payloads
+//!   from the tail of every queue over its target. Flow to disk stays on
+//!   until the whole backlog, resident or not, fits under the threshold
+//!   again (`BRK-1015`): no flapping while a spilled backlog drains.
+//! - While it is on, a message arriving at a queue over its target goes
+//!   straight to the store ([`Broker::spill_arrival`]).
+//! - A queue with consumers reads its head back ahead of need
+//!   ([`Broker::read_ahead`]): payloads come back in batches through the
+//!   engine's loader task and [`Broker::install_loaded`].
+//! - Every place a message leaves a queue for good calls [`discard`], which
+//!   deletes what the store holds for it once nothing references it.
+//!
+//! Evicting a payload never waits for its write: the store writer keeps the
+//! record until it has landed and readers look there first, and its bytes
+//! count as in flight meanwhile.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use spillway_proto::storage::{self as store, write_op, Durability, MessageRecord, WriteOp};
+
+use crate::broker::Broker;
+use crate::model::{Message, Queue, QueuedMessage};
+
+/// Messages asked of the store in one read.
+const LOAD_CHUNK: usize = 256;
+/// Read-ahead window, in messages, whatever their size.
+const READ_AHEAD_MAX_MESSAGES: u64 = 4096;
+const READ_AHEAD_MIN_MESSAGES: u64 = 16;
+/// Payload bytes handed to the store writer in one spill write.
+const SPILL_CHUNK_BYTES: u64 = 4 << 20;
+
+/// A batch of payloads to read back for one queue.
+#[derive(Debug)]
+pub struct LoadRequest {
+    pub vhost: String,
+    pub queue: String,
+    pub ids: Vec<u64>,
+}
+
+/// What the broker's flow-to-disk state looks like from outside.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FlowStatus {
+    pub active: bool,
+    pub threshold_bytes: u64,
+    /// Resident message bytes, including payloads on their way to the store.
+    pub resident_bytes: u64,
+    pub in_flight_bytes: u64,
+    /// Ready messages whose payload is only in the store, and their bytes.
+    pub spilled_messages: u64,
+    pub spilled_bytes: u64,
+}
+
+/// Payloads being moved to the store by one eviction pass.
+#[derive(Default)]
+struct Spill {
+    ops: Vec<WriteOp>,
+    /// Messages whose record these ops write: marked stored once submitted.
+    messages: Vec<Arc<Message>>,
+    bytes: u64,
+}
+
+impl Broker {
+    /// One housekeeping cycle: turns flow to disk on or off and evicts.
+    pub fn housekeeping(&mut self) {
+        let threshold = self.budget.threshold();
+        let resident = self.budget.resident_bytes();
+        let spilled: u64 = self
+            .vhosts
+            .values()
+            .flat_map(|v| v.queues.values())
+            .map(|q| q.spilled_bytes)
+            .sum();
+        if !self.flow_active && resident > threshold {
+            self.flow_active = true;
+            tracing::info!(
+                code = "BRK-1014",
+                resident_bytes = resident,
+                threshold_bytes = threshold,
+                "BRK-1014 : Message flow to disk active : Message memory use {} exceeds threshold {}",
+                megabytes(resident),
+                megabytes(threshold)
+            );
+        } else if self.flow_active && resident + spilled <= threshold {
+            self.flow_active = false;
+            tracing::info!(
+                code = "BRK-1015",
+                resident_bytes = resident,
+                threshold_bytes = threshold,
+                "BRK-1015 : Message flow to disk inactive : Message memory use {} within threshold {}",
+                megabytes(resident),
+                megabytes(threshold)
+            );
+        }
+        if !self.flow_active {
+            for queue in self.vhosts.values_mut().flat_map(|v| v.queues.values_mut()) {
+                queue.target_bytes = u64::MAX;
+            }
+            return;
+        }
+        let total: u64 = self
+            .vhosts
+            .values()
+            .flat_map(|v| v.queues.values())
+            .map(queue_weight)
+            .sum::<u64>()
+            .max(1);
+        let mut spill = Spill::default();
+        let Self {
+            vhosts, persist, ..
+        } = self;
+        for queue in vhosts.values_mut().flat_map(|v| v.queues.values_mut()) {
+            let share = u128::from(threshold) * u128::from(queue_weight(queue)) / u128::from(total);
+            queue.target_bytes = u64::try_from(share).unwrap_or(u64::MAX);
+            if queue.resident_bytes <= queue.target_bytes {
+                continue;
+            }
+            evict_tail(queue, &mut spill);
+            if spill.bytes >= SPILL_CHUNK_BYTES {
+                submit_spill(persist, &mut spill);
+            }
+        }
+        submit_spill(persist, &mut spill);
+    }
+
+    /// Sends the newest message of `queue` straight to the store when flow to
+    /// disk is on and the queue is over its target, unless it sits inside
+    /// the read-ahead window (it would only be read back at once).
+    pub(crate) fn spill_arrival(&mut self, vhost: &str, queue_name: &str, id: u64) {
+        if !self.flow_active {
+            return;
+        }
+        let Self {
+            vhosts, persist, ..
+        } = self;
+        let Some(queue) = vhosts
+            .get_mut(vhost)
+            .and_then(|v| v.queues.get_mut(queue_name))
+        else {
+            return;
+        };
+        if queue.resident_bytes <= queue.target_bytes
+            || (queue.messages.len() as u64) <= read_ahead_window(queue)
+        {
+            return;
+        }
+        let Some(position) = queue.position(id) else {
+            return;
+        };
+        let mut spill = Spill::default();
+        spill_entry(queue, position, &mut spill);
+        submit_spill(persist, &mut spill);
+    }
+
+    /// Asks the loader for the payloads of the queue's next messages, up to
+    /// the read-ahead window, that are neither resident nor being loaded.
+    pub(crate) fn read_ahead(&mut self, vhost: &str, queue_name: &str) {
+        let Some(queue) = self
+            .vhosts
+            .get_mut(vhost)
+            .and_then(|v| v.queues.get_mut(queue_name))
+        else {
+            return;
+        };
+        if queue.spilled_count == 0 {
+            return;
+        }
+        let window = read_ahead_window(queue) as usize;
+        let start = queue
+            .messages
+            .partition_point(|m| m.id < queue.read_ahead_until);
+        if start >= window {
+            return;
+        }
+        let mut ids = Vec::new();
+        let end = window.min(queue.messages.len());
+        for entry in queue.messages.range_mut(start..end) {
+            queue.read_ahead_until = entry.id.saturating_add(1);
+            if entry.message.is_some() || entry.loading {
+                continue;
+            }
+            entry.loading = true;
+            ids.push(entry.id);
+            if ids.len() == LOAD_CHUNK {
+                let _ = self.loads.send(LoadRequest {
+                    vhost: vhost.to_string(),
+                    queue: queue_name.to_string(),
+                    ids: std::mem::take(&mut ids),
+                });
+            }
+        }
+        if !ids.is_empty() {
+            let _ = self.loads.send(LoadRequest {
+                vhost: vhost.to_string(),
+                queue: queue_name.to_string(),
+                ids,
+            });
+        }
+    }
+
+    /// Puts payloads read back from the store into their messages, then
+    /// wakes basic.get callers and dispatches. A message that is gone by now
+    /// (acked, purged) just drops its payload again.
+    pub fn install_loaded(
+        &mut self,
+        vhost: &str,
+        queue_name: &str,
+        asked: &[u64],
+        records: Vec<MessageRecord>,
+    ) {
+        let budget = self.budget.clone();
+        let Some(queue) = self
+            .vhosts
+            .get_mut(vhost)
+            .and_then(|v| v.queues.get_mut(queue_name))
+        else {
+            return;
+        };
+        let mut found = Vec::with_capacity(records.len());
+        for record in records {
+            let id = record.id;
+            found.push(id);
+            queue.install(id, Message::from_record(&budget, record));
+        }
+        // A record the store does not have is a message that cannot be
+        // delivered: say so loudly and take it off the queue rather than
+        // wedge the queue behind it.
+        let mut lost = Vec::new();
+        for id in asked.iter().filter(|id| !found.contains(id)) {
+            let Some(position) = queue.position(*id) else {
+                continue;
+            };
+            if queue.messages[position].message.is_some() {
+                continue;
+            }
+            if let Some(entry) = queue.messages.remove(position) {
+                queue.ready_bytes -= entry.body_size;
+                queue.spilled_count -= 1;
+                queue.spilled_bytes -= entry.body_size;
+                lost.push(entry.id);
+            }
+        }
+        if !lost.is_empty() {
+            tracing::error!(vhost, queue = queue_name, ids = ?lost,
+                "message records missing from the store: messages dropped");
+        }
+        for waiter in queue.get_waiters.drain(..) {
+            let _ = waiter.send(());
+        }
+        self.dispatch(vhost, queue_name);
+    }
+
+    pub fn flow_status(&self) -> FlowStatus {
+        let (spilled_messages, spilled_bytes) = self
+            .vhosts
+            .values()
+            .flat_map(|v| v.queues.values())
+            .fold((0, 0), |(count, bytes), q| {
+                (count + q.spilled_count, bytes + q.spilled_bytes)
+            });
+        FlowStatus {
+            active: self.flow_active,
+            threshold_bytes: self.budget.threshold(),
+            resident_bytes: self.budget.resident_bytes(),
+            in_flight_bytes: self.budget.in_flight_bytes(),
+            spilled_messages,
+            spilled_bytes,
+        }
+    }
+}
+
+/// Takes a message off a queue for good (acked, dropped, purged, deleted):
+/// adds the ops that delete what the store holds for it — its queue entry
+/// when the queue stores it, its record once no other queue holds it.
+pub(crate) fn discard(
+    shared_refs: &mut HashMap<u64, u32>,
+    vhost: &str,
+    queue: &str,
+    queue_stores: bool,
+    entry: &QueuedMessage,
+    ops: &mut Vec<WriteOp>,
+) {
+    if entry.persistent && queue_stores {
+        ops.push(op(write_op::Op::DeleteQueueEntry(store::QueueEntryKey {
+            vhost: vhost.to_string(),
+            queue: queue.to_string(),
+            id: entry.id,
+        })));
+    }
+    if entry.shared {
+        if let Some(holders) = shared_refs.get_mut(&entry.id) {
+            if *holders > 1 {
+                *holders -= 1;
+                return;
+            }
+            shared_refs.remove(&entry.id);
+        }
+    }
+    let stored = entry
+        .message
+        .as_ref()
+        .is_none_or(|message| message.stored_seq() != 0);
+    if stored {
+        ops.push(op(write_op::Op::DeleteMessage(store::MessageId {
+            id: entry.id,
+        })));
+    }
+}
+
+/// What a queue weighs when the threshold is shared out: its ready bytes.
+fn queue_weight(queue: &Queue) -> u64 {
+    queue.ready_bytes + queue.messages.len() as u64
+}
+
+/// How many messages from the head a queue keeps resident (or loading) for
+/// its consumers: `READ_AHEAD_BYTES` worth at the queue's average size.
+pub(crate) fn read_ahead_window(queue: &Queue) -> u64 {
+    const READ_AHEAD_BYTES: u64 = 4 << 20;
+    let count = queue.messages.len() as u64;
+    if count == 0 {
+        return READ_AHEAD_MIN_MESSAGES;
+    }
+    let average = (queue.ready_bytes / count).max(1);
+    (READ_AHEAD_BYTES / average).clamp(READ_AHEAD_MIN_MESSAGES, READ_AHEAD_MAX_MESSAGES)
+}
+
+/// Evicts from the tail until the queue is within its target, leaving the
+/// read-ahead region alone.
+fn evict_tail(queue: &mut Queue, spill: &mut Spill) {
+    let mut position = queue
+        .messages
+        .partition_point(|m| m.id < queue.spilled_from);
+    let mut tail_spilled = true;
+    while position > 0 && queue.resident_bytes > queue.target_bytes {
+        position -= 1;
+        let entry = &queue.messages[position];
+        if entry.id < queue.read_ahead_until {
+            break;
+        }
+        if entry.message.is_some() {
+            spill_entry(queue, position, spill);
+        }
+        let entry = &queue.messages[position];
+        if entry.message.is_none() && tail_spilled {
+            queue.spilled_from = entry.id;
+        } else {
+            tail_spilled = false;
+        }
+    }
+}
+
+/// Evicts the message at `position`, writing its record first unless the
+/// store already has (or is getting) one.
+fn spill_entry(queue: &mut Queue, position: usize, spill: &mut Spill) {
+    let Some(entry) = queue.messages.get(position) else {
+        return;
+    };
+    let Some(message) = entry.message.clone() else {
+        return;
+    };
+    if message.stored_seq() == 0 {
+        spill
+            .ops
+            .push(op(write_op::Op::PutMessage(message.record(entry.id))));
+        spill.bytes += message.accounted_size();
+        // Marked now so a sibling queue evicting the same message in this
+        // pass does not write it twice; the real sequence number follows.
+        message.mark_stored(u64::MAX);
+        spill.messages.push(message);
+    }
+    queue.evict_at(position);
+}
+
+fn submit_spill(persist: &crate::persistence::StoreWriter, spill: &mut Spill) {
+    if spill.ops.is_empty() {
+        return;
+    }
+    let seq = persist.submit_spill(
+        std::mem::take(&mut spill.ops),
+        Durability::Volatile,
+        spill.bytes,
+        None,
+    );
+    for message in spill.messages.drain(..) {
+        message.mark_stored(seq);
+    }
+    spill.bytes = 0;
+}
+
+fn op(op: write_op::Op) -> WriteOp {
+    WriteOp { op: Some(op) }
+}
+
+/// "412 MB": the operational log's unit for memory figures.
+fn megabytes(bytes: u64) -> String {
+    format!("{} MB", bytes / 1_000_000)
+}
