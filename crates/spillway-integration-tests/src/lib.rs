@@ -22,7 +22,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
 use anyhow::{bail, Context};
+use spillway_proto::storage::StoreStatus;
+use spillway_proto::{RemoteStorage, StorageApi};
 use spillway_serve::{Role, Running, Settings};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -54,6 +58,10 @@ impl Component {
 pub struct Sandbox {
     wiring: Wiring,
     dir: tempfile::TempDir,
+    /// `spillway.toml` for every process, when the test gave one.
+    config: Option<PathBuf>,
+    /// The storage node's gRPC address (separate wiring).
+    storage: Option<SocketAddr>,
     amqp: SocketAddr,
     /// Role (`all-in-one`, `storage`, `engine`, `gateway`) → its `/metrics`
     /// address, from the ready files.
@@ -65,10 +73,24 @@ pub struct Sandbox {
 
 impl Sandbox {
     pub async fn start(wiring: Wiring) -> anyhow::Result<Self> {
+        Self::start_with_config(wiring, "").await
+    }
+
+    /// Starts with `config` (TOML, as in `spillway.toml`) for every process.
+    pub async fn start_with_config(wiring: Wiring, config: &str) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir().context("temp dir")?;
+        let config = if config.is_empty() {
+            None
+        } else {
+            let path = dir.path().join("spillway.toml");
+            std::fs::write(&path, config).context("writing spillway.toml")?;
+            Some(path)
+        };
         let mut sandbox = Self {
             wiring,
             dir,
+            config,
+            storage: None,
             amqp: SocketAddr::from(([127, 0, 0, 1], 0)),
             metrics: BTreeMap::new(),
             in_process: None,
@@ -115,7 +137,10 @@ impl Sandbox {
         self.metrics.clear();
         match self.wiring {
             Wiring::InProcess => {
-                let mut settings = Settings::default();
+                let mut settings = match &self.config {
+                    Some(path) => Settings::load(Some(path))?,
+                    None => Settings::default(),
+                };
                 settings.gateway.amqp_listen = "127.0.0.1:0".into();
                 settings.management.listen = "127.0.0.1:0".into();
                 settings.telemetry.metrics_listen = Some("127.0.0.1:0".into());
@@ -136,6 +161,7 @@ impl Sandbox {
             Wiring::Separate => {
                 let storage = self.spawn("storage", &[]).await?;
                 let storage = parse_addr(&storage, "storage")?;
+                self.storage = Some(storage);
                 let engine = self
                     .spawn(
                         "engine",
@@ -167,6 +193,9 @@ impl Sandbox {
             .append(true)
             .open(self.dir.path().join(format!("{role}.log")))?;
         let mut command = Command::new(spillway_bin()?);
+        if let Some(config) = &self.config {
+            command.arg("--config").arg(config);
+        }
         command
             .arg("--ready-file")
             .arg(&ready)
@@ -228,6 +257,29 @@ impl Sandbox {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
+    }
+
+    /// The storage node's status; with `count_records`, exact counts of
+    /// message records and queue entries. Asked of the in-process store, or
+    /// over gRPC of the storage process.
+    pub async fn store_status(&self, count_records: bool) -> anyhow::Result<StoreStatus> {
+        let storage: Arc<dyn StorageApi> = match (&self.in_process, self.storage) {
+            (Some(running), _) => running.storage().context("no in-process store")?,
+            (None, Some(addr)) => Arc::new(RemoteStorage::connect_lazy(&format!("http://{addr}"))?),
+            (None, None) => bail!("no storage node reachable in the {:?} wiring", self.wiring),
+        };
+        Ok(storage.status(count_records).await?)
+    }
+
+    /// The engine's `/metrics` value of `name` (a metric without labels, or
+    /// with its labels written out as in the exposition).
+    pub async fn engine_metric(&self, name: &str) -> anyhow::Result<f64> {
+        let addr = self.metrics_addr(Component::Engine)?;
+        let (status, text) = http_get(addr, "/metrics").await?;
+        if status != 200 {
+            bail!("/metrics answered {status}");
+        }
+        metric_value(&text, name).with_context(|| format!("{name} not in /metrics"))
     }
 
     /// The logs of the child processes, for failure messages.
@@ -317,6 +369,16 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, Stri
         .and_then(|code| code.parse().ok())
         .with_context(|| format!("no status in {head:?}"))?;
     Ok((status, body.to_string()))
+}
+
+/// The value of `name` in Prometheus text.
+pub fn metric_value(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .find_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            (series == name).then(|| value.parse().ok())?
+        })
 }
 
 fn parse_addr(ready: &BTreeMap<String, String>, key: &str) -> anyhow::Result<SocketAddr> {
