@@ -28,8 +28,10 @@ say() { echo "compose-faults: $*" | tee -a "$report"; }
 
 # The loadgen's latest progress line, as "published confirmed consumed reconnects".
 progress() {
-    docker logs "$loadgen" 2>&1 | grep 'progress' | tail -n1 \
-        | sed -E 's/.*published=([0-9]+) confirmed=([0-9]+) consumed=([0-9]+) reconnects=([0-9]+).*/\1 \2 \3 \4/'
+    local line
+    line="$(docker logs "$loadgen" 2>&1 | grep 'progress' | tail -n1 \
+        | sed -E 's/.*published=([0-9]+) confirmed=([0-9]+) consumed=([0-9]+) reconnects=([0-9]+).*/\1 \2 \3 \4/' || true)"
+    echo "${line:-0 0 0 0}"
 }
 
 say "project $PROJECT, using ${COMPOSE[*]}; down ${DOWN} s per kill, ${SETTLE} s between drills, ${CUT} s cut"
