@@ -2,7 +2,10 @@
 #   make run    start the all-in-one broker (AMQP on 5672, data in ./data)
 #   make test   install what the tests need, then run the whole suite
 # make images   build the images docker-compose.yml runs (no registry needed)
-.PHONY: images run test build deps venv lint test-build test-rust test-python bench fmt clean
+# make compose-test     the compose stack with its `test` profile (load, flow to disk, capacity)
+# make compose-faults   kill storage, engine, gateways and cut engine<->storage under traffic
+.PHONY: images run test build deps venv lint test-build test-rust test-python bench fmt clean \
+	docker-check images-from-build compose-test compose-faults
 
 CARGO := scripts/cargo.sh
 
@@ -33,18 +36,30 @@ test-rust: test-build
 test-python: test-build venv
 	.venv/bin/pytest tests/python -q -p no:cacheprovider
 
-test: lint test-rust test-python
+test: lint test-rust test-python compose-test compose-faults
 
 bench: deps
 	@scripts/install-deps.sh --bench
 	scripts/bench.sh
 
-images: deps
+images: deps docker-check
 	$(CARGO) build --release -p spillway -p spillway-loadgen
-	rm -rf deploy/context && mkdir -p deploy/context
-	cp target/release/spillway target/release/spillway-loadgen deploy/context/
-	deploy/make-base.sh
-	docker build -q -t spillway:local -f deploy/Dockerfile deploy/context
+	deploy/make-images.sh
+
+# Fails with a clear message where Docker (daemon and Compose) is not usable.
+docker-check:
+	@scripts/compose-check.sh
+
+# The compose tests put the binaries `test-build` already made into the images
+# (no second build with another feature set).
+images-from-build: test-build docker-check
+	deploy/make-images.sh
+
+compose-test: images-from-build
+	scripts/compose-test.sh
+
+compose-faults: images-from-build
+	scripts/compose-faults.sh
 
 fmt:
 	cargo fmt --all

@@ -9,6 +9,15 @@
 //! Logs go to stderr (RUST_LOG; default `warn,lapin=off`: lapin reports every socket closed
 //! by the peer as an error, while real failures reach the summary anyway).
 //!
+//! Fault mode (`--reconnect`): producers and consumers that lose their connection reconnect
+//! with backoff, redeclare and resume. Messages whose confirm never came are "in doubt";
+//! redeliveries of unacked messages are legitimate, so duplicates and reordering are reported
+//! but only the loss of a *confirmed* message (or corruption) fails the run.
+//!
+//! `--plan FILE` runs a JSON plan: steps one after another, each step a set of runs (argument
+//! lists, as on this command line) started together; one JSON line sums up every run.
+//! SIGINT/SIGTERM stops publishing: the consumers drain and the run is judged as usual.
+//!
 //! Exit codes: 0 ok · 1 verification failed or a producer/consumer failed · 2 the run could
 //! not start (bad arguments, connection refused, queue declare failed).
 
@@ -17,6 +26,7 @@ mod verify;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashSet, VecDeque},
+    path::PathBuf,
     process::ExitCode,
     sync::{
         atomic::{AtomicU64, AtomicUsize, Ordering},
@@ -33,15 +43,15 @@ use lapin::{
         BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
         ConfirmSelectOptions, QueueDeclareOptions, QueuePurgeOptions,
     },
-    types::FieldTable,
+    types::{AMQPValue, FieldTable},
     BasicProperties, Confirmation, Connection, ConnectionProperties, Event, PublisherConfirm,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::{sync::watch, task::JoinHandle};
 
 use crate::{
     message::{encode_into, now_ns, Header, HEADER_LEN},
-    verify::{judge, Expected, Tally},
+    verify::{confirmed_lost, judge, merged_seen, BitSet, Expected, Tally},
 };
 
 /// Messages per producer when neither --count nor --duration is given.
@@ -57,6 +67,16 @@ struct Args {
         default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
     )]
     url: String,
+    /// AMQP URL the consumers use (default: --url), e.g. a second gateway.
+    #[arg(long, env = "SPILLWAY_LOADGEN_CONSUMER_URL")]
+    consumer_url: Option<String>,
+    /// A name for this run, echoed in the summary.
+    #[arg(long)]
+    name: Option<String>,
+    /// Run a JSON plan of steps (see the crate docs); --url and --consumer-url apply to
+    /// every run of the plan unless a run sets its own.
+    #[arg(long)]
+    plan: Option<PathBuf>,
     /// Number of producers (one connection each).
     #[arg(long, default_value_t = 1)]
     producers: u32,
@@ -69,6 +89,10 @@ struct Args {
     /// Number of queues; producer p publishes to queue p % K.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     queues: u32,
+    /// Queue declare argument KEY=VALUE (repeatable): integers are sent as signed 64-bit,
+    /// true/false as booleans, anything else as a string. E.g. x-qpid-capacity=1048576.
+    #[arg(long = "queue-arg", value_name = "KEY=VALUE")]
+    queue_args: Vec<String>,
     /// Message body size in bytes (at least 24: the header).
     #[arg(long, default_value_t = 1024)]
     size: usize,
@@ -107,6 +131,19 @@ struct Args {
     /// Per-producer publish rate limit, messages per second.
     #[arg(long)]
     rate: Option<f64>,
+    /// Per-consumer delivery rate limit, messages per second (a slow consumer).
+    #[arg(long)]
+    consume_rate: Option<f64>,
+    /// Fault mode: reconnect (with backoff) after a lost connection, redeclare, resume;
+    /// fail only when a confirmed message is never consumed.
+    #[arg(long)]
+    reconnect: bool,
+    /// Fault mode: give up after failing to reconnect for this many seconds.
+    #[arg(long, default_value_t = 180.0)]
+    reconnect_timeout: f64,
+    /// Print a progress line on stderr every this many seconds.
+    #[arg(long)]
+    progress: Option<f64>,
     /// Seconds the drain phase (after publishing ends) may take before giving up.
     #[arg(long, default_value_t = 60.0)]
     timeout: f64,
@@ -157,6 +194,36 @@ impl Args {
         }
     }
 
+    fn consumer_url(&self) -> &str {
+        self.consumer_url.as_deref().unwrap_or(&self.url)
+    }
+
+    /// The --queue-arg list as a field table.
+    fn declare_arguments(&self) -> Result<FieldTable> {
+        let mut table = FieldTable::default();
+        for arg in &self.queue_args {
+            let Some((key, value)) = arg.split_once('=') else {
+                bail!("--queue-arg {arg:?}: expected KEY=VALUE");
+            };
+            if key.is_empty() || key.len() > 255 {
+                bail!("--queue-arg {arg:?}: the key must be 1 to 255 bytes");
+            }
+            let value = if let Ok(n) = value.parse::<i64>() {
+                AMQPValue::LongLongInt(n)
+            } else if let Ok(b) = value.parse::<bool>() {
+                AMQPValue::Boolean(b)
+            } else {
+                AMQPValue::LongString(value.to_string().into())
+            };
+            table.insert(key.to_string().into(), value);
+        }
+        Ok(table)
+    }
+
+    fn reconnect_limit(&self) -> Duration {
+        Duration::from_secs_f64(self.reconnect_timeout.max(0.0))
+    }
+
     fn ack_every(&self) -> u64 {
         self.ack_every
             .unwrap_or(u64::from(self.prefetch) / 4)
@@ -176,6 +243,10 @@ impl Args {
         if self.rate.is_some_and(|r| r.is_nan() || r <= 0.0) {
             bail!("--rate must be positive");
         }
+        if self.consume_rate.is_some_and(|r| r.is_nan() || r <= 0.0) {
+            bail!("--consume-rate must be positive");
+        }
+        self.declare_arguments()?;
         if self.duration.is_some_and(|d| d.is_nan() || d <= 0.0) {
             bail!("--duration must be positive");
         }
@@ -241,24 +312,91 @@ struct Shared {
     args: Args,
     blocked: BlockedClock,
     errors: Mutex<Vec<String>>,
+    /// Connection losses survived in fault mode (first ones kept for the summary).
+    reconnect_events: Mutex<Vec<String>>,
+    reconnects: AtomicU64,
+    published: AtomicU64,
+    confirmed: AtomicU64,
     consumed: AtomicU64,
     next_conn: AtomicUsize,
     stop: watch::Receiver<bool>,
+    /// Set by SIGINT/SIGTERM: producers stop publishing, the run drains and is judged.
+    stop_publishing: watch::Receiver<bool>,
 }
+
+/// Reconnect events kept in the summary; the count goes on.
+const MAX_EVENTS: usize = 50;
 
 impl Shared {
     fn error(&self, e: String) {
         tracing::error!("{e}");
         lock(&self.errors).push(e);
     }
+
+    /// A connection-level failure: fatal unless in fault mode.
+    fn connection_error(&self, e: String) {
+        if self.args.reconnect {
+            tracing::warn!("{e}");
+        } else {
+            self.error(e);
+        }
+    }
+
+    fn reconnecting(&self, e: String) {
+        tracing::warn!("reconnecting: {e}");
+        self.reconnects.fetch_add(1, Ordering::Relaxed);
+        let mut events = lock(&self.reconnect_events);
+        if events.len() < MAX_EVENTS {
+            events.push(e);
+        }
+    }
+
+    fn publishing_stopped(&self) -> bool {
+        *self.stop_publishing.borrow()
+    }
+}
+
+/// Exponential backoff between reconnect attempts (100 ms doubling to 2 s), giving up after
+/// `--reconnect-timeout` of uninterrupted failure.
+struct Retry {
+    delay: Duration,
+    failing_since: Option<Instant>,
+}
+
+impl Retry {
+    fn new() -> Self {
+        Self {
+            delay: Duration::from_millis(100),
+            failing_since: None,
+        }
+    }
+
+    fn connected(&mut self) {
+        self.delay = Duration::from_millis(100);
+        self.failing_since = None;
+    }
+
+    async fn wait(&mut self, limit: Duration) -> Result<()> {
+        let since = *self.failing_since.get_or_insert_with(Instant::now);
+        if since.elapsed() > limit {
+            bail!("gave up reconnecting after {:.0} s", limit.as_secs_f64());
+        }
+        tokio::time::sleep(self.delay).await;
+        self.delay = (self.delay * 2).min(Duration::from_secs(2));
+        Ok(())
+    }
 }
 
 /// Opens a connection and starts a task that follows its blocked/unblocked/error events.
-async fn connect(shared: &Arc<Shared>, name: &str) -> Result<(Connection, JoinHandle<()>)> {
+async fn connect(
+    shared: &Arc<Shared>,
+    name: &str,
+    url: &str,
+) -> Result<(Connection, JoinHandle<()>)> {
     let props = ConnectionProperties::default().with_connection_name(name.to_string().into());
-    let conn = Connection::connect(&shared.args.url, props)
+    let conn = Connection::connect(url, props)
         .await
-        .with_context(|| format!("{name}: cannot connect to {}", shared.args.url))?;
+        .with_context(|| format!("{name}: cannot connect to {url}"))?;
     let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
     let mut events = conn.events_listener();
     let sh = shared.clone();
@@ -274,10 +412,15 @@ async fn connect(shared: &Arc<Shared>, name: &str) -> Result<(Connection, JoinHa
                     tracing::info!(connection = %name, "connection unblocked");
                     sh.blocked.unblock(id);
                 }
-                Event::Error(e) => sh.error(format!("{name}: connection error: {e}")),
+                Event::Error(e) => {
+                    // A dead connection is no longer blocked.
+                    sh.blocked.unblock(id);
+                    sh.connection_error(format!("{name}: connection error: {e}"));
+                }
                 _ => {}
             }
         }
+        sh.blocked.unblock(id);
     });
     Ok((conn, watcher))
 }
@@ -289,6 +432,25 @@ async fn close(conn: Connection, watcher: JoinHandle<()>) {
     }
 }
 
+/// Declares one of the run's queues (durable with --persistent, with the --queue-arg list).
+async fn declare_queue(channel: &lapin::Channel, args: &Args, name: &str) -> Result<()> {
+    let opts = QueueDeclareOptions {
+        durable: args.persistent,
+        ..QueueDeclareOptions::default()
+    };
+    channel
+        .queue_declare(name.into(), opts, args.declare_arguments()?)
+        .await
+        .with_context(|| {
+            format!(
+                "queue.declare {name} (durable={}): an existing queue with other \
+                 properties needs deleting first",
+                args.persistent
+            )
+        })?;
+    Ok(())
+}
+
 #[derive(Debug, Default)]
 struct ProducerOutcome {
     id: u32,
@@ -296,8 +458,12 @@ struct ProducerOutcome {
     /// Sequence numbers handed out: the consumers must see 0..next_seq.
     next_seq: u64,
     confirmed: u64,
+    /// Sequence numbers the broker confirmed (ack): these must all be consumed.
+    confirmed_seqs: BitSet,
     nacked: u64,
     returned: u64,
+    /// Published, but the connection died before the confirm came.
+    in_doubt: u64,
     started: Option<Instant>,
     finished: Option<Instant>,
 }
@@ -307,11 +473,17 @@ struct Publisher {
     queue: String,
     props: BasicProperties,
     buf: Vec<u8>,
-    window: VecDeque<PublisherConfirm>,
+    window: VecDeque<(u64, PublisherConfirm)>,
 }
 
 impl Publisher {
-    async fn publish(&mut self, args: &Args, out: &mut ProducerOutcome, seq: u64) -> Result<()> {
+    async fn publish(
+        &mut self,
+        shared: &Shared,
+        out: &mut ProducerOutcome,
+        seq: u64,
+    ) -> Result<()> {
+        let args = &shared.args;
         encode_into(
             &mut self.buf,
             args.size,
@@ -333,10 +505,11 @@ impl Publisher {
             .await
             .context("basic.publish")?;
         out.published += 1;
+        shared.published.fetch_add(1, Ordering::Relaxed);
         if args.confirm {
-            self.window.push_back(confirm);
+            self.window.push_back((seq, confirm));
             while self.window.len() >= args.confirm_window.max(1) {
-                self.settle_one(out).await?;
+                self.settle_one(shared, out).await?;
             }
         } else {
             confirm.await.context("basic.publish")?;
@@ -344,11 +517,20 @@ impl Publisher {
         Ok(())
     }
 
-    async fn settle_one(&mut self, out: &mut ProducerOutcome) -> Result<()> {
-        if let Some(c) = self.window.pop_front() {
-            match c.await.context("waiting for a publisher confirm")? {
+    async fn settle_one(&mut self, shared: &Shared, out: &mut ProducerOutcome) -> Result<()> {
+        if let Some((seq, c)) = self.window.pop_front() {
+            let confirmation = match c.await {
+                Ok(c) => c,
+                Err(e) => {
+                    out.in_doubt += 1;
+                    return Err(e).context("waiting for a publisher confirm");
+                }
+            };
+            match confirmation {
                 Confirmation::Ack(ret) => {
                     out.confirmed += 1;
+                    out.confirmed_seqs.insert(seq);
+                    shared.confirmed.fetch_add(1, Ordering::Relaxed);
                     out.returned += u64::from(ret.is_some());
                 }
                 Confirmation::Nack(ret) => {
@@ -374,37 +556,115 @@ async fn run_producer(shared: Arc<Shared>, id: u32, queue: String) -> ProducerOu
     out
 }
 
+/// Where a producer stops: a count, or a deadline.
+struct Budget {
+    count: u64,
+    deadline: Option<Instant>,
+    started: Instant,
+}
+
 async fn producer(shared: &Arc<Shared>, queue: &str, out: &mut ProducerOutcome) -> Result<()> {
     let args = &shared.args;
-    let (conn, watcher) = connect(shared, &format!("loadgen-producer-{}", out.id)).await?;
-    let channel = conn.create_channel().await.context("channel.open")?;
-    if args.confirm {
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .context("confirm.select")?;
-    }
-    let mut p = Publisher {
-        channel,
-        queue: queue.to_string(),
-        props: BasicProperties::default().with_delivery_mode(if args.persistent { 2 } else { 1 }),
-        buf: Vec::with_capacity(args.size),
-        window: VecDeque::with_capacity(args.confirm_window),
-    };
-    let count = match args.duration {
-        Some(_) => u64::MAX,
-        None => args.count.unwrap_or(DEFAULT_COUNT),
-    };
     let started = Instant::now();
     out.started = Some(started);
-    let deadline = args.duration.map(|d| started + Duration::from_secs_f64(d));
+    let budget = Budget {
+        count: match args.duration {
+            Some(_) => u64::MAX,
+            None => args.count.unwrap_or(DEFAULT_COUNT),
+        },
+        deadline: args.duration.map(|d| started + Duration::from_secs_f64(d)),
+        started,
+    };
+    let mut retry = Retry::new();
+    loop {
+        match producer_session(shared, queue, out, &budget, &mut retry).await {
+            Ok(()) => return Ok(()),
+            Err(e) if args.reconnect => {
+                let done = out.next_seq >= budget.count
+                    || budget.deadline.is_some_and(|d| Instant::now() >= d)
+                    || shared.publishing_stopped();
+                if done {
+                    // Only the confirms of the last window were missing: they stay in doubt.
+                    return Ok(());
+                }
+                shared.reconnecting(format!("producer {}: {e:#}", out.id));
+                retry.wait(args.reconnect_limit()).await?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// One connection's worth of publishing; in fault mode the caller reconnects after an error.
+async fn producer_session(
+    shared: &Arc<Shared>,
+    queue: &str,
+    out: &mut ProducerOutcome,
+    budget: &Budget,
+    retry: &mut Retry,
+) -> Result<()> {
+    let args = &shared.args;
+    let (conn, watcher) =
+        connect(shared, &format!("loadgen-producer-{}", out.id), &args.url).await?;
+    let mut p = None;
+    let result: Result<()> = async {
+        let channel = conn.create_channel().await.context("channel.open")?;
+        if args.reconnect {
+            // The broker may have restarted: make sure the queue is there.
+            declare_queue(&channel, args, queue).await?;
+        }
+        if args.confirm {
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await
+                .context("confirm.select")?;
+        }
+        retry.connected();
+        let p = p.insert(Publisher {
+            channel,
+            queue: queue.to_string(),
+            props: BasicProperties::default().with_delivery_mode(if args.persistent {
+                2
+            } else {
+                1
+            }),
+            buf: Vec::with_capacity(args.size),
+            window: VecDeque::with_capacity(args.confirm_window),
+        });
+        publish_loop(shared, p, out, budget).await?;
+        while !p.window.is_empty() {
+            p.settle_one(shared, out).await?;
+        }
+        Ok(())
+    }
+    .await;
+    match (&result, p) {
+        (Ok(()), Some(p)) => {
+            out.finished = Some(Instant::now());
+            let _ = p.channel.close(200, "done".into()).await;
+        }
+        (Err(_), Some(p)) => out.in_doubt += p.window.len() as u64,
+        _ => {}
+    }
+    close(conn, watcher).await;
+    result
+}
+
+async fn publish_loop(
+    shared: &Arc<Shared>,
+    p: &mut Publisher,
+    out: &mut ProducerOutcome,
+    budget: &Budget,
+) -> Result<()> {
+    let args = &shared.args;
+    let count = budget.count;
     let every = args.inject_every;
     while out.next_seq < count {
-        if deadline.is_some_and(|d| Instant::now() >= d) {
+        if budget.deadline.is_some_and(|d| Instant::now() >= d) || shared.publishing_stopped() {
             break;
         }
         if let Some(rate) = args.rate {
-            let due = started + Duration::from_secs_f64(out.published as f64 / rate);
+            let due = budget.started + Duration::from_secs_f64(out.published as f64 / rate);
             if due > Instant::now() + Duration::from_millis(1) {
                 tokio::time::sleep_until(due.into()).await;
             }
@@ -416,27 +676,23 @@ async fn producer(shared: &Arc<Shared>, queue: &str, out: &mut ProducerOutcome) 
                 out.next_seq += 1;
             }
             Some(Fault::Dup) if faulty => {
-                p.publish(args, out, seq).await?;
-                p.publish(args, out, seq).await?;
+                p.publish(shared, out, seq).await?;
+                p.publish(shared, out, seq).await?;
                 out.next_seq += 1;
             }
             Some(Fault::Swap) if faulty && seq + 1 < count => {
-                p.publish(args, out, seq + 1).await?;
-                p.publish(args, out, seq).await?;
+                p.publish(shared, out, seq + 1).await?;
+                p.publish(shared, out, seq).await?;
                 out.next_seq += 2;
             }
             _ => {
-                p.publish(args, out, seq).await?;
+                // Counted as handed out before the publish: if the connection dies during
+                // it, the message is in doubt, not forgotten.
                 out.next_seq += 1;
+                p.publish(shared, out, seq).await?;
             }
         }
     }
-    while !p.window.is_empty() {
-        p.settle_one(out).await?;
-    }
-    out.finished = Some(Instant::now());
-    let _ = p.channel.close(200, "done".into()).await;
-    close(conn, watcher).await;
     Ok(())
 }
 
@@ -454,21 +710,42 @@ async fn run_consumer(
     ready: tokio::sync::mpsc::Sender<()>,
 ) -> ConsumerOutcome {
     let mut out = ConsumerOutcome::default();
-    if let Err(e) = consumer(&shared, id, &queues, &mut out, ready).await {
-        shared.error(format!("consumer {id}: {e:#}"));
+    let mut ready = Some(ready);
+    let mut retry = Retry::new();
+    loop {
+        match consumer_session(&shared, id, &queues, &mut out, &mut ready, &mut retry).await {
+            Ok(()) => break,
+            Err(e) if shared.args.reconnect && !*shared.stop.borrow() => {
+                shared.reconnecting(format!("consumer {id}: {e:#}"));
+                if let Err(e) = retry.wait(shared.args.reconnect_limit()).await {
+                    shared.error(format!("consumer {id}: {e:#}"));
+                    break;
+                }
+            }
+            Err(e) => {
+                shared.error(format!("consumer {id}: {e:#}"));
+                break;
+            }
+        }
     }
     out
 }
 
-async fn consumer(
+async fn consumer_session(
     shared: &Arc<Shared>,
     id: u32,
     queues: &[String],
     out: &mut ConsumerOutcome,
-    ready: tokio::sync::mpsc::Sender<()>,
+    ready: &mut Option<tokio::sync::mpsc::Sender<()>>,
+    retry: &mut Retry,
 ) -> Result<()> {
     let args = &shared.args;
-    let (conn, watcher) = connect(shared, &format!("loadgen-consumer-{id}")).await?;
+    let (conn, watcher) = connect(
+        shared,
+        &format!("loadgen-consumer-{id}"),
+        args.consumer_url(),
+    )
+    .await?;
     let channel = conn.create_channel().await.context("channel.open")?;
     channel
         .basic_qos(args.prefetch, BasicQosOptions::default())
@@ -476,6 +753,9 @@ async fn consumer(
         .context("basic.qos")?;
     let mut streams = Vec::with_capacity(queues.len());
     for q in queues {
+        if args.reconnect {
+            declare_queue(&channel, args, q).await?;
+        }
         let c = channel
             .basic_consume(
                 q.as_str().into(),
@@ -487,15 +767,19 @@ async fn consumer(
             .with_context(|| format!("basic.consume on {q}"))?;
         streams.push(c);
     }
+    retry.connected();
     let mut deliveries = futures::stream::select_all(streams);
-    out.subscribed = Some(Instant::now());
-    let _ = ready.send(()).await;
-    drop(ready);
+    out.subscribed.get_or_insert_with(Instant::now);
+    if let Some(ready) = ready.take() {
+        let _ = ready.send(()).await;
+    }
 
     let ack_every = args.ack_every();
     let size = Some(args.size);
     let mut stop = shared.stop.clone();
     let mut flush = tokio::time::interval(Duration::from_millis(50));
+    let paced_from = Instant::now();
+    let mut paced = 0u64;
     // Delivery tags are per channel; with several consumers on one channel the merged
     // stream may yield them slightly out of tag order, so always ack up to the highest.
     let mut max_tag = 0u64;
@@ -530,6 +814,13 @@ async fn consumer(
                             acked = max_tag;
                             pending = 0;
                         }
+                        if let Some(rate) = args.consume_rate {
+                            paced += 1;
+                            let due = paced_from + Duration::from_secs_f64(paced as f64 / rate);
+                            if due > Instant::now() + Duration::from_millis(1) {
+                                tokio::time::sleep_until(due.into()).await;
+                            }
+                        }
                     }
                 },
                 _ = flush.tick() => {
@@ -561,6 +852,8 @@ async fn consumer(
 
 #[derive(Debug, Serialize, Default)]
 struct Summary {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
     published: u64,
     confirmed: u64,
     nacked: u64,
@@ -573,6 +866,15 @@ struct Summary {
     corrupt: u64,
     unexpected: u64,
     redelivered: u64,
+    /// Confirmed by the broker and never consumed: always a failure.
+    confirmed_lost: u64,
+    /// Handed out but never confirmed (connection lost, or publish failed).
+    unconfirmed: u64,
+    /// Fault mode: reconnections, and why (the first few).
+    reconnect: bool,
+    reconnects: u64,
+    reconnect_events: Vec<String>,
+    queue_args: Vec<String>,
     publish_rate: f64,
     consume_rate: f64,
     /// Payload megabytes (10^6 bytes) per second: consumed if consuming, else published.
@@ -651,7 +953,23 @@ async fn queues_empty(admin: &lapin::Channel, args: &Args) -> bool {
     true
 }
 
-async fn run(args: Args) -> Result<(Summary, bool)> {
+/// Fault mode: the same question on a connection of its own (the admin one may be gone).
+async fn queues_empty_fresh(shared: &Arc<Shared>) -> bool {
+    let probe = async {
+        let (conn, watcher) = connect(shared, "loadgen-probe", &shared.args.url).await?;
+        let ch = conn.create_channel().await.context("channel.open")?;
+        let empty = queues_empty(&ch, &shared.args).await;
+        let _ = ch.close(200, "done".into()).await;
+        close(conn, watcher).await;
+        anyhow::Ok(empty)
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), probe).await,
+        Ok(Ok(true))
+    )
+}
+
+async fn run(args: Args, stop_publishing: watch::Receiver<bool>) -> Result<(Summary, bool)> {
     args.validate()?;
     let t0 = Instant::now();
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -659,32 +977,25 @@ async fn run(args: Args) -> Result<(Summary, bool)> {
         args: args.clone(),
         blocked: BlockedClock::default(),
         errors: Mutex::new(Vec::new()),
+        reconnect_events: Mutex::new(Vec::new()),
+        reconnects: AtomicU64::new(0),
+        published: AtomicU64::new(0),
+        confirmed: AtomicU64::new(0),
         consumed: AtomicU64::new(0),
         next_conn: AtomicUsize::new(0),
         stop: stop_rx,
+        stop_publishing,
     });
 
     // Declare (and purge) the queues. The admin connection stays open: the drain phase uses
     // it to tell "slow" from "lost" (passive declares report the ready-message count).
-    let (admin_conn, admin_watcher) = connect(&shared, "loadgen-admin").await?;
+    let (admin_conn, admin_watcher) = connect(&shared, "loadgen-admin", &args.url).await?;
     let admin = admin_conn.create_channel().await.context("channel.open")?;
     {
         let ch = &admin;
         for q in 0..args.queues {
             let name = args.queue_name(q);
-            let opts = QueueDeclareOptions {
-                durable: args.persistent,
-                ..QueueDeclareOptions::default()
-            };
-            ch.queue_declare(name.as_str().into(), opts, FieldTable::default())
-                .await
-                .with_context(|| {
-                    format!(
-                        "queue.declare {name} (durable={}): an existing queue with other \
-                         properties needs deleting first",
-                        args.persistent
-                    )
-                })?;
+            declare_queue(ch, &args, &name).await?;
             if !args.no_purge && !args.consume_only {
                 ch.queue_purge(name.as_str().into(), QueuePurgeOptions::default())
                     .await
@@ -693,6 +1004,27 @@ async fn run(args: Args) -> Result<(Summary, bool)> {
         }
     }
 
+    let progress = args.progress.filter(|p| *p > 0.0).map(|every| {
+        let sh = shared.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs_f64(every));
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let (blocked, _, _) = sh.blocked.summary();
+                eprintln!(
+                    "spillway-loadgen: progress t={:.1}s published={} confirmed={} consumed={} \
+                     reconnects={} blocked_ms={}",
+                    t0.elapsed().as_secs_f64(),
+                    sh.published.load(Ordering::Relaxed),
+                    sh.confirmed.load(Ordering::Relaxed),
+                    sh.consumed.load(Ordering::Relaxed),
+                    sh.reconnects.load(Ordering::Relaxed),
+                    blocked.as_millis()
+                );
+            }
+        })
+    });
     let consuming = !args.no_consume;
     let publishing = !args.consume_only;
     let mut consumers = Vec::new();
@@ -742,6 +1074,16 @@ async fn run(args: Args) -> Result<(Summary, bool)> {
             }
             let idle_for = last_seen.1.elapsed();
             match expected_total {
+                // Fault mode: duplicates make the count meaningless and in-doubt messages
+                // may never come; drain until idle with every queue empty.
+                Some(_) if args.reconnect => {
+                    if idle_for >= idle && last_probe.elapsed() >= Duration::from_millis(500) {
+                        last_probe = Instant::now();
+                        if queues_empty_fresh(&shared).await {
+                            break;
+                        }
+                    }
+                }
                 Some(e) if consumed >= e => break,
                 Some(_) => {
                     // Nothing arrived for a while and the queues hold nothing ready: what is
@@ -791,12 +1133,24 @@ async fn run(args: Args) -> Result<(Summary, bool)> {
     } else {
         Expected::Inferred
     };
+    if let Some(progress) = progress {
+        progress.abort();
+    }
     let _ = admin.close(200, "done".into()).await;
     close(admin_conn, admin_watcher).await;
     let verdict = if consuming {
         judge(&tallies, &expected)
     } else {
         verify::Verdict::default()
+    };
+    let confirmed_seqs: BTreeMap<u32, BitSet> = producers
+        .iter()
+        .map(|p| (p.id, p.confirmed_seqs.clone()))
+        .collect();
+    let lost_confirmed = if consuming {
+        confirmed_lost(&merged_seen(&tallies), &confirmed_seqs)
+    } else {
+        0
     };
 
     let pub_start = producers.iter().filter_map(|p| p.started).min();
@@ -824,9 +1178,12 @@ async fn run(args: Args) -> Result<(Summary, bool)> {
         0.0
     };
     let nacked: u64 = producers.iter().map(|p| p.nacked).sum();
+    let confirmed: u64 = producers.iter().map(|p| p.confirmed).sum();
+    let handed_out: u64 = producers.iter().map(|p| p.next_seq).sum();
     let mut summary = Summary {
+        name: args.name.clone(),
         published,
-        confirmed: producers.iter().map(|p| p.confirmed).sum(),
+        confirmed,
         nacked,
         returned: producers.iter().map(|p| p.returned).sum(),
         consumed: verdict.consumed,
@@ -837,6 +1194,16 @@ async fn run(args: Args) -> Result<(Summary, bool)> {
         corrupt: verdict.corrupt,
         unexpected: verdict.unexpected,
         redelivered: verdict.redelivered,
+        confirmed_lost: lost_confirmed,
+        unconfirmed: if args.confirm {
+            handed_out.saturating_sub(confirmed + nacked)
+        } else {
+            0
+        },
+        reconnect: args.reconnect,
+        reconnects: shared.reconnects.load(Ordering::Relaxed),
+        reconnect_events: lock(&shared.reconnect_events).clone(),
+        queue_args: args.queue_args.clone(),
         publish_rate: rate(published, publish_elapsed),
         consume_rate: rate(verdict.consumed, consume_elapsed),
         mb_per_s: round(mb_per_s, 3),
@@ -861,9 +1228,216 @@ async fn run(args: Args) -> Result<(Summary, bool)> {
         errors,
         ok: false,
     };
-    summary.ok = verdict.ok() && summary.errors.is_empty() && nacked == 0;
+    summary.ok = if args.reconnect {
+        // Redeliveries after a reconnect are legitimate (duplicates, reordering), and a
+        // message whose confirm never came may or may not have made it.
+        lost_confirmed == 0
+            && verdict.corrupt == 0
+            && verdict.unexpected == 0
+            && summary.errors.is_empty()
+    } else {
+        verdict.ok() && summary.errors.is_empty() && nacked == 0
+    };
     let ok = summary.ok;
     Ok((summary, ok))
+}
+
+/// A JSON plan: steps run one after another, the runs of a step together.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Plan {
+    steps: Vec<Step>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Step {
+    name: String,
+    /// Each run is an argument list, as on the command line (without the program name).
+    runs: Vec<Vec<String>>,
+}
+
+#[derive(Debug, Serialize)]
+struct StepSummary {
+    name: String,
+    ok: bool,
+    elapsed_s: f64,
+    runs: Vec<Summary>,
+}
+
+#[derive(Debug, Serialize)]
+struct PlanSummary {
+    plan: String,
+    ok: bool,
+    elapsed_s: f64,
+    /// Totals over every run of every step that ran.
+    published: u64,
+    confirmed: u64,
+    consumed: u64,
+    lost: u64,
+    confirmed_lost: u64,
+    duplicated: u64,
+    blocked_ms: u64,
+    steps: Vec<StepSummary>,
+}
+
+fn failed_summary(args: &Args, e: &anyhow::Error) -> Summary {
+    Summary {
+        name: args.name.clone(),
+        size: args.size,
+        persistent: args.persistent,
+        errors: vec![format!("{e:#}")],
+        ..Summary::default()
+    }
+}
+
+/// Parses a plan run's arguments; the plan's --url/--consumer-url come first so that a run
+/// may override them.
+fn plan_run_args(top: &Args, step: &str, i: usize, run: &[String]) -> Result<Args> {
+    let mut argv = vec![
+        "spillway-loadgen".to_string(),
+        "--url".to_string(),
+        top.url.clone(),
+        "--name".to_string(),
+        format!("{step}/{i}"),
+    ];
+    if let Some(url) = &top.consumer_url {
+        argv.extend(["--consumer-url".to_string(), url.clone()]);
+    }
+    argv.extend(run.iter().cloned());
+    let args = Args::try_parse_from(&argv)
+        .with_context(|| format!("plan step {step:?}, run {i}: {}", run.join(" ")))?;
+    if args.plan.is_some() {
+        bail!("plan step {step:?}, run {i}: plans do not nest");
+    }
+    args.validate()
+        .with_context(|| format!("plan step {step:?}, run {i}"))?;
+    Ok(args)
+}
+
+async fn run_plan(
+    top: &Args,
+    path: &std::path::Path,
+    stop: watch::Receiver<bool>,
+) -> Result<PlanSummary> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the plan {}", path.display()))?;
+    let plan: Plan =
+        serde_json::from_str(&text).with_context(|| format!("{}: not a plan", path.display()))?;
+    // Check every run's arguments before starting anything.
+    let mut parsed = Vec::with_capacity(plan.steps.len());
+    for step in &plan.steps {
+        let runs = step
+            .runs
+            .iter()
+            .enumerate()
+            .map(|(i, run)| plan_run_args(top, &step.name, i, run))
+            .collect::<Result<Vec<_>>>()?;
+        parsed.push((step.name.clone(), runs));
+    }
+    let t0 = Instant::now();
+    let mut steps = Vec::new();
+    for (name, runs) in parsed {
+        let t = Instant::now();
+        eprintln!("spillway-loadgen: step {name}: {} run(s)", runs.len());
+        let handles: Vec<_> = runs
+            .into_iter()
+            .map(|args| {
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    match run(args.clone(), stop).await {
+                        Ok((summary, _)) => summary,
+                        Err(e) => failed_summary(&args, &e),
+                    }
+                })
+            })
+            .collect();
+        let mut summaries = Vec::new();
+        for h in handles {
+            summaries.push(h.await.context("run task panicked")?);
+        }
+        let ok = summaries.iter().all(|s| s.ok);
+        let step = StepSummary {
+            name,
+            ok,
+            elapsed_s: round(t.elapsed().as_secs_f64(), 3),
+            runs: summaries,
+        };
+        eprintln!(
+            "spillway-loadgen: step {} {} in {:.1} s: {}",
+            step.name,
+            if ok { "ok" } else { "FAILED" },
+            step.elapsed_s,
+            step.runs
+                .iter()
+                .map(|s| format!(
+                    "[{}: published {} confirmed {} consumed {} lost {} dup {} blocked {} ms]",
+                    s.name.as_deref().unwrap_or("-"),
+                    s.published,
+                    s.confirmed,
+                    s.consumed,
+                    s.lost,
+                    s.duplicated,
+                    s.blocked_ms
+                ))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        steps.push(step);
+        if !ok {
+            break;
+        }
+    }
+    let all = || steps.iter().flat_map(|s| s.runs.iter());
+    Ok(PlanSummary {
+        plan: path.display().to_string(),
+        ok: steps.len() == plan.steps.len() && steps.iter().all(|s| s.ok),
+        elapsed_s: round(t0.elapsed().as_secs_f64(), 3),
+        published: all().map(|s| s.published).sum(),
+        confirmed: all().map(|s| s.confirmed).sum(),
+        consumed: all().map(|s| s.consumed).sum(),
+        lost: all().map(|s| s.lost).sum(),
+        confirmed_lost: all().map(|s| s.confirmed_lost).sum(),
+        duplicated: all().map(|s| s.duplicated).sum(),
+        blocked_ms: all().map(|s| s.blocked_ms).sum(),
+        steps,
+    })
+}
+
+/// SIGINT or SIGTERM: stop publishing, then drain and judge as usual.
+fn stop_on_signal() -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let (Ok(mut term), Ok(mut int)) = (
+                signal(SignalKind::terminate()),
+                signal(SignalKind::interrupt()),
+            ) else {
+                tracing::warn!("cannot install signal handlers");
+                return;
+            };
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        if tokio::signal::ctrl_c().await.is_err() {
+            return;
+        }
+        eprintln!("spillway-loadgen: signal: publishing stops, draining");
+        let _ = tx.send(true);
+    });
+    rx
+}
+
+fn print_json<T: Serialize>(value: &T) {
+    println!(
+        "{}",
+        serde_json::to_string(value).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    );
 }
 
 #[tokio::main]
@@ -877,15 +1451,27 @@ async fn main() -> ExitCode {
         )
         .init();
     let args = Args::parse();
-    let size = args.size;
-    let persistent = args.persistent;
-    match run(args).await {
+    let stop = stop_on_signal();
+    if let Some(plan) = args.plan.clone() {
+        return match run_plan(&args, &plan, stop).await {
+            Ok(summary) => {
+                print_json(&summary);
+                if summary.ok {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(1)
+                }
+            }
+            Err(e) => {
+                eprintln!("spillway-loadgen: {e:#}");
+                print_json(&failed_summary(&args, &e));
+                ExitCode::from(2)
+            }
+        };
+    }
+    match run(args.clone(), stop).await {
         Ok((summary, ok)) => {
-            println!(
-                "{}",
-                serde_json::to_string(&summary)
-                    .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
-            );
+            print_json(&summary);
             if ok {
                 ExitCode::SUCCESS
             } else {
@@ -893,19 +1479,8 @@ async fn main() -> ExitCode {
             }
         }
         Err(e) => {
-            let msg = format!("{e:#}");
-            eprintln!("spillway-loadgen: {msg}");
-            let summary = Summary {
-                size,
-                persistent,
-                errors: vec![msg],
-                ..Summary::default()
-            };
-            println!(
-                "{}",
-                serde_json::to_string(&summary)
-                    .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
-            );
+            eprintln!("spillway-loadgen: {e:#}");
+            print_json(&failed_summary(&args, &e));
             ExitCode::from(2)
         }
     }

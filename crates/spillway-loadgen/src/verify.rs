@@ -77,6 +77,18 @@ impl BitSet {
             .map(|(i, w)| i as u64 * 64 + 63 - u64::from(w.leading_zeros()))
     }
 
+    /// Number of bits set here and not in `other` (all of them when `other` is None).
+    pub fn count_missing_from(&self, other: Option<&BitSet>) -> u64 {
+        let Some(other) = other else {
+            return self.ones;
+        };
+        self.words
+            .iter()
+            .enumerate()
+            .map(|(i, w)| u64::from((w & !other.words.get(i).copied().unwrap_or(0)).count_ones()))
+            .sum()
+    }
+
     /// ORs `other` into self; returns how many bits were set in both.
     pub fn merge(&mut self, other: &BitSet) -> u64 {
         if other.words.len() > self.words.len() {
@@ -316,6 +328,23 @@ impl Verdict {
     }
 }
 
+/// Every (producer, seq) any consumer saw.
+pub fn merged_seen(tallies: &[Tally]) -> SeenSet {
+    let mut seen = SeenSet::default();
+    for t in tallies {
+        seen.merge(&t.seen);
+    }
+    seen
+}
+
+/// Confirmed messages (sequence numbers per producer) that no consumer saw.
+pub fn confirmed_lost(seen: &SeenSet, confirmed: &BTreeMap<u32, BitSet>) -> u64 {
+    confirmed
+        .iter()
+        .map(|(p, bits)| bits.count_missing_from(seen.get(*p)))
+        .sum()
+}
+
 /// Merges the consumers' tallies and compares them with the expectation.
 pub fn judge(tallies: &[Tally], expected: &Expected) -> Verdict {
     let mut v = Verdict::default();
@@ -392,6 +421,23 @@ mod tests {
         assert_eq!(b.merge(&other), 1);
         assert_eq!(b.len(), 5);
         assert_eq!(b.max(), Some(5000));
+    }
+
+    #[test]
+    fn confirmed_lost_counts_only_confirmed() {
+        // Producer 0 confirmed 0..4, the consumers saw 0, 1 and 3 (and an unconfirmed 9).
+        let mut confirmed = BitSet::default();
+        for s in 0..4 {
+            confirmed.insert(s);
+        }
+        let t = tally_of(&[(0, 0), (0, 1), (0, 3), (0, 9)]);
+        let seen = merged_seen(&[t]);
+        let mut map = BTreeMap::new();
+        map.insert(0, confirmed.clone());
+        assert_eq!(confirmed_lost(&seen, &map), 1);
+        // A producer nobody heard from loses everything it had confirmed.
+        map.insert(7, confirmed);
+        assert_eq!(confirmed_lost(&seen, &map), 1 + 4);
     }
 
     #[test]
