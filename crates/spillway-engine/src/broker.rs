@@ -40,6 +40,9 @@ pub struct Broker {
     pub(crate) loads: mpsc::UnboundedSender<LoadRequest>,
     /// Wakes the housekeeping task early.
     pub(crate) housekeeping_kick: Arc<Notify>,
+    /// The storage node is over its disk quota: every producer is blocked.
+    pub(crate) store_overfull: bool,
+    pub(crate) store_overfull_since: Option<std::time::Instant>,
 }
 
 /// What the broker needs from the engine around it.
@@ -85,6 +88,8 @@ impl Broker {
             shared_refs: HashMap::new(),
             loads: context.loads,
             housekeeping_kick: context.housekeeping_kick,
+            store_overfull: false,
+            store_overfull_since: None,
         }
     }
 
@@ -115,9 +120,12 @@ impl Broker {
                 events,
                 channels: HashMap::new(),
                 credit: self.session_credit,
+                flow_blocked: None,
             },
         );
         tracing::debug!(session = id, vhost = %open.vhost, user = %open.user, "session opened");
+        // Told at once when the store is over its quota.
+        self.update_session_flow(id);
         Ok(())
     }
 
@@ -168,6 +176,9 @@ impl Broker {
         let Some(channel_state) = state.channels.remove(&channel) else {
             return;
         };
+        if !channel_state.blocked_on.is_empty() {
+            self.forget_blocked_channel(session, channel, &vhost, &channel_state.blocked_on);
+        }
         let mut touched = Vec::new();
         for (tag, consumer) in &channel_state.consumers {
             self.detach_consumer(&vhost, &consumer.queue, session, channel, tag);
@@ -662,6 +673,7 @@ impl Broker {
             );
         }
         self.persist.submit(ops, Durability::Logged, None);
+        self.check_underfull(&vhost_name, &cmd.queue);
         Ok(purged.len() as u32)
     }
 
@@ -741,6 +753,7 @@ impl Broker {
             );
         }
         self.persist.submit_synced(ops, None);
+        self.release(vhost_name, name, queue.blocked_channels.clone());
         for consumer in &queue.consumers {
             if let Some(session) = self.sessions.get_mut(&consumer.session) {
                 if let Some(channel) = session.channels.get_mut(&consumer.channel) {
@@ -1000,6 +1013,7 @@ impl Broker {
         for name in &targets {
             self.spill_arrival(&vhost_name, name, id);
             self.dispatch(&vhost_name, name);
+            self.after_publish(session, channel, &vhost_name, name);
         }
         Ok(outcome)
     }
@@ -1060,6 +1074,7 @@ impl Broker {
             );
         }
         self.read_ahead(&vhost_name, &cmd.queue);
+        self.check_underfull(&vhost_name, &cmd.queue);
         Ok(GetOutcome::Got(get_ok))
     }
 
@@ -1371,6 +1386,7 @@ impl Broker {
         }
         persist.submit(ops, Durability::Logged, None);
         self.read_ahead(vhost_name, queue_name);
+        self.check_underfull(vhost_name, queue_name);
     }
 
     // -------------------------------------------------------------- helpers
@@ -1498,10 +1514,31 @@ fn queue_limits(arguments: &FieldTable, queue: &str, vhost: &str) -> OpResult<Qu
         },
         Some(_) => return Err(invalid("x-overflow")),
     };
+    // Qpid's producer flow control; 0 means no limit.
+    let capacity = match count("x-qpid-capacity")? {
+        Some(bytes) => Some(bytes),
+        None => count("qpid.max_size")?,
+    }
+    .filter(|bytes| *bytes > 0);
+    let resume_capacity = count("x-qpid-flow-resume-capacity")?;
+    if let (Some(resume), Some(capacity)) = (resume_capacity, capacity) {
+        if resume > capacity {
+            return Err(errors::error(
+                codes::PRECONDITION_FAILED,
+                format!(
+                    "x-qpid-flow-resume-capacity ({resume}) exceeds x-qpid-capacity ({capacity}) \
+                     for queue '{queue}' in vhost '{vhost}'"
+                ),
+            ));
+        }
+    }
     Ok(QueueLimits {
         max_length: count("x-max-length")?,
         max_bytes: count("x-max-length-bytes")?,
         overflow,
+        capacity,
+        resume_capacity: capacity.map(|capacity| resume_capacity.unwrap_or(capacity)),
+        max_count: count("qpid.max_count")?.filter(|count| *count > 0),
     })
 }
 

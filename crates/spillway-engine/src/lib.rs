@@ -28,12 +28,14 @@ pub mod errors;
 mod flow;
 mod model;
 mod persistence;
+mod producer_flow;
 pub mod routing;
 mod service;
 mod session;
 mod stats;
 
 pub use flow::FlowStatus;
+pub use producer_flow::{thousands, BlockedChannel};
 pub use service::EngineService;
 pub use session::{Engine, EngineConfig, EngineError};
 pub use stats::QueueStats;

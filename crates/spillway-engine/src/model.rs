@@ -2,9 +2,10 @@
 //! (one per client connection) hold channels, consumers and unacknowledged
 //! deliveries. Everything here is plain data guarded by the broker lock.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use amq_protocol_types::FieldTable;
 use bytes::Bytes;
@@ -240,6 +241,10 @@ pub struct Queue {
     pub next_consumer: usize,
     /// Set once an exclusive (basic.consume exclusive) consumer holds it.
     pub exclusive_consumer: bool,
+    /// Over its capacity: channels publishing to it are blocked.
+    pub overfull: bool,
+    /// The channels blocked on this queue.
+    pub blocked_channels: BTreeSet<(SessionId, ChannelId)>,
 }
 
 /// RabbitMQ's queue length limits (`x-max-length`, `x-max-length-bytes`,
@@ -249,6 +254,12 @@ pub struct QueueLimits {
     pub max_length: Option<u64>,
     pub max_bytes: Option<u64>,
     pub overflow: Overflow,
+    /// Qpid's producer flow control: overfull above `capacity` bytes or
+    /// `max_count` messages (ready, resident or on disk), underfull again
+    /// below `resume_capacity` bytes and `max_count` messages.
+    pub capacity: Option<u64>,
+    pub resume_capacity: Option<u64>,
+    pub max_count: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -290,6 +301,8 @@ impl Queue {
             consumers: Vec::new(),
             next_consumer: 0,
             exclusive_consumer: false,
+            overfull: false,
+            blocked_channels: BTreeSet::new(),
         }
     }
 
@@ -319,6 +332,30 @@ impl Queue {
                 .limits
                 .max_bytes
                 .is_some_and(|max| self.ready_bytes > max)
+    }
+
+    /// Over its producer flow-control limits now?
+    pub fn over_capacity(&self) -> bool {
+        self.limits
+            .capacity
+            .is_some_and(|capacity| self.ready_bytes > capacity)
+            || self
+                .limits
+                .max_count
+                .is_some_and(|max| self.messages.len() as u64 > max)
+    }
+
+    /// Back under the resume capacity (and the count limit)?
+    pub fn under_resume_capacity(&self) -> bool {
+        let bytes_ok = self
+            .limits
+            .resume_capacity
+            .is_none_or(|resume| self.ready_bytes < resume || self.ready_bytes == 0);
+        let count_ok = self
+            .limits
+            .max_count
+            .is_none_or(|max| (self.messages.len() as u64) < max || self.messages.is_empty());
+        bytes_ok && count_ok
     }
 
     /// Appends a message; with drop-head, returns the oldest messages dropped
@@ -492,6 +529,9 @@ pub struct ChannelState {
     /// basic.qos global=true: unacked limit for the whole channel (0 = none).
     pub channel_prefetch: u32,
     pub confirm: bool,
+    /// Overfull queues this channel published to: blocked while not empty.
+    pub blocked_on: BTreeSet<String>,
+    pub blocked_since: Option<Instant>,
 }
 
 impl ChannelState {
@@ -516,4 +556,6 @@ pub struct SessionState {
     pub channels: HashMap<ChannelId, ChannelState>,
     /// Deliveries the gateway may still receive before it reports some written.
     pub credit: u32,
+    /// What the gateway was last told: blocked (and why), or not.
+    pub flow_blocked: Option<String>,
 }

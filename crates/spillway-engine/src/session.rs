@@ -181,6 +181,7 @@ impl Engine {
             budget,
             housekeeping_kick,
         });
+        tokio::spawn(run_quota_watch(Arc::downgrade(&shared), store.clone()));
         tokio::spawn(run_loader(Arc::downgrade(&shared), store, load_requests));
         tokio::spawn(run_housekeeping(
             Arc::downgrade(&shared),
@@ -195,6 +196,11 @@ impl Engine {
     /// gateways have stopped; later writes are refused (and logged).
     pub async fn shutdown(&self) {
         self.shared.writer.stop().await;
+    }
+
+    /// The channels producer flow control holds back right now.
+    pub fn blocked_channels(&self) -> Vec<crate::BlockedChannel> {
+        self.shared.broker.lock().blocked_channels()
     }
 
     /// Flow to disk at this moment: on or off, the threshold, resident and
@@ -215,6 +221,36 @@ impl Engine {
             "runtime setting changed"
         );
         self.shared.housekeeping_kick.notify_one();
+    }
+}
+
+/// Follows the storage node's disk quota state for as long as the engine
+/// lives, watching again whenever the stream breaks (the storage node
+/// restarted): it sends the current state first, so nothing is missed. The
+/// last state known holds meanwhile.
+async fn run_quota_watch(shared: std::sync::Weak<Shared>, store: Arc<dyn StorageApi>) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        if shared.strong_count() == 0 {
+            return;
+        }
+        match store.watch_quota().await {
+            Ok(mut states) => {
+                while let Some(state) = states.next().await {
+                    let Ok(state) = state else { break };
+                    let Some(engine) = shared.upgrade() else {
+                        return;
+                    };
+                    engine.broker.lock().set_store_overfull(state.overfull);
+                    backoff = Duration::from_millis(100);
+                }
+            }
+            Err(error) => {
+                tracing::debug!(%error, "cannot watch the store quota yet, retrying");
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
     }
 }
 

@@ -341,6 +341,12 @@ pub struct Connection {
     releasing: HashMap<u16, u32>,
     /// Deliveries written into `out` since the last flush (engine credit).
     pub deliveries: u32,
+    /// Producer flow control: why the engine blocks this connection, and
+    /// since when.
+    flow_blocked: Option<(String, std::time::Instant)>,
+    /// Body bytes the client may still publish while blocked before the
+    /// gateway stops reading its socket.
+    overdraft_left: u64,
 }
 
 impl Connection {
@@ -358,6 +364,51 @@ impl Connection {
             next_request: 1,
             releasing: HashMap::new(),
             deliveries: 0,
+            flow_blocked: None,
+            overdraft_left: 0,
+        }
+    }
+
+    /// Blocked by producer flow control and out of overdraft: stop reading
+    /// the socket (TCP back-pressure) until unblocked.
+    pub fn reading_paused(&self) -> bool {
+        self.flow_blocked.is_some() && self.overdraft_left == 0
+    }
+
+    /// Since when, and why, the connection is blocked.
+    pub fn blocked(&self) -> Option<(&str, std::time::Instant)> {
+        self.flow_blocked
+            .as_ref()
+            .map(|(reason, since)| (reason.as_str(), *since))
+    }
+
+    fn on_flow_control(&mut self, flow: pb::FlowControl, out: &mut FrameWriter) {
+        let tell = self.negotiated.capabilities.connection_blocked;
+        match (flow.blocked, self.flow_blocked.is_some()) {
+            (true, false) => {
+                tracing::debug!(peer = %self.peer, reason = %flow.reason, "connection blocked");
+                self.overdraft_left = self.config.blocked_overdraft;
+                if tell {
+                    out.method(
+                        0,
+                        AMQPClass::Connection(conn::AMQPMethod::Blocked(conn::Blocked {
+                            reason: short(&flow.reason),
+                        })),
+                    );
+                }
+                self.flow_blocked = Some((flow.reason, std::time::Instant::now()));
+            }
+            (false, true) => {
+                tracing::debug!(peer = %self.peer, "connection unblocked");
+                if tell {
+                    out.method(
+                        0,
+                        AMQPClass::Connection(conn::AMQPMethod::Unblocked(conn::Unblocked {})),
+                    );
+                }
+                self.flow_blocked = None;
+            }
+            _ => {}
         }
     }
 
@@ -1018,6 +1069,9 @@ impl Connection {
         else {
             return Ok(());
         };
+        if self.flow_blocked.is_some() {
+            self.overdraft_left = self.overdraft_left.saturating_sub(header.body_size.max(1));
+        }
         let properties = match basic::parse_properties(&header.properties[..]) {
             Ok(([], properties)) => properties,
             _ => {
@@ -1126,6 +1180,10 @@ impl Connection {
         };
         match event {
             Event::Reply(reply) => self.on_reply(reply, out, commands),
+            Event::FlowControl(flow) => {
+                self.on_flow_control(flow, out);
+                Ok(())
+            }
             Event::Batch(batch) => {
                 for event in batch.events {
                     self.on_event(event, out, commands)?;

@@ -38,6 +38,9 @@ pub struct GatewayConfig {
     pub max_message_size: u64,
     /// Users allowed to connect (PLAIN / AMQPLAIN).
     pub users: Vec<User>,
+    /// Body bytes a connection blocked by producer flow control may still
+    /// publish before the gateway stops reading its socket.
+    pub blocked_overdraft: u64,
 }
 
 impl Default for GatewayConfig {
@@ -48,6 +51,7 @@ impl Default for GatewayConfig {
             heartbeat: 60,
             max_message_size: 128 * 1024 * 1024,
             users: vec![User::guest()],
+            blocked_overdraft: 1024 * 1024,
         }
     }
 }

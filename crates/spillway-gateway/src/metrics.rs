@@ -18,6 +18,9 @@ pub struct GatewayMetrics {
     published: Counter,
     delivered: Counter,
     acknowledged: Counter,
+    blocked: Gauge,
+    paused: Gauge,
+    blocked_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
 }
 
 impl GatewayMetrics {
@@ -52,6 +55,25 @@ impl GatewayMetrics {
             "basic.ack, basic.nack and basic.reject methods received from consumers and handed to the engine (one per method, also when multiple is set)",
             self.acknowledged.clone(),
         );
+        metrics.register(
+            "spillway_blocked_connections",
+            "Connections blocked by producer flow control (an overfull queue or the store quota)",
+            self.blocked.clone(),
+        );
+        metrics.register(
+            "spillway_paused_connections",
+            "Blocked connections whose overdraft is spent: the gateway is not reading their socket",
+            self.paused.clone(),
+        );
+        metrics.register(
+            "spillway_blocked_seconds",
+            "Time connections have spent blocked by producer flow control, summed over connections (counted when each block ends)",
+            self.blocked_seconds.clone(),
+        );
+    }
+
+    pub fn blocked(&self) -> i64 {
+        self.blocked.get()
     }
 
     pub fn connections(&self) -> i64 {
@@ -81,6 +103,11 @@ impl GatewayMetrics {
             connections: self.connections.clone(),
             channels: self.channels.clone(),
             open_channels: 0,
+            blocked_gauge: self.blocked.clone(),
+            paused_gauge: self.paused.clone(),
+            blocked_seconds: self.blocked_seconds.clone(),
+            blocked_since: None,
+            paused: false,
         }
     }
 
@@ -105,6 +132,11 @@ pub(crate) struct OpenConnection {
     connections: Gauge,
     channels: Gauge,
     open_channels: i64,
+    blocked_gauge: Gauge,
+    paused_gauge: Gauge,
+    blocked_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
+    blocked_since: Option<std::time::Instant>,
+    paused: bool,
 }
 
 impl OpenConnection {
@@ -118,8 +150,35 @@ impl OpenConnection {
     }
 }
 
+impl OpenConnection {
+    /// The connection's flow-control state after a step: blocked since when
+    /// (if it is), and whether its socket is left unread.
+    pub(crate) fn set_flow(&mut self, blocked_since: Option<std::time::Instant>, paused: bool) {
+        match (self.blocked_since, blocked_since) {
+            (None, Some(_)) => {
+                self.blocked_gauge.inc();
+            }
+            (Some(since), None) => {
+                self.blocked_gauge.dec();
+                self.blocked_seconds.inc_by(since.elapsed().as_secs_f64());
+            }
+            _ => {}
+        }
+        self.blocked_since = blocked_since;
+        if paused != self.paused {
+            if paused {
+                self.paused_gauge.inc();
+            } else {
+                self.paused_gauge.dec();
+            }
+            self.paused = paused;
+        }
+    }
+}
+
 impl Drop for OpenConnection {
     fn drop(&mut self) {
+        self.set_flow(None, false);
         self.channels.dec_by(self.open_channels);
         self.connections.dec();
     }

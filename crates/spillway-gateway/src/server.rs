@@ -240,8 +240,11 @@ async fn serve_connection(
     let mut pending_commands: Vec<SessionCommand> = Vec::new();
 
     let closing: Option<ConnectionError> = loop {
+        let paused = connection.reading_paused();
         let step: Result<Next, ConnectionError> = tokio::select! {
-            frame = frames.next() => match frame {
+            // Producer flow control: a blocked connection that spent its
+            // overdraft is not read (TCP back-pressure) until unblocked.
+            frame = frames.next(), if !paused => match frame {
                 None => break None,
                 Some(Err(FrameError::Io(_))) => break None,
                 Some(Err(error)) => Err(frame_error(error)),
@@ -256,6 +259,10 @@ async fn serve_connection(
                     .map(|()| Next::Continue),
             },
             _ = ticker.tick(), if heartbeat > 0 => {
+                if paused {
+                    // Unread is not silent: its heartbeats wait in the socket.
+                    last_read = tokio::time::Instant::now();
+                }
                 if last_read.elapsed() > Duration::from_secs(u64::from(heartbeat) * 2) {
                     tracing::info!(%peer, "missed heartbeats from client, closing");
                     break None;
@@ -275,6 +282,10 @@ async fn serve_connection(
             }
         }
         open.set_channels(connection.channel_count());
+        open.set_flow(
+            connection.blocked().map(|(_, since)| since),
+            connection.reading_paused(),
+        );
         match step {
             Ok(Next::Continue) => {}
             Ok(Next::Closed) => {

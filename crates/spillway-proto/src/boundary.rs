@@ -16,7 +16,7 @@ use crate::engine::{session_command, session_event, CommandBatch, EventBatch};
 use crate::engine::{SessionCommand, SessionEvent};
 use crate::storage::{
     Definitions, LoadDefinitionsRequest, LoadMessagesRequest, MessageRecord, QueueEntry,
-    StatusRequest, StoreStatus, WriteBatch,
+    QuotaState, StatusRequest, StoreStatus, WatchQuotaRequest, WriteBatch,
 };
 use crate::ServiceError;
 
@@ -45,7 +45,13 @@ pub trait StorageApi: Send + Sync + 'static {
     async fn read_messages(&self, ids: Vec<u64>) -> Result<Vec<MessageRecord>, ServiceError>;
     /// Disk usage; with `count_records`, exact record counts (a scan).
     async fn status(&self, count_records: bool) -> Result<StoreStatus, ServiceError>;
+    /// The disk quota's state now, then on every change. The stream ends
+    /// (or fails) when the storage node goes away: watch again.
+    async fn watch_quota(&self) -> Result<QuotaStream, ServiceError>;
 }
+
+/// The storage node's disk quota state, as it changes.
+pub type QuotaStream = Pin<Box<dyn Stream<Item = Result<QuotaState, ServiceError>> + Send>>;
 
 /// The storage node over gRPC. The channel connects lazily and reconnects by
 /// itself, so a storage node that restarts is picked up again.
@@ -119,6 +125,19 @@ impl StorageApi for RemoteStorage {
             .status(StatusRequest { count_records })
             .await?
             .into_inner())
+    }
+
+    async fn watch_quota(&self) -> Result<QuotaStream, ServiceError> {
+        use futures::StreamExt;
+        let stream = self
+            .client
+            .clone()
+            .watch_quota(WatchQuotaRequest {})
+            .await?
+            .into_inner();
+        Ok(Box::pin(
+            stream.map(|state| state.map_err(ServiceError::from)),
+        ))
     }
 }
 

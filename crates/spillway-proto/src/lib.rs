@@ -29,8 +29,8 @@ mod boundary;
 mod status;
 
 pub use boundary::{
-    serve_remote_session, EngineApi, RemoteEngine, RemoteStorage, SessionStreams, StorageApi,
-    SESSION_COMMAND_BUFFER,
+    serve_remote_session, EngineApi, QuotaStream, RemoteEngine, RemoteStorage, SessionStreams,
+    StorageApi, SESSION_COMMAND_BUFFER,
 };
 
 pub use status::{RemoteError, ServiceError};

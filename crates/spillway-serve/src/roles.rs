@@ -1,6 +1,5 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -124,7 +123,7 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
     start_http(&mut running, role, settings, &metrics).await?;
     match role {
         Role::AllInOne => {
-            let store = open_store(&settings.storage.data_dir)?;
+            let store = open_store(settings)?;
             store.register_metrics(&metrics);
             let storage: Arc<dyn StorageApi> = Arc::new(store);
             running.storage = Some(storage.clone());
@@ -144,7 +143,7 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
             .await?;
         }
         Role::Storage => {
-            let store = open_store(&settings.storage.data_dir)?;
+            let store = open_store(settings)?;
             store.register_metrics(&metrics);
             let router = tonic::transport::Server::builder()
                 .add_service(StorageService::new(store).into_server());
@@ -221,10 +220,17 @@ async fn start_http(
     Ok(())
 }
 
-fn open_store(data_dir: &Path) -> anyhow::Result<RocksStore> {
+fn open_store(settings: &Settings) -> anyhow::Result<RocksStore> {
+    let data_dir = &settings.storage.data_dir;
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("creating the data directory {}", data_dir.display()))?;
-    Ok(RocksStore::open(data_dir)?)
+    let store = RocksStore::open(data_dir)?;
+    store.set_quota(
+        settings.store.overfull_size.unwrap_or(0),
+        settings.store.underfull_size.unwrap_or(0),
+    );
+    store.start_quota_monitor();
+    Ok(store)
 }
 
 /// Starts the engine; a storage node that is not up yet is waited for.

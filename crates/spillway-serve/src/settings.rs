@@ -17,6 +17,7 @@ pub struct Settings {
     pub broker: BrokerSettings,
     pub engine: EngineSettings,
     pub storage: StorageSettings,
+    pub store: StoreSettings,
     pub management: ManagementSettings,
     pub telemetry: TelemetrySettings,
 }
@@ -33,6 +34,10 @@ pub struct GatewaySettings {
     pub heartbeat: u16,
     pub max_message_size: u64,
     pub users: Vec<spillway_gateway::User>,
+    /// Body bytes a connection blocked by producer flow control may still
+    /// publish before the gateway stops reading it.
+    #[serde(deserialize_with = "sizes::required")]
+    pub blocked_overdraft: u64,
 }
 
 impl Default for GatewaySettings {
@@ -46,6 +51,7 @@ impl Default for GatewaySettings {
             heartbeat: protocol.heartbeat,
             max_message_size: protocol.max_message_size,
             users: protocol.users,
+            blocked_overdraft: protocol.blocked_overdraft,
         }
     }
 }
@@ -58,6 +64,7 @@ impl GatewaySettings {
             heartbeat: self.heartbeat,
             max_message_size: self.max_message_size,
             users: self.users.clone(),
+            blocked_overdraft: self.blocked_overdraft,
         }
     }
 }
@@ -124,6 +131,19 @@ impl Default for StorageSettings {
             data_dir: PathBuf::from("./data"),
         }
     }
+}
+
+/// The storage node's disk quota (Qpid's `store.*` names). Unset: none.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct StoreSettings {
+    /// Bytes on disk above which every producer is blocked (`MST-1008`).
+    #[serde(deserialize_with = "sizes::optional")]
+    pub overfull_size: Option<u64>,
+    /// Bytes on disk below which they are released again (`MST-1009`).
+    /// Unset: the overfull size.
+    #[serde(deserialize_with = "sizes::optional")]
+    pub underfull_size: Option<u64>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -209,6 +229,13 @@ pub mod sizes {
     enum Raw {
         Number(u64),
         Text(String),
+    }
+
+    pub fn required<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+        match Raw::deserialize(deserializer)? {
+            Raw::Number(bytes) => Ok(bytes),
+            Raw::Text(text) => parse(&text).map_err(serde::de::Error::custom),
+        }
     }
 
     pub fn optional<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {

@@ -3,7 +3,8 @@
 //! It owns a RocksDB database holding durable exchanges, queues and bindings
 //! and the messages the engine hands over (persistent messages on durable
 //! queues). It knows nothing of AMQP: it stores what the engine sends, in the
-//! order the engine sends it, and reports disk usage.
+//! order the engine sends it, and reports disk usage against its quota
+//! (`store.overfull_size`, `MST-1008`/`MST-1009`), streamed to the engine.
 //!
 //! - [`RocksStore`]: the database and the in-process [`StorageApi`] the
 //!   all-in-one broker calls directly.
@@ -15,6 +16,7 @@
 
 mod keys;
 mod metrics;
+mod quota;
 mod service;
 mod store;
 

@@ -4,8 +4,9 @@ use std::sync::Arc;
 use futures::Stream;
 use spillway_proto::storage::storage_server::Storage;
 use spillway_proto::storage::{
-    Definitions, LoadDefinitionsRequest, LoadMessagesRequest, QueueEntryChunk, ReadMessagesRequest,
-    ReadMessagesResponse, StatusRequest, StoreStatus, WriteAck, WriteBatch,
+    Definitions, LoadDefinitionsRequest, LoadMessagesRequest, QueueEntryChunk, QuotaState,
+    ReadMessagesRequest, ReadMessagesResponse, StatusRequest, StoreStatus, WatchQuotaRequest,
+    WriteAck, WriteBatch,
 };
 use spillway_proto::StorageApi;
 use tonic::{Request, Response, Status};
@@ -33,6 +34,7 @@ impl StorageService {
 }
 
 type ChunkStream = Pin<Box<dyn Stream<Item = Result<QueueEntryChunk, Status>> + Send>>;
+type QuotaStateStream = Pin<Box<dyn Stream<Item = Result<QuotaState, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Storage for StorageService {
@@ -75,6 +77,19 @@ impl Storage for StorageService {
     ) -> Result<Response<ReadMessagesResponse>, Status> {
         let messages = StorageApi::read_messages(&self.store, request.into_inner().ids).await?;
         Ok(Response::new(ReadMessagesResponse { messages }))
+    }
+
+    type WatchQuotaStream = QuotaStateStream;
+
+    async fn watch_quota(
+        &self,
+        _request: Request<WatchQuotaRequest>,
+    ) -> Result<Response<Self::WatchQuotaStream>, Status> {
+        use futures::StreamExt;
+        let states = self.store.watch_quota().await?;
+        Ok(Response::new(Box::pin(
+            states.map(|state| state.map_err(Status::from)),
+        )))
     }
 
     async fn status(

@@ -12,6 +12,7 @@ use spillway_proto::storage::{
 use spillway_proto::{ServiceError, StorageApi};
 
 use crate::keys;
+use crate::quota::Quota;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -51,14 +52,16 @@ impl From<StoreError> for ServiceError {
 /// The RocksDB database behind the storage node. Cheap to clone.
 #[derive(Clone)]
 pub struct RocksStore {
-    db: Arc<DB>,
-    path: PathBuf,
+    pub(crate) db: Arc<DB>,
+    pub(crate) path: PathBuf,
+    pub(crate) quota: Arc<Quota>,
 }
 
 /// A [`RocksStore`] that may have been closed since.
 pub(crate) struct WeakStore {
     db: std::sync::Weak<DB>,
     path: PathBuf,
+    quota: Arc<Quota>,
 }
 
 impl WeakStore {
@@ -67,6 +70,7 @@ impl WeakStore {
         Some(RocksStore {
             db: self.db.upgrade()?,
             path: self.path.clone(),
+            quota: self.quota.clone(),
         })
     }
 }
@@ -95,6 +99,7 @@ impl RocksStore {
         let store = Self {
             db: Arc::new(db),
             path: path.to_path_buf(),
+            quota: Arc::new(Quota::default()),
         };
         store.check_format()?;
         let cleanup = store.remove_orphans()?;
@@ -241,6 +246,7 @@ impl RocksStore {
         WeakStore {
             db: Arc::downgrade(&self.db),
             path: self.path.clone(),
+            quota: self.quota.clone(),
         }
     }
 
@@ -355,7 +361,7 @@ fn binding_key(def: &BindingDefinition) -> Vec<u8> {
     )
 }
 
-fn directory_size(path: &Path) -> u64 {
+pub(crate) fn directory_size(path: &Path) -> u64 {
     let Ok(entries) = std::fs::read_dir(path) else {
         return 0;
     };
@@ -406,6 +412,10 @@ impl StorageApi for RocksStore {
     async fn status(&self, count_records: bool) -> Result<StoreStatus, ServiceError> {
         self.blocking(move |store| store.status(count_records))
             .await
+    }
+
+    async fn watch_quota(&self) -> Result<spillway_proto::QuotaStream, ServiceError> {
+        Ok(self.quota.watch())
     }
 }
 

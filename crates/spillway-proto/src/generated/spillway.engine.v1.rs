@@ -347,7 +347,7 @@ pub struct DeliveriesWritten {
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct SessionEvent {
-    #[prost(oneof = "session_event::Event", tags = "1, 2, 3, 4, 5, 6, 7")]
+    #[prost(oneof = "session_event::Event", tags = "1, 2, 3, 4, 5, 6, 7, 21")]
     pub event: ::core::option::Option<session_event::Event>,
 }
 /// Nested message and enum types in `SessionEvent`.
@@ -369,7 +369,24 @@ pub mod session_event {
         Batch(super::EventBatch),
         #[prost(message, tag = "7")]
         ChannelError(super::ChannelError),
+        /// 20 is reserved for the management-initiated connection close.
+        #[prost(message, tag = "21")]
+        FlowControl(super::FlowControl),
     }
+}
+/// Producer flow control for the whole connection: blocked while any of its
+/// channels published to an overfull queue, or while the store is over its
+/// disk quota. Sent on every change. The gateway tells clients that
+/// understand connection.blocked, and stops reading a connection that keeps
+/// publishing past its overdraft.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct FlowControl {
+    #[prost(bool, tag = "1")]
+    pub blocked: bool,
+    /// What blocks it, e.g. "queue 'orders' is overfull", "store overfull".
+    #[prost(string, tag = "2")]
+    pub reason: ::prost::alloc::string::String,
 }
 /// A method without a reply (publish, ack, nack) failed: the channel closes.
 #[allow(clippy::all)]

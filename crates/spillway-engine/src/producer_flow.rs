@@ -1,0 +1,297 @@
+//! Producer flow control: per-queue capacity (Qpid's `x-qpid-capacity`,
+//! `x-qpid-flow-resume-capacity`, `qpid.max_count`) and the store's disk
+//! quota.
+//!
+//! A queue over its capacity is overfull (`QUE-1003`). Every channel that
+//! publishes to an overfull queue is blocked on it (`CHN-1005`); when the
+//! queue falls below its resume capacity it is underfull again (`QUE-1004`)
+//! and the channels blocked only on underfull queues are released
+//! (`CHN-1006`). While the store is over its quota every connection is
+//! blocked. The gateway hears one [`FlowControl`] event per connection
+//! whenever that connection's state changes: it tells clients that
+//! understand `connection.blocked`, and stops reading connections that keep
+//! publishing past their overdraft. The message that finds a queue overfull
+//! is accepted: flow control slows producers down, it never drops.
+//!
+//! [`FlowControl`]: spillway_proto::engine::FlowControl
+
+use std::time::{Duration, Instant};
+
+use spillway_proto::engine::{self as pb, session_event::Event};
+
+use crate::broker::{event, Broker};
+use crate::model::{ChannelId, SessionId};
+
+/// A channel held back by flow control, for management and metrics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockedChannel {
+    pub session: SessionId,
+    pub channel: ChannelId,
+    pub user: String,
+    pub client_address: String,
+    pub vhost: String,
+    /// The overfull queues it published to; empty when only the store
+    /// quota holds it.
+    pub queues: Vec<String>,
+    pub store_overfull: bool,
+    pub blocked_for: Duration,
+}
+
+impl Broker {
+    /// After a publish from `channel` landed on `queue`: the queue may have
+    /// become overfull, and a channel publishing to an overfull queue is
+    /// blocked on it.
+    pub(crate) fn after_publish(
+        &mut self,
+        session: SessionId,
+        channel: ChannelId,
+        vhost: &str,
+        queue_name: &str,
+    ) {
+        let Some(queue) = self
+            .vhosts
+            .get_mut(vhost)
+            .and_then(|v| v.queues.get_mut(queue_name))
+        else {
+            return;
+        };
+        if !queue.overfull && queue.over_capacity() {
+            queue.overfull = true;
+            match (queue.limits.capacity, queue.limits.max_count) {
+                (Some(capacity), _) if queue.ready_bytes > capacity => tracing::info!(
+                    code = "QUE-1003",
+                    vhost,
+                    queue = queue_name,
+                    size = queue.ready_bytes,
+                    capacity,
+                    "QUE-1003 : Overfull : Size : {} bytes, Capacity : {}",
+                    thousands(queue.ready_bytes),
+                    thousands(capacity)
+                ),
+                (_, Some(max_count)) => tracing::info!(
+                    code = "QUE-1003",
+                    vhost,
+                    queue = queue_name,
+                    size = queue.messages.len(),
+                    capacity = max_count,
+                    "QUE-1003 : Overfull : Size : {} messages, Capacity : {}",
+                    thousands(queue.messages.len() as u64),
+                    thousands(max_count)
+                ),
+                _ => {}
+            }
+        }
+        if !queue.overfull || !queue.blocked_channels.insert((session, channel)) {
+            return;
+        }
+        let Some(state) = self
+            .sessions
+            .get_mut(&session)
+            .and_then(|s| s.channels.get_mut(&channel))
+        else {
+            return;
+        };
+        let was_free = state.blocked_on.is_empty();
+        state.blocked_on.insert(queue_name.to_string());
+        if was_free {
+            state.blocked_since = Some(Instant::now());
+            tracing::info!(
+                code = "CHN-1005",
+                session,
+                channel,
+                vhost,
+                queue = queue_name,
+                "CHN-1005 : Flow Control Enforced (Queue {queue_name})"
+            );
+        }
+        self.update_session_flow(session);
+    }
+
+    /// After messages left `queue`: an overfull queue below its resume
+    /// capacity becomes underfull and releases its channels.
+    pub(crate) fn check_underfull(&mut self, vhost: &str, queue_name: &str) {
+        let Some(queue) = self
+            .vhosts
+            .get_mut(vhost)
+            .and_then(|v| v.queues.get_mut(queue_name))
+        else {
+            return;
+        };
+        if !queue.overfull || !queue.under_resume_capacity() {
+            return;
+        }
+        queue.overfull = false;
+        tracing::info!(
+            code = "QUE-1004",
+            vhost,
+            queue = queue_name,
+            size = queue.ready_bytes,
+            resume_capacity = queue.limits.resume_capacity.unwrap_or(0),
+            "QUE-1004 : Underfull : Size : {} bytes, Resume Capacity : {}",
+            thousands(queue.ready_bytes),
+            thousands(queue.limits.resume_capacity.unwrap_or(0))
+        );
+        let blocked = std::mem::take(&mut queue.blocked_channels);
+        self.release(vhost, queue_name, blocked);
+    }
+
+    /// A deleted queue lets its blocked channels go.
+    pub(crate) fn release(
+        &mut self,
+        vhost: &str,
+        queue_name: &str,
+        blocked: std::collections::BTreeSet<(SessionId, ChannelId)>,
+    ) {
+        let mut sessions = Vec::new();
+        for (session, channel) in blocked {
+            let Some(state) = self
+                .sessions
+                .get_mut(&session)
+                .and_then(|s| s.channels.get_mut(&channel))
+            else {
+                continue;
+            };
+            if !state.blocked_on.remove(queue_name) || !state.blocked_on.is_empty() {
+                continue;
+            }
+            state.blocked_since = None;
+            tracing::info!(
+                code = "CHN-1006",
+                session,
+                channel,
+                vhost,
+                "CHN-1006 : Flow Control Removed"
+            );
+            sessions.push(session);
+        }
+        sessions.dedup();
+        for session in sessions {
+            self.update_session_flow(session);
+        }
+    }
+
+    /// A closing channel is no longer blocked on anything.
+    pub(crate) fn forget_blocked_channel(
+        &mut self,
+        session: SessionId,
+        channel: ChannelId,
+        vhost: &str,
+        queues: &std::collections::BTreeSet<String>,
+    ) {
+        for name in queues {
+            if let Some(queue) = self
+                .vhosts
+                .get_mut(vhost)
+                .and_then(|v| v.queues.get_mut(name))
+            {
+                queue.blocked_channels.remove(&(session, channel));
+            }
+        }
+        self.update_session_flow(session);
+    }
+
+    /// The storage node's disk quota state: while overfull, every
+    /// connection is blocked.
+    pub fn set_store_overfull(&mut self, overfull: bool) {
+        if self.store_overfull == overfull {
+            return;
+        }
+        self.store_overfull = overfull;
+        self.store_overfull_since = overfull.then(Instant::now);
+        tracing::info!(store_overfull = overfull, "store quota state changed");
+        let sessions: Vec<SessionId> = self.sessions.keys().copied().collect();
+        for session in sessions {
+            self.update_session_flow(session);
+        }
+    }
+
+    /// Tells the gateway when the connection's flow state changed.
+    pub(crate) fn update_session_flow(&mut self, session: SessionId) {
+        let store_overfull = self.store_overfull;
+        let Some(state) = self.sessions.get_mut(&session) else {
+            return;
+        };
+        let queues: Vec<&String> = state
+            .channels
+            .values()
+            .flat_map(|c| c.blocked_on.iter())
+            .collect();
+        let reason = if let Some(queue) = queues.first() {
+            Some(format!("queue '{queue}' is overfull"))
+        } else if store_overfull {
+            Some("store overfull".to_string())
+        } else {
+            None
+        };
+        if reason == state.flow_blocked {
+            return;
+        }
+        let blocked = reason.is_some();
+        // Only the change from free to blocked and back is news to the
+        // client; a different reason while blocked is not.
+        let news = state.flow_blocked.is_some() != blocked;
+        state.flow_blocked = reason.clone();
+        if news {
+            let _ = state.events.send(event(Event::FlowControl(pb::FlowControl {
+                blocked,
+                reason: reason.unwrap_or_default(),
+            })));
+        }
+    }
+
+    /// Every channel held back right now, and why.
+    pub fn blocked_channels(&self) -> Vec<BlockedChannel> {
+        let now = Instant::now();
+        let mut blocked = Vec::new();
+        for (id, session) in &self.sessions {
+            for (channel_id, channel) in &session.channels {
+                let since = match (channel.blocked_since, self.store_overfull_since) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                let Some(since) = since else {
+                    continue;
+                };
+                blocked.push(BlockedChannel {
+                    session: *id,
+                    channel: *channel_id,
+                    user: session.user.clone(),
+                    client_address: session.client_address.clone(),
+                    vhost: session.vhost.clone(),
+                    queues: channel.blocked_on.iter().cloned().collect(),
+                    store_overfull: self.store_overfull,
+                    blocked_for: now.saturating_duration_since(since),
+                });
+            }
+        }
+        blocked.sort_by_key(|b| (b.session, b.channel));
+        blocked
+    }
+}
+
+/// 1200 → "1,200", as Qpid's log messages print sizes.
+pub fn thousands(value: u64) -> String {
+    let digits = value.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::thousands;
+
+    #[test]
+    fn sizes_print_with_thousands_separators() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+        assert_eq!(thousands(1200), "1,200");
+        assert_eq!(thousands(1_048_576), "1,048,576");
+    }
+}
