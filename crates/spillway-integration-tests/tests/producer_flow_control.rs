@@ -268,7 +268,7 @@ async fn the_store_quota_blocks_every_producer_until_space_is_freed(
             .await?;
         confirm.await?;
         published += 1;
-        if published % 16 == 0 {
+        if published.is_multiple_of(16) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     };
