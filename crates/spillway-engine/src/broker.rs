@@ -56,6 +56,14 @@ impl Broker {
         self.next_message_id = self.next_message_id.max(next);
     }
 
+    /// Reserves `count` consecutive message ids (management's move);
+    /// returns the first.
+    pub(crate) fn reserve_message_ids(&mut self, count: u64) -> u64 {
+        let first = self.next_message_id;
+        self.next_message_id += count;
+        first
+    }
+
     // ------------------------------------------------------------ sessions
 
     pub fn open_session(
@@ -76,6 +84,9 @@ impl Broker {
                 vhost: open.vhost.clone(),
                 user: open.user.clone(),
                 client_address: open.client_address.clone(),
+                client_properties: open.client_properties.clone(),
+                published: 0,
+                delivered: 0,
                 events,
                 channels: HashMap::new(),
                 credit: self.session_credit,

@@ -11,6 +11,10 @@
 //! [`Engine::queue_stats`] reads every queue's figures under the lock, and
 //! [`Engine::register_metrics`] puts them on `/metrics`.
 //!
+//! [`EngineAdminService`] serves the engine's side of the management API
+//! (`admin.rs`) to a management service in another process; in-process,
+//! [`Engine`] is the management service's `EngineAdminApi` itself.
+//!
 //! Inside, one lock guards the [`broker::Broker`] state; each client
 //! connection is a session task that applies its commands in order and sends
 //! replies and deliveries back as events.
@@ -18,6 +22,7 @@
 //! [`StorageApi`]: spillway_proto::StorageApi
 //! [`EngineApi`]: spillway_proto::EngineApi
 
+mod admin;
 pub mod broker;
 pub mod errors;
 mod model;
@@ -27,6 +32,7 @@ mod service;
 mod session;
 mod stats;
 
+pub use admin::EngineAdminService;
 pub use service::EngineService;
 pub use session::{Engine, EngineConfig, EngineError};
 pub use stats::QueueStats;

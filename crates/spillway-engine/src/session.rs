@@ -47,8 +47,8 @@ pub struct Engine {
 
 pub(crate) struct Shared {
     pub(crate) broker: Mutex<Broker>,
-    next_session: AtomicU64,
-    writer: StoreWriter,
+    pub(crate) next_session: AtomicU64,
+    pub(crate) writer: StoreWriter,
 }
 
 impl Engine {
@@ -255,6 +255,13 @@ impl Session {
             return;
         }
         let mut broker = self.shared.broker.lock();
+        if let Some(state) = broker.sessions.get_mut(&id) {
+            match &command {
+                Command::Publish(_) => state.published += 1,
+                Command::DeliveriesWritten(cmd) => state.delivered += u64::from(cmd.count),
+                _ => {}
+            }
+        }
         match command {
             Command::Open(_) | Command::Batch(_) => {}
             Command::ChannelOpen(cmd) => {

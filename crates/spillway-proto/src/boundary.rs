@@ -42,6 +42,16 @@ pub trait StorageApi: Send + Sync + 'static {
         queue: &str,
     ) -> Result<Vec<StoredMessage>, ServiceError>;
     async fn status(&self) -> Result<StoreStatus, ServiceError>;
+
+    /// Management's runtime store quota. NOT BUILT YET: the store quota is
+    /// being built on main; until it is connected every store answers
+    /// UNIMPLEMENTED here (in-process and over gRPC alike).
+    async fn set_quota(
+        &self,
+        _request: crate::management::SetStoreQuotaRequest,
+    ) -> Result<(), ServiceError> {
+        Err(ServiceError::Unimplemented("not built yet".into()))
+    }
 }
 
 /// The storage node over gRPC. The channel connects lazily and reconnects by
@@ -271,7 +281,7 @@ fn pack_commands(mut ready: Vec<SessionCommand>) -> SessionCommand {
     }
 }
 
-fn lazy_channel(addr: &str) -> Result<Channel, ServiceError> {
+pub(crate) fn lazy_channel(addr: &str) -> Result<Channel, ServiceError> {
     let endpoint = Endpoint::from_shared(addr.to_string())
         .map_err(|err| ServiceError::InvalidArgument(format!("bad address {addr}: {err}")))?
         .connect_timeout(Duration::from_secs(5))
