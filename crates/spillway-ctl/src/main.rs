@@ -274,12 +274,11 @@ impl Arguments {
     }
 }
 
-type Client = ManagementClient<
-    InterceptedService<
-        Channel,
-        Box<dyn FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send>,
-    >,
->;
+/// Adds the credentials to every call.
+type AddCredentials =
+    Box<dyn FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send>;
+
+type Client = ManagementClient<InterceptedService<Channel, AddCredentials>>;
 
 async fn connect(cli: &Cli) -> anyhow::Result<Client> {
     let addr = if cli.addr.contains("://") {
@@ -303,9 +302,7 @@ async fn connect(cli: &Cli) -> anyhow::Result<Client> {
     let header: MetadataValue<_> = header
         .parse()
         .context("credentials cannot be sent as a header")?;
-    let interceptor: Box<
-        dyn FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send,
-    > = Box::new(move |mut request: tonic::Request<()>| {
+    let interceptor: AddCredentials = Box::new(move |mut request: tonic::Request<()>| {
         request
             .metadata_mut()
             .insert("authorization", header.clone());
@@ -832,7 +829,7 @@ fn queue_table(queues: &[m::Queue]) -> String {
         queues
             .iter()
             .map(|q| {
-                let status = q.status.clone().unwrap_or_default();
+                let status = q.status.unwrap_or_default();
                 vec![
                     q.name.clone(),
                     status.messages.to_string(),

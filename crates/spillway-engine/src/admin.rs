@@ -50,6 +50,9 @@ fn service_error(error: AmqpError) -> ServiceError {
     match u16::try_from(error.code).unwrap_or_default() {
         codes::NOT_FOUND | codes::NOT_ALLOWED => ServiceError::NotFound(text),
         codes::ACCESS_REFUSED => ServiceError::PermissionDenied(text),
+        codes::PRECONDITION_FAILED if text.starts_with("invalid arg") => {
+            ServiceError::InvalidArgument(text)
+        }
         codes::RESOURCE_LOCKED | codes::PRECONDITION_FAILED => {
             ServiceError::FailedPrecondition(text)
         }
