@@ -211,7 +211,7 @@ async fn definitions_lifecycle(sb: &mut Sandbox) -> anyhow::Result<()> {
         .await?
         .into_inner()
         .bindings;
-    assert_eq!(bindings, [binding.clone()]);
+    assert_eq!(bindings, std::slice::from_ref(&binding));
     assert_eq!(
         c.get_binding(m::GetBindingRequest {
             binding: Some(binding.clone())
