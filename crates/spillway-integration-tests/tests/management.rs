@@ -557,6 +557,7 @@ async fn peek_move_purge_keep_messages(sb: &mut Sandbox) -> anyhow::Result<()> {
     );
     let conn = sb.connect().await?;
     let ch = conn.create_channel().await?;
+    ch.confirm_select(ConfirmSelectOptions::default()).await?;
     let mut bodies = Vec::new();
     while let Some(message) = ch
         .basic_get("work".into(), BasicGetOptions { no_ack: true })
@@ -648,11 +649,19 @@ async fn connections_listed_and_closed(sb: &mut Sandbox) -> anyhow::Result<()> {
         .ack(BasicAckOptions::default())
         .await?;
 
-    let connections = c
-        .list_connections(m::ListConnectionsRequest::default())
-        .await?
-        .into_inner()
-        .connections;
+    // The gateway reports deliveries written a moment after writing them.
+    let mut connections = Vec::new();
+    for _ in 0..100 {
+        connections = c
+            .list_connections(m::ListConnectionsRequest::default())
+            .await?
+            .into_inner()
+            .connections;
+        if connections.iter().all(|c| c.messages_delivered == 1) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(connections.len(), 1, "{connections:?}");
     let listed = &connections[0];
     assert_eq!(
