@@ -33,7 +33,8 @@ use crate::routing::as_integer;
 use crate::session::Engine;
 use crate::QueueStats;
 
-/// The user name management's internal sessions run as.
+/// The user name management's internal sessions run as. They are opened and
+/// closed under one broker lock, so no listing ever sees them.
 const MANAGEMENT_USER: &str = "management";
 /// The channel management's internal sessions use.
 const CHANNEL: u32 = 1;
@@ -278,7 +279,7 @@ impl Engine {
         for (session_id, session) in &broker.sessions {
             let matches =
                 vhost.is_none_or(|v| session.vhost == v) && id.is_none_or(|i| i == *session_id);
-            if matches && session.user != MANAGEMENT_USER {
+            if matches {
                 let _ = session
                     .events
                     .send(event(Event::ConnectionClose(pb::ConnectionClose {
@@ -667,10 +668,7 @@ impl EngineAdminApi for Engine {
     ) -> Result<m::BrokerStatus, ServiceError> {
         let stats = self.queue_stats();
         let broker = self.shared.broker.lock();
-        let sessions = broker
-            .sessions
-            .values()
-            .filter(|s| s.user != MANAGEMENT_USER);
+        let sessions = broker.sessions.values();
         let (connections, channels) = sessions.fold((0u32, 0u32), |(c, ch), s| {
             (c + 1, ch + s.channels.len() as u32)
         });
@@ -696,7 +694,6 @@ impl EngineAdminApi for Engine {
         let mut connections: Vec<m::Connection> = broker
             .sessions
             .iter()
-            .filter(|(_, s)| s.user != MANAGEMENT_USER)
             .filter(|(_, s)| request.vhost.is_empty() || s.vhost == request.vhost)
             .map(|(id, s)| m::Connection {
                 id: *id,
@@ -721,7 +718,6 @@ impl EngineAdminApi for Engine {
         let mut channels: Vec<m::Channel> = broker
             .sessions
             .iter()
-            .filter(|(_, s)| s.user != MANAGEMENT_USER)
             .filter(|(_, s)| request.vhost.is_empty() || s.vhost == request.vhost)
             .filter(|(id, _)| request.connection_id == 0 || **id == request.connection_id)
             .flat_map(|(id, s)| {
@@ -785,7 +781,7 @@ fn vhost_view(broker: &Broker, vhost: &VHost) -> m::Vhost {
         connections: broker
             .sessions
             .values()
-            .filter(|s| s.vhost == vhost.name && s.user != MANAGEMENT_USER)
+            .filter(|s| s.vhost == vhost.name)
             .count() as u32,
     }
 }
@@ -793,8 +789,9 @@ fn vhost_view(broker: &Broker, vhost: &VHost) -> m::Vhost {
 // ------------------------------------------------------------ runtime settings
 
 /// The runtime settings. NOT BUILT YET: flow to disk and queue capacities are
-/// being built in the engine on main; connect them here (the requests are
-/// already validated by nothing else, so check them here too).
+/// being built in the engine on main; connect them here, validating the
+/// requests here too (vhost and queue exist, resume capacity below capacity):
+/// management passes them through unchecked and logs successful changes.
 mod runtime {
     use super::*;
 
