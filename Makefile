@@ -19,7 +19,7 @@ venv:
 	@scripts/python-venv.sh
 
 build: deps
-	$(CARGO) build --release -p spillway -p spillway-loadgen
+	$(CARGO) build --release -p spillway -p spillway-loadgen -p spillway-ctl
 
 lint: deps
 	cargo fmt --all -- --check

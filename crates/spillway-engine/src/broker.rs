@@ -97,6 +97,14 @@ impl Broker {
         self.next_message_id = self.next_message_id.max(next);
     }
 
+    /// Reserves `count` consecutive message ids (management's move);
+    /// returns the first.
+    pub(crate) fn reserve_message_ids(&mut self, count: u64) -> u64 {
+        let first = self.next_message_id;
+        self.next_message_id += count;
+        first
+    }
+
     // ------------------------------------------------------------ sessions
 
     pub fn open_session(
@@ -117,10 +125,14 @@ impl Broker {
                 vhost: open.vhost.clone(),
                 user: open.user.clone(),
                 client_address: open.client_address.clone(),
+                client_properties: open.client_properties.clone(),
+                published: 0,
+                delivered: 0,
                 events,
                 channels: HashMap::new(),
                 credit: self.session_credit,
                 flow_blocked: None,
+                has_published: false,
             },
         );
         tracing::debug!(session = id, vhost = %open.vhost, user = %open.user, "session opened");
@@ -1015,6 +1027,7 @@ impl Broker {
             self.dispatch(&vhost_name, name);
             self.after_publish(session, channel, &vhost_name, name);
         }
+        self.note_producer(session);
         Ok(outcome)
     }
 
@@ -1615,9 +1628,22 @@ fn same_binding(a: &Binding, b: &Binding) -> bool {
         && a.argument_table == b.argument_table
 }
 
+/// Producer flow-control limits can be changed at runtime (management), so
+/// a redeclare with the arguments the queue was created with still succeeds
+/// and keeps the current limits, as Qpid does.
+const RUNTIME_ARGUMENTS: [&str; 4] = [
+    "x-qpid-capacity",
+    "qpid.max_size",
+    "x-qpid-flow-resume-capacity",
+    "qpid.max_count",
+];
+
 fn first_inequivalent_argument(current: &FieldTable, received: &FieldTable) -> Option<String> {
     let keys = current.inner().keys().chain(received.inner().keys());
     for key in keys {
+        if RUNTIME_ARGUMENTS.contains(&key.as_str()) {
+            continue;
+        }
         let (a, b) = (current.inner().get(key), received.inner().get(key));
         if !equivalent_argument(a, b) {
             return Some(key.as_str().to_string());

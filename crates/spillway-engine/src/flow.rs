@@ -382,7 +382,9 @@ fn submit_spill(persist: &crate::persistence::StoreWriter, spill: &mut Spill) {
     }
     let seq = persist.submit_spill(
         std::mem::take(&mut spill.ops),
-        Durability::Volatile,
+        // Logged, not volatile: a storage node that dies under a running
+        // engine (separate processes) must give these back when it returns.
+        Durability::Logged,
         spill.bytes,
         None,
     );

@@ -14,6 +14,9 @@
 //! It also owns the memory budget for message bytes: past
 //! `broker.flow_to_disk_threshold` payloads flow to the storage node and are
 //! read back ahead of their consumers ([`budget`], `flow`).
+//! [`EngineAdminService`] serves the engine's side of the management API
+//! (`admin.rs`) to a management service in another process; in-process,
+//! [`Engine`] is the management service's `EngineAdminApi` itself.
 //!
 //! Inside, one lock guards the [`broker::Broker`] state; each client
 //! connection is a session task that applies its commands in order and sends
@@ -22,6 +25,7 @@
 //! [`StorageApi`]: spillway_proto::StorageApi
 //! [`EngineApi`]: spillway_proto::EngineApi
 
+mod admin;
 pub mod broker;
 pub mod budget;
 pub mod errors;
@@ -34,6 +38,7 @@ mod service;
 mod session;
 mod stats;
 
+pub use admin::EngineAdminService;
 pub use flow::FlowStatus;
 pub use producer_flow::{thousands, BlockedChannel};
 pub use service::EngineService;

@@ -552,10 +552,19 @@ pub struct SessionState {
     pub vhost: String,
     pub user: String,
     pub client_address: String,
+    /// The client's AMQP-encoded client-properties (for management).
+    pub client_properties: Bytes,
+    /// Messages published and deliveries written since the session opened
+    /// (for management).
+    pub published: u64,
+    pub delivered: u64,
     pub events: mpsc::UnboundedSender<SessionEvent>,
     pub channels: HashMap<ChannelId, ChannelState>,
     /// Deliveries the gateway may still receive before it reports some written.
     pub credit: u32,
     /// What the gateway was last told: blocked (and why), or not.
     pub flow_blocked: Option<String>,
+    /// Has published: the store quota blocks producers only, so consumers
+    /// can go on freeing space.
+    pub has_published: bool,
 }

@@ -48,6 +48,8 @@ impl Broker {
         vhost: &str,
         queue_name: &str,
     ) {
+        // A drop-head limit may have taken it below its resume capacity.
+        self.check_underfull(vhost, queue_name);
         let Some(queue) = self
             .vhosts
             .get_mut(vhost)
@@ -190,8 +192,24 @@ impl Broker {
         self.update_session_flow(session);
     }
 
+    /// A session's first publish makes it a producer: the store quota
+    /// holds it from then on.
+    pub(crate) fn note_producer(&mut self, session: SessionId) {
+        let Some(state) = self.sessions.get_mut(&session) else {
+            return;
+        };
+        if state.has_published {
+            return;
+        }
+        state.has_published = true;
+        if self.store_overfull {
+            self.update_session_flow(session);
+        }
+    }
+
     /// The storage node's disk quota state: while overfull, every
-    /// connection is blocked.
+    /// connection that publishes is blocked (connections that only consume
+    /// go on, so that they can free space).
     pub fn set_store_overfull(&mut self, overfull: bool) {
         if self.store_overfull == overfull {
             return;
@@ -218,7 +236,7 @@ impl Broker {
             .collect();
         let reason = if let Some(queue) = queues.first() {
             Some(format!("queue '{queue}' is overfull"))
-        } else if store_overfull {
+        } else if store_overfull && state.has_published {
             Some("store overfull".to_string())
         } else {
             None
@@ -244,8 +262,9 @@ impl Broker {
         let now = Instant::now();
         let mut blocked = Vec::new();
         for (id, session) in &self.sessions {
+            let store_since = self.store_overfull_since.filter(|_| session.has_published);
             for (channel_id, channel) in &session.channels {
-                let since = match (channel.blocked_since, self.store_overfull_since) {
+                let since = match (channel.blocked_since, store_since) {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
                 };
@@ -259,7 +278,7 @@ impl Broker {
                     client_address: session.client_address.clone(),
                     vhost: session.vhost.clone(),
                     queues: channel.blocked_on.iter().cloned().collect(),
-                    store_overfull: self.store_overfull,
+                    store_overfull: store_since.is_some(),
                     blocked_for: now.saturating_duration_since(since),
                 });
             }

@@ -62,10 +62,19 @@ pub struct Engine {
 
 pub(crate) struct Shared {
     pub(crate) broker: Mutex<Broker>,
-    next_session: AtomicU64,
-    writer: StoreWriter,
+    pub(crate) next_session: AtomicU64,
+    pub(crate) writer: StoreWriter,
     pub(crate) budget: Arc<MemoryBudget>,
     housekeeping_kick: Arc<Notify>,
+    /// For reading payloads back; taken at shutdown so the store is
+    /// released even while clones of the engine linger.
+    store: Mutex<Option<Arc<dyn StorageApi>>>,
+}
+
+impl Shared {
+    pub(crate) fn store(&self) -> Option<Arc<dyn StorageApi>> {
+        self.store.lock().clone()
+    }
 }
 
 impl Engine {
@@ -75,6 +84,16 @@ impl Engine {
         store: Arc<dyn StorageApi>,
         config: EngineConfig,
     ) -> Result<Self, EngineError> {
+        // Nothing references a payload that flowed to disk before this
+        // engine started: the store may delete every record no durable
+        // queue entry holds (garbage of a crash).
+        let removed = store.remove_orphans().await?;
+        if removed > 0 {
+            tracing::info!(
+                orphaned_messages = removed,
+                "payloads left by a previous run removed"
+            );
+        }
         let definitions = store.load_definitions().await?;
         let budget = Arc::new(MemoryBudget::new(config.flow_to_disk_threshold));
         let writer = StoreWriter::start(store.clone(), budget.clone());
@@ -180,9 +199,10 @@ impl Engine {
             writer,
             budget,
             housekeeping_kick,
+            store: Mutex::new(Some(store.clone())),
         });
-        tokio::spawn(run_quota_watch(Arc::downgrade(&shared), store.clone()));
-        tokio::spawn(run_loader(Arc::downgrade(&shared), store, load_requests));
+        tokio::spawn(run_quota_watch(Arc::downgrade(&shared)));
+        tokio::spawn(run_loader(Arc::downgrade(&shared), load_requests));
         tokio::spawn(run_housekeeping(
             Arc::downgrade(&shared),
             config.housekeeping_interval,
@@ -196,6 +216,7 @@ impl Engine {
     /// gateways have stopped; later writes are refused (and logged).
     pub async fn shutdown(&self) {
         self.shared.writer.stop().await;
+        self.shared.store.lock().take();
     }
 
     /// The channels producer flow control holds back right now.
@@ -228,13 +249,16 @@ impl Engine {
 /// lives, watching again whenever the stream breaks (the storage node
 /// restarted): it sends the current state first, so nothing is missed. The
 /// last state known holds meanwhile.
-async fn run_quota_watch(shared: std::sync::Weak<Shared>, store: Arc<dyn StorageApi>) {
+async fn run_quota_watch(shared: std::sync::Weak<Shared>) {
     let mut backoff = Duration::from_millis(100);
     loop {
-        if shared.strong_count() == 0 {
+        // The store only for the call: the stream does not keep it open.
+        let Some(store) = shared.upgrade().and_then(|engine| engine.store()) else {
             return;
-        }
-        match store.watch_quota().await {
+        };
+        let watching = store.watch_quota().await;
+        drop(store);
+        match watching {
             Ok(mut states) => {
                 while let Some(state) = states.next().await {
                     let Ok(state) = state else { break };
@@ -278,7 +302,6 @@ async fn run_housekeeping(shared: std::sync::Weak<Shared>, interval: Duration) {
 /// batches at a time, and installs them under the broker lock.
 async fn run_loader(
     shared: std::sync::Weak<Shared>,
-    store: Arc<dyn StorageApi>,
     mut requests: mpsc::UnboundedReceiver<LoadRequest>,
 ) {
     let permits = Arc::new(Semaphore::new(CONCURRENT_LOADS));
@@ -289,9 +312,8 @@ async fn run_loader(
         let Some(engine) = shared.upgrade() else {
             return;
         };
-        let store = store.clone();
         tokio::spawn(async move {
-            let records = load(&engine, store.as_ref(), &request.ids).await;
+            let records = load(&engine, &request.ids).await;
             engine.broker.lock().install_loaded(
                 &request.vhost,
                 &request.queue,
@@ -305,11 +327,14 @@ async fn run_loader(
 
 /// The records of `ids`: from the store writer when still on their way to
 /// the store, else from the store, retrying until it answers.
-async fn load(
+pub(crate) async fn load(
     engine: &Shared,
-    store: &dyn StorageApi,
     ids: &[u64],
 ) -> Vec<spillway_proto::storage::MessageRecord> {
+    let Some(store) = engine.store() else {
+        // Shutting down: nothing to install the payloads into any more.
+        return Vec::new();
+    };
     let mut records = Vec::with_capacity(ids.len());
     let mut missing = Vec::new();
     for id in ids {
@@ -482,6 +507,13 @@ impl Session {
             return;
         }
         let mut broker = self.shared.broker.lock();
+        if let Some(state) = broker.sessions.get_mut(&id) {
+            match &command {
+                Command::Publish(_) => state.published += 1,
+                Command::DeliveriesWritten(cmd) => state.delivered += u64::from(cmd.count),
+                _ => {}
+            }
+        }
         match command {
             Command::Open(_) | Command::Batch(_) => {}
             Command::ChannelOpen(cmd) => {

@@ -1280,6 +1280,10 @@ impl Connection {
                 let method_id = u16::try_from(error.method_id).unwrap_or_default();
                 self.raise(channel_id, error, class_id, method_id, out, commands)
             }
+            // The broker closes the connection (management, vhost deleted).
+            Event::ConnectionClose(close) => {
+                Err(ConnectionError::new(codes::CONNECTION_FORCED, close.reason))
+            }
         }
     }
 

@@ -9,6 +9,10 @@
 //! - [`Wiring::AllInOneProcess`]: the all-in-one broker as one child process,
 //!   for tests that SIGKILL it.
 //!
+//! The management API listens on an ephemeral port in every wiring (in
+//! `Separate`, as a fourth process): [`Sandbox::management_addr`], with
+//! [`MANAGEMENT_TOKEN`] as its bearer token.
+//!
 //! Every process serves `/metrics` and `/healthz` on an ephemeral port too:
 //! [`Sandbox::metrics_addr`] tells where, [`http_get`] fetches them.
 //!
@@ -29,6 +33,9 @@ use spillway_proto::storage::StoreStatus;
 use spillway_proto::{RemoteStorage, StorageApi};
 use spillway_serve::{Role, Running, Settings};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The management bearer token every sandbox configures.
+pub const MANAGEMENT_TOKEN: &str = "sandbox-management-token";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Wiring {
@@ -63,6 +70,7 @@ pub struct Sandbox {
     /// The storage node's gRPC address (separate wiring).
     storage: Option<SocketAddr>,
     amqp: SocketAddr,
+    management: SocketAddr,
     /// Role (`all-in-one`, `storage`, `engine`, `gateway`) → its `/metrics`
     /// address, from the ready files.
     metrics: BTreeMap<&'static str, SocketAddr>,
@@ -92,6 +100,7 @@ impl Sandbox {
             config,
             storage: None,
             amqp: SocketAddr::from(([127, 0, 0, 1], 0)),
+            management: SocketAddr::from(([127, 0, 0, 1], 0)),
             metrics: BTreeMap::new(),
             in_process: None,
             children: Vec::new(),
@@ -116,6 +125,11 @@ impl Sandbox {
             .or_else(|| self.metrics.get("all-in-one"))
             .copied()
             .with_context(|| format!("no metrics address for {component:?}"))
+    }
+
+    /// The management gRPC API (bearer token [`MANAGEMENT_TOKEN`]).
+    pub fn management_addr(&self) -> SocketAddr {
+        self.management
     }
 
     pub fn amqp_uri(&self) -> String {
@@ -143,10 +157,15 @@ impl Sandbox {
                 };
                 settings.gateway.amqp_listen = "127.0.0.1:0".into();
                 settings.management.listen = "127.0.0.1:0".into();
+                settings.management.token = Some(MANAGEMENT_TOKEN.into());
                 settings.telemetry.metrics_listen = Some("127.0.0.1:0".into());
                 settings.storage.data_dir = self.data_dir();
                 let running = spillway_serve::run(Role::AllInOne, &settings).await?;
                 self.amqp = *running.addresses.get("amqp").context("no amqp address")?;
+                self.management = *running
+                    .addresses
+                    .get("management")
+                    .context("no management address")?;
                 let metrics = running
                     .addresses
                     .get("metrics")
@@ -157,6 +176,7 @@ impl Sandbox {
             Wiring::AllInOneProcess => {
                 let ready = self.spawn("all-in-one", &[]).await?;
                 self.amqp = parse_addr(&ready, "amqp")?;
+                self.management = parse_addr(&ready, "management")?;
             }
             Wiring::Separate => {
                 let storage = self.spawn("storage", &[]).await?;
@@ -169,6 +189,22 @@ impl Sandbox {
                     )
                     .await?;
                 let engine = parse_addr(&engine, "engine")?;
+                let management = self
+                    .spawn(
+                        "management",
+                        &[
+                            (
+                                "SPILLWAY_MANAGEMENT__STORAGE_ADDR",
+                                format!("http://{storage}"),
+                            ),
+                            (
+                                "SPILLWAY_MANAGEMENT__ENGINE_ADDR",
+                                format!("http://{engine}"),
+                            ),
+                        ],
+                    )
+                    .await?;
+                self.management = parse_addr(&management, "management")?;
                 let gateway = self
                     .spawn(
                         "gateway",
@@ -204,6 +240,7 @@ impl Sandbox {
             .env("SPILLWAY_ENGINE__LISTEN", "127.0.0.1:0")
             .env("SPILLWAY_STORAGE__LISTEN", "127.0.0.1:0")
             .env("SPILLWAY_MANAGEMENT__LISTEN", "127.0.0.1:0")
+            .env("SPILLWAY_MANAGEMENT__TOKEN", MANAGEMENT_TOKEN)
             .env("SPILLWAY_TELEMETRY__METRICS_LISTEN", "127.0.0.1:0")
             .env("SPILLWAY_STORAGE__DATA_DIR", self.data_dir())
             .stdin(Stdio::null())
@@ -285,7 +322,7 @@ impl Sandbox {
     /// The logs of the child processes, for failure messages.
     pub fn logs(&self) -> String {
         let mut logs = String::new();
-        for role in ["storage", "engine", "gateway", "all-in-one"] {
+        for role in ["storage", "engine", "management", "gateway", "all-in-one"] {
             if let Ok(text) = std::fs::read_to_string(self.dir.path().join(format!("{role}.log"))) {
                 logs.push_str(&format!("--- {role} ---\n{text}\n"));
             }
@@ -323,6 +360,22 @@ pub fn spillway_bin() -> anyhow::Result<PathBuf> {
     if !bin.exists() {
         bail!(
             "{} not found: run `cargo build --release -p spillway` first",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
+/// `SPILLCTL_BIN`, or `target/release/spillctl` next to this test binary
+/// (`cargo build --release -p spillway-ctl`).
+pub fn spillctl_bin() -> anyhow::Result<PathBuf> {
+    if let Some(path) = std::env::var_os("SPILLCTL_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    let bin = spillway_bin()?.with_file_name("spillctl");
+    if !bin.exists() {
+        bail!(
+            "{} not found: run `cargo build --release -p spillway-ctl` first",
             bin.display()
         );
     }

@@ -261,13 +261,9 @@ async fn separate_ten_times_the_threshold_stays_bounded_and_comes_back_whole() -
     ten_times_the_threshold_stays_bounded_and_comes_back_whole(Wiring::Separate).await
 }
 
-/// SIGKILL with transient payloads on disk: after the restart the storage
-/// node has removed every record no durable queue references, and the
-/// persistent messages are all still there.
-///
-/// Spilled payloads skip RocksDB's write-ahead log, so only those already
-/// flushed to a table file survive a crash as garbage: the backlog is made
-/// larger than one memtable (64 MiB) so that some are.
+/// SIGKILL with transient payloads on disk: as the engine starts again it
+/// has the storage node remove every record no durable queue references,
+/// and the persistent messages are all still there.
 async fn a_crash_with_a_spilled_backlog_leaves_no_garbage(wiring: Wiring) -> anyhow::Result<()> {
     let threshold = 4 * MIB;
     let mut sandbox = Sandbox::start_with_config(wiring, &config(threshold)).await?;
@@ -293,7 +289,7 @@ async fn a_crash_with_a_spilled_backlog_leaves_no_garbage(wiring: Wiring) -> any
     let logs = sandbox.logs();
     let removed: u64 = logs
         .lines()
-        .filter(|line| line.contains("store opened"))
+        .filter(|line| line.contains("unreferenced message records removed"))
         .filter_map(|line| line.split("orphaned_messages=").nth(1))
         .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
         .max()

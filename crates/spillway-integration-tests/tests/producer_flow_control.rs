@@ -223,8 +223,10 @@ async fn separate_a_resume_capacity_above_the_capacity_is_refused() -> anyhow::R
 }
 
 /// A small disk quota: persistent messages fill it, every producer is
-/// blocked; a purge frees the space (the store flushes and compacts while
-/// overfull) and releases them.
+/// blocked (a connection that only consumes is not, so it can free space);
+/// a purge frees the space (the store flushes and compacts while overfull)
+/// and releases them. Bodies are pseudo-random: compression alone cannot
+/// bring the store back under its quota.
 async fn the_store_quota_blocks_every_producer_until_space_is_freed(
     wiring: Wiring,
 ) -> anyhow::Result<()> {
@@ -246,7 +248,17 @@ async fn the_store_quota_blocks_every_producer_until_space_is_freed(
     channel
         .confirm_select(ConfirmSelectOptions::default())
         .await?;
-    let body = vec![7u8; 64 * 1024];
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut noise = move || {
+        (0..64 * 1024)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed as u8
+            })
+            .collect::<Vec<u8>>()
+    };
     let persistent = BasicProperties::default().with_delivery_mode(2);
     let mut published = 0u64;
     let blocked = loop {
@@ -257,6 +269,7 @@ async fn the_store_quota_blocks_every_producer_until_space_is_freed(
             published < 2000,
             "no block after {published} messages of 64 KiB"
         );
+        let body = noise();
         let confirm = channel
             .basic_publish(
                 "".into(),

@@ -45,9 +45,19 @@ pub trait StorageApi: Send + Sync + 'static {
     async fn read_messages(&self, ids: Vec<u64>) -> Result<Vec<MessageRecord>, ServiceError>;
     /// Disk usage; with `count_records`, exact record counts (a scan).
     async fn status(&self, count_records: bool) -> Result<StoreStatus, ServiceError>;
+    /// Deletes every message record no durable queue entry references;
+    /// returns how many. Only an engine that is starting may ask.
+    async fn remove_orphans(&self) -> Result<u64, ServiceError>;
     /// The disk quota's state now, then on every change. The stream ends
     /// (or fails) when the storage node goes away: watch again.
     async fn watch_quota(&self) -> Result<QuotaStream, ServiceError>;
+
+    /// Management's runtime store quota (`store.overfull_size`,
+    /// `store.underfull_size`).
+    async fn set_quota(
+        &self,
+        request: crate::management::SetStoreQuotaRequest,
+    ) -> Result<(), ServiceError>;
 }
 
 /// The storage node's disk quota state, as it changes.
@@ -125,6 +135,29 @@ impl StorageApi for RemoteStorage {
             .status(StatusRequest { count_records })
             .await?
             .into_inner())
+    }
+
+    async fn set_quota(
+        &self,
+        request: crate::management::SetStoreQuotaRequest,
+    ) -> Result<(), ServiceError> {
+        self.client
+            .clone()
+            .set_quota(crate::storage::SetQuotaRequest {
+                overfull_size: request.overfull_size,
+                underfull_size: request.underfull_size,
+            })
+            .await?;
+        Ok(())
+    }
+
+    async fn remove_orphans(&self) -> Result<u64, ServiceError> {
+        let response = self
+            .client
+            .clone()
+            .remove_orphans(crate::storage::RemoveOrphansRequest {})
+            .await?;
+        Ok(response.into_inner().removed)
     }
 
     async fn watch_quota(&self) -> Result<QuotaStream, ServiceError> {
@@ -302,7 +335,7 @@ fn pack_commands(mut ready: Vec<SessionCommand>) -> SessionCommand {
     }
 }
 
-fn lazy_channel(addr: &str) -> Result<Channel, ServiceError> {
+pub(crate) fn lazy_channel(addr: &str) -> Result<Channel, ServiceError> {
     let endpoint = Endpoint::from_shared(addr.to_string())
         .map_err(|err| ServiceError::InvalidArgument(format!("bad address {addr}: {err}")))?
         .connect_timeout(Duration::from_secs(5))

@@ -1,6 +1,6 @@
 //! Spillway's gRPC contracts: the generated types and services for
-//! gateway↔engine (`engine`), engine↔storage (`storage`) and the public
-//! management API (`management`).
+//! gateway↔engine (`engine`, with the engine's internal admin API),
+//! engine↔storage (`storage`) and the public management API (`management`).
 //!
 //! The generated code is checked in under `src/generated/` so that building
 //! Spillway needs no `protoc`; `tests/generated_code_is_fresh.rs` regenerates
@@ -34,3 +34,12 @@ pub use boundary::{
 };
 
 pub use status::{RemoteError, ServiceError};
+
+mod admin;
+pub mod json;
+
+pub use admin::{EngineAdminApi, RemoteEngineAdmin};
+
+/// The encoded file descriptor set of the public management API, for gRPC
+/// server reflection (regenerated and checked with the code).
+pub const MANAGEMENT_DESCRIPTOR: &[u8] = include_bytes!("generated/management_descriptor.bin");

@@ -10,6 +10,15 @@ pub enum ServiceError {
     NotFound(String),
     #[error("unavailable: {0}")]
     Unavailable(String),
+    #[error("failed precondition: {0}")]
+    FailedPrecondition(String),
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
+    #[error("already exists: {0}")]
+    AlreadyExists(String),
+    /// A call whose feature is not built yet.
+    #[error("unimplemented: {0}")]
+    Unimplemented(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -20,6 +29,10 @@ impl From<ServiceError> for tonic::Status {
             ServiceError::InvalidArgument(msg) => tonic::Status::invalid_argument(msg),
             ServiceError::NotFound(msg) => tonic::Status::not_found(msg),
             ServiceError::Unavailable(msg) => tonic::Status::unavailable(msg),
+            ServiceError::FailedPrecondition(msg) => tonic::Status::failed_precondition(msg),
+            ServiceError::PermissionDenied(msg) => tonic::Status::permission_denied(msg),
+            ServiceError::AlreadyExists(msg) => tonic::Status::already_exists(msg),
+            ServiceError::Unimplemented(msg) => tonic::Status::unimplemented(msg),
             ServiceError::Internal(msg) => tonic::Status::internal(msg),
         }
     }
@@ -31,6 +44,10 @@ impl From<tonic::Status> for ServiceError {
         match status.code() {
             tonic::Code::InvalidArgument => ServiceError::InvalidArgument(msg),
             tonic::Code::NotFound => ServiceError::NotFound(msg),
+            tonic::Code::FailedPrecondition => ServiceError::FailedPrecondition(msg),
+            tonic::Code::PermissionDenied => ServiceError::PermissionDenied(msg),
+            tonic::Code::AlreadyExists => ServiceError::AlreadyExists(msg),
+            tonic::Code::Unimplemented => ServiceError::Unimplemented(msg),
             tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::DeadlineExceeded => {
                 ServiceError::Unavailable(msg)
             }

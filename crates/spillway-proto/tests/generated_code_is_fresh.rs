@@ -1,11 +1,16 @@
 //! The generated gRPC code is checked in (no protoc needed to build). This test
 //! regenerates it from `proto/` and fails when the checked-in copy differs.
 //! Run with `SPILLWAY_REGENERATE_PROTO=1` to rewrite the checked-in copy.
+//!
+//! Besides the Rust code it writes `management_descriptor.bin`: the encoded
+//! file descriptor set of the public management API, which the management
+//! service serves through gRPC server reflection.
 
 use std::path::{Path, PathBuf};
 
 const PROTOS: &[&str] = &[
     "spillway/engine/v1/engine.proto",
+    "spillway/engine/v1/admin.proto",
     "spillway/storage/v1/storage.proto",
     "spillway/management/v1/management.proto",
 ];
@@ -17,10 +22,44 @@ fn generate_into(out_dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .build_client(true)
         .bytes(".")
+        // The engine's admin API carries the public API's messages.
+        .extern_path(".spillway.management.v1", "crate::management")
         .out_dir(out_dir)
-        .compile_protos(&files, &[proto_root])?;
+        .compile_protos(&files, std::slice::from_ref(&proto_root))?;
+    // The public API again, alone: its Rust code with `--output json`
+    // support for spillctl, and its descriptor set for reflection.
+    let management = tempfile::tempdir()?;
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .bytes(".")
+        .type_attribute(".spillway.management.v1", "#[derive(serde::Serialize)]")
+        .message_attribute(
+            ".spillway.management.v1.ArgumentValue",
+            "#[serde(transparent)]",
+        )
+        .type_attribute(
+            ".spillway.management.v1.ArgumentValue.value",
+            "#[serde(untagged)]",
+        )
+        .field_attribute(
+            ".spillway.management.v1.PeekedMessage.body",
+            "#[serde(serialize_with = \"crate::json::base64\")]",
+        )
+        .file_descriptor_set_path(out_dir.join(DESCRIPTOR))
+        .out_dir(management.path())
+        .compile_protos(
+            &[proto_root.join("spillway/management/v1/management.proto")],
+            &[proto_root],
+        )?;
+    std::fs::copy(
+        management.path().join("spillway.management.v1.rs"),
+        out_dir.join("spillway.management.v1.rs"),
+    )?;
     Ok(())
 }
+
+const DESCRIPTOR: &str = "management_descriptor.bin";
 
 #[test]
 fn generated_code_is_fresh() -> Result<(), Box<dyn std::error::Error>> {
@@ -36,8 +75,8 @@ fn generated_code_is_fresh() -> Result<(), Box<dyn std::error::Error>> {
         .collect::<Result<_, _>>()?;
     names.sort();
     for name in names {
-        let want = std::fs::read_to_string(fresh.path().join(&name))?;
-        let have = std::fs::read_to_string(checked_in.join(&name)).unwrap_or_default();
+        let want = std::fs::read(fresh.path().join(&name))?;
+        let have = std::fs::read(checked_in.join(&name)).unwrap_or_default();
         assert!(
             want == have,
             "{} is stale: run `SPILLWAY_REGENERATE_PROTO=1 cargo test --release -p spillway-proto`",

@@ -4,10 +4,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use spillway_engine::{Engine, EngineConfig, EngineService};
+use spillway_engine::{Engine, EngineAdminService, EngineConfig, EngineService};
 use spillway_gateway::{AmqpServer, GatewayMetrics, Server};
 use spillway_management::ManagementService;
-use spillway_proto::{EngineApi, RemoteEngine, RemoteStorage, StorageApi};
+use spillway_proto::{
+    EngineAdminApi, EngineApi, RemoteEngine, RemoteEngineAdmin, RemoteStorage, StorageApi,
+};
 use spillway_storage::{RocksStore, StorageService};
 use spillway_telemetry::{Health, HttpServer, Metrics};
 use tokio::net::TcpListener;
@@ -130,9 +132,11 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
             let engine = start_engine(storage.clone(), settings).await?;
             engine.register_metrics(&metrics);
             running.engine = Some(engine.clone());
+            let admin: Arc<dyn EngineAdminApi> = Arc::new(engine.clone());
             start_amqp(&mut running, Arc::new(engine), settings, &metrics).await?;
-            let management = ManagementService::new(storage).into_server();
-            let router = tonic::transport::Server::builder().add_service(management);
+            let routes =
+                ManagementService::new(admin, storage).routes(settings.management.auth())?;
+            let router = tonic::transport::Server::builder().add_routes(routes);
             start_grpc(
                 &mut running,
                 "management",
@@ -163,7 +167,8 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
             engine.register_metrics(&metrics);
             running.engine = Some(engine.clone());
             let router = tonic::transport::Server::builder()
-                .add_service(EngineService::new(engine).into_server());
+                .add_service(EngineService::new(engine.clone()).into_server())
+                .add_service(EngineAdminService::new(engine).into_server());
             start_grpc(
                 &mut running,
                 "engine",
@@ -182,8 +187,12 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
             let storage: Arc<dyn StorageApi> = Arc::new(RemoteStorage::connect_lazy(
                 &settings.management.storage_addr,
             )?);
-            let router = tonic::transport::Server::builder()
-                .add_service(ManagementService::new(storage).into_server());
+            let admin: Arc<dyn EngineAdminApi> = Arc::new(RemoteEngineAdmin::connect_lazy(
+                &settings.management.engine_addr,
+            )?);
+            let routes =
+                ManagementService::new(admin, storage).routes(settings.management.auth())?;
+            let router = tonic::transport::Server::builder().add_routes(routes);
             start_grpc(
                 &mut running,
                 "management",

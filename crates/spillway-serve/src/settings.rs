@@ -153,6 +153,23 @@ pub struct ManagementSettings {
     pub listen: String,
     /// The storage node's gRPC address, when management runs alone.
     pub storage_addr: String,
+    /// The engine's gRPC address (its admin API), when management runs alone.
+    pub engine_addr: String,
+    /// A bearer token accepted from anywhere (`authorization: Bearer
+    /// <token>`). Unset: no token is accepted.
+    pub token: Option<String>,
+    /// Users accepted with HTTP basic credentials. Default: `guest`/`guest`
+    /// from loopback only, as on the AMQP port; setting `users` replaces it.
+    pub users: Vec<spillway_management::ManagementUser>,
+}
+
+impl ManagementSettings {
+    pub fn auth(&self) -> spillway_management::AuthConfig {
+        spillway_management::AuthConfig {
+            token: self.token.clone().filter(|t| !t.is_empty()),
+            users: self.users.clone(),
+        }
+    }
 }
 
 impl Default for ManagementSettings {
@@ -160,6 +177,9 @@ impl Default for ManagementSettings {
         Self {
             listen: "127.0.0.1:50051".into(),
             storage_addr: "http://127.0.0.1:50071".into(),
+            engine_addr: "http://127.0.0.1:50061".into(),
+            token: None,
+            users: vec![spillway_management::ManagementUser::guest()],
         }
     }
 }

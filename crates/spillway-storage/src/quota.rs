@@ -82,9 +82,24 @@ impl RocksStore {
             underfull,
         };
         let previous = std::mem::replace(&mut *self.quota.limits.lock(), limits);
+        // Readers see the new limits at once; the state follows at the next
+        // measurement.
+        self.quota.state.send_if_modified(|state| {
+            let changed =
+                state.overfull_size != limits.overfull || state.underfull_size != limits.underfull;
+            state.overfull_size = limits.overfull;
+            state.underfull_size = limits.underfull;
+            changed
+        });
         if previous != limits {
             tracing::info!(overfull_size, underfull_size = underfull, "store quota set");
         }
+    }
+
+    /// The quota in force: (overfull size, underfull size), 0 = none.
+    pub fn quota_limits(&self) -> (u64, u64) {
+        let limits = self.quota.limits();
+        (limits.overfull, limits.underfull)
     }
 
     /// Starts measuring disk usage against the quota. The task ends when the

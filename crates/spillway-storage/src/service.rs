@@ -79,6 +79,44 @@ impl Storage for StorageService {
         Ok(Response::new(ReadMessagesResponse { messages }))
     }
 
+    async fn set_quota(
+        &self,
+        request: Request<spillway_proto::storage::SetQuotaRequest>,
+    ) -> Result<Response<QuotaState>, Status> {
+        let request = request.into_inner();
+        StorageApi::set_quota(
+            &self.store,
+            spillway_proto::management::SetStoreQuotaRequest {
+                overfull_size: request.overfull_size,
+                underfull_size: request.underfull_size,
+            },
+        )
+        .await?;
+        let (overfull_size, underfull_size) = self.store.quota_limits();
+        Ok(Response::new(QuotaState {
+            overfull_size,
+            underfull_size,
+            ..Default::default()
+        }))
+    }
+
+    async fn remove_orphans(
+        &self,
+        _request: Request<spillway_proto::storage::RemoveOrphansRequest>,
+    ) -> Result<Response<spillway_proto::storage::RemoveOrphansResponse>, Status> {
+        let store = self.store.clone();
+        let cleanup = tokio::task::spawn_blocking(move || store.remove_orphans())
+            .await
+            .map_err(|error| Status::internal(error.to_string()))?
+            .map_err(|error| Status::from(spillway_proto::ServiceError::from(error)))?;
+        Ok(Response::new(
+            spillway_proto::storage::RemoveOrphansResponse {
+                removed: cleanup.orphaned_messages,
+                removed_bytes: cleanup.orphaned_bytes,
+            },
+        ))
+    }
+
     type WatchQuotaStream = QuotaStateStream;
 
     async fn watch_quota(

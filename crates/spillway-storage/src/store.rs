@@ -83,8 +83,10 @@ pub struct Cleanup {
 }
 
 impl RocksStore {
-    /// Opens (or creates) the store, then deletes every message record no
-    /// durable queue references: payloads that flowed to disk before a crash.
+    /// Opens (or creates) the store. Payloads that flowed to disk before a
+    /// crash stay until the engine starts and asks for
+    /// [`RocksStore::remove_orphans`]: a storage node restarting under a
+    /// running engine must keep them.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let mut options = Options::default();
         options.create_if_missing(true);
@@ -102,13 +104,7 @@ impl RocksStore {
             quota: Arc::new(Quota::default()),
         };
         store.check_format()?;
-        let cleanup = store.remove_orphans()?;
-        tracing::info!(
-            path = %path.display(),
-            orphaned_messages = cleanup.orphaned_messages,
-            orphaned_bytes = cleanup.orphaned_bytes,
-            "store opened"
-        );
+        tracing::info!(path = %path.display(), "store opened");
         Ok(store)
     }
 
@@ -190,6 +186,11 @@ impl RocksStore {
             self.db
                 .compact_range(Some(message_prefix.as_slice()), Some(end.as_slice()));
         }
+        tracing::info!(
+            orphaned_messages = cleanup.orphaned_messages,
+            orphaned_bytes = cleanup.orphaned_bytes,
+            "unreferenced message records removed"
+        );
         Ok(cleanup)
     }
 
@@ -417,6 +418,24 @@ impl StorageApi for RocksStore {
     async fn watch_quota(&self) -> Result<spillway_proto::QuotaStream, ServiceError> {
         Ok(self.quota.watch())
     }
+
+    async fn remove_orphans(&self) -> Result<u64, ServiceError> {
+        self.blocking(|store| store.remove_orphans().map(|c| c.orphaned_messages))
+            .await
+    }
+
+    async fn set_quota(
+        &self,
+        request: spillway_proto::management::SetStoreQuotaRequest,
+    ) -> Result<(), ServiceError> {
+        let (overfull, underfull) = self.quota_limits();
+        RocksStore::set_quota(
+            self,
+            request.overfull_size.unwrap_or(overfull),
+            request.underfull_size.unwrap_or(underfull),
+        );
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -498,7 +517,7 @@ mod tests {
     }
 
     #[test]
-    fn opening_removes_message_records_no_queue_references() -> Result<(), StoreError> {
+    fn removing_orphans_keeps_only_referenced_message_records() -> Result<(), StoreError> {
         let dir = tempfile::tempdir().expect("temp dir");
         {
             let store = RocksStore::open(dir.path())?;
@@ -513,6 +532,10 @@ mod tests {
             assert_eq!((status.message_records, status.queue_entries), (3, 1));
         }
         let store = RocksStore::open(dir.path())?;
+        // Opening alone keeps them (an engine may still hold them).
+        assert_eq!(store.status(true)?.message_records, 3);
+        let cleanup = store.remove_orphans()?;
+        assert_eq!(cleanup.orphaned_messages, 2);
         let status = store.status(true)?;
         assert_eq!((status.message_records, status.queue_entries), (1, 1));
         assert_eq!(store.read_messages(&[1, 2, 3])?.len(), 1);

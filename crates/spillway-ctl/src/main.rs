@@ -1,0 +1,979 @@
+//! `spillctl`: every call of Spillway's management API from the command
+//! line. Readable tables by default, the API's messages as JSON with
+//! `--output json`; on failure the server's reason goes to stderr and the
+//! exit code is 1.
+//!
+//! Credentials: `--token` (bearer) wins; otherwise `--user`/`--password`
+//! (default `guest`/`guest`, which the broker accepts from localhost only).
+//! Every flag has an environment variable, e.g. `SPILLCTL_ADDR`,
+//! `SPILLCTL_TOKEN`.
+
+use std::collections::HashMap;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use base64::Engine as _;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+use serde::Serialize;
+use spillway_proto::management::management_client::ManagementClient;
+use spillway_proto::management::{self as m, argument_value};
+use tonic::metadata::MetadataValue;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+#[derive(Parser)]
+#[command(
+    name = "spillctl",
+    version,
+    about = "Manage a Spillway broker over its management API"
+)]
+struct Cli {
+    /// The management API's address.
+    #[arg(
+        long,
+        env = "SPILLCTL_ADDR",
+        default_value = "http://127.0.0.1:50051",
+        global = true
+    )]
+    addr: String,
+    /// A bearer token (`management.token`); wins over --user/--password.
+    #[arg(long, env = "SPILLCTL_TOKEN", global = true, hide_env_values = true)]
+    token: Option<String>,
+    #[arg(long, env = "SPILLCTL_USER", default_value = "guest", global = true)]
+    user: String,
+    #[arg(
+        long,
+        env = "SPILLCTL_PASSWORD",
+        default_value = "guest",
+        global = true,
+        hide_env_values = true,
+        hide_default_value = true
+    )]
+    password: String,
+    /// The vhost the command applies to.
+    #[arg(long, env = "SPILLCTL_VHOST", default_value = "/", global = true)]
+    vhost: String,
+    #[arg(long, short, env = "SPILLCTL_OUTPUT", value_enum, default_value_t = Output::Table, global = true)]
+    output: Output,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Broker status: version, totals, store.
+    Status,
+    #[command(subcommand)]
+    Vhost(VhostCommand),
+    #[command(subcommand)]
+    Exchange(ExchangeCommand),
+    #[command(subcommand)]
+    Queue(QueueCommand),
+    #[command(subcommand)]
+    Binding(BindingCommand),
+    #[command(subcommand)]
+    Connection(ConnectionCommand),
+    #[command(subcommand)]
+    Channel(ChannelCommand),
+    /// Runtime broker settings.
+    Settings {
+        /// Message bytes in memory before messages flow to disk.
+        #[arg(long)]
+        flow_to_disk_threshold: Option<u64>,
+    },
+    /// The store quota.
+    StoreQuota {
+        #[arg(long)]
+        overfull_size: Option<u64>,
+        #[arg(long)]
+        underfull_size: Option<u64>,
+    },
+}
+
+#[derive(Subcommand)]
+enum VhostCommand {
+    List,
+    Create { name: String },
+    Get { name: String },
+    Delete { name: String },
+}
+
+#[derive(Subcommand)]
+enum ExchangeCommand {
+    List,
+    Create {
+        name: String,
+        /// direct, fanout, topic or headers.
+        #[arg(long = "type", default_value = "direct")]
+        kind: String,
+        #[arg(long)]
+        durable: bool,
+        #[arg(long)]
+        auto_delete: bool,
+        #[arg(long)]
+        internal: bool,
+        #[command(flatten)]
+        arguments: Arguments,
+    },
+    Get {
+        name: String,
+    },
+    Delete {
+        name: String,
+        #[arg(long)]
+        if_unused: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum QueueCommand {
+    List,
+    Create {
+        name: String,
+        #[arg(long)]
+        durable: bool,
+        #[arg(long)]
+        auto_delete: bool,
+        #[command(flatten)]
+        arguments: Arguments,
+    },
+    /// Definition and status.
+    Get {
+        name: String,
+    },
+    Delete {
+        name: String,
+        #[arg(long)]
+        if_unused: bool,
+        #[arg(long)]
+        if_empty: bool,
+    },
+    Purge {
+        name: String,
+    },
+    /// Shows the first messages without consuming them.
+    Peek {
+        name: String,
+        #[arg(long, default_value_t = 10)]
+        count: u32,
+    },
+    /// Moves ready messages to the end of another queue (e.g. a DLQ back).
+    Move {
+        source: String,
+        destination: String,
+        /// At most this many (default: all).
+        #[arg(long, default_value_t = 0)]
+        max: u64,
+    },
+    /// Runtime capacity settings of a queue.
+    Update {
+        name: String,
+        #[arg(long)]
+        capacity: Option<u64>,
+        #[arg(long)]
+        resume_capacity: Option<u64>,
+        #[arg(long)]
+        max_count: Option<u64>,
+    },
+}
+
+#[derive(Args, Clone)]
+struct BindingArgs {
+    /// The source exchange.
+    source: String,
+    /// The destination queue (or exchange with --to-exchange).
+    destination: String,
+    #[arg(long, default_value = "")]
+    routing_key: String,
+    #[arg(long)]
+    to_exchange: bool,
+    #[command(flatten)]
+    arguments: Arguments,
+}
+
+#[derive(Subcommand)]
+enum BindingCommand {
+    List {
+        #[arg(long, default_value = "")]
+        source: String,
+        #[arg(long, default_value = "")]
+        destination: String,
+    },
+    Create(BindingArgs),
+    Get(BindingArgs),
+    Delete(BindingArgs),
+}
+
+#[derive(Subcommand)]
+enum ConnectionCommand {
+    /// Connections of every vhost (with --only-vhost: of --vhost).
+    List {
+        /// Only the connections of --vhost.
+        #[arg(long)]
+        only_vhost: bool,
+    },
+    /// Closes a connection: the client gets 320 CONNECTION_FORCED and the reason.
+    Close {
+        id: u64,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum ChannelCommand {
+    List {
+        #[arg(long, default_value_t = 0)]
+        connection: u64,
+    },
+}
+
+/// `--arg key=value` (integer, true/false or string) and
+/// `--arg-string key=value` (always a string).
+#[derive(Args, Clone, Default)]
+struct Arguments {
+    /// An argument, e.g. x-max-length=1000 or x-overflow=reject-publish.
+    #[arg(long = "arg", value_name = "KEY=VALUE")]
+    typed: Vec<String>,
+    /// An argument whose value stays a string, e.g. x-name=42.
+    #[arg(long = "arg-string", value_name = "KEY=VALUE")]
+    strings: Vec<String>,
+}
+
+impl Arguments {
+    fn to_map(&self) -> anyhow::Result<HashMap<String, m::ArgumentValue>> {
+        let mut map = HashMap::new();
+        for (raw, typed) in self
+            .typed
+            .iter()
+            .map(|a| (a, true))
+            .chain(self.strings.iter().map(|a| (a, false)))
+        {
+            let Some((key, value)) = raw.split_once('=') else {
+                bail!("argument '{raw}' is not KEY=VALUE");
+            };
+            let value = if !typed {
+                argument_value::Value::StringValue(value.to_string())
+            } else if let Ok(i) = value.parse::<i64>() {
+                argument_value::Value::IntValue(i)
+            } else if let Ok(b) = value.parse::<bool>() {
+                argument_value::Value::BoolValue(b)
+            } else {
+                argument_value::Value::StringValue(value.to_string())
+            };
+            map.insert(key.to_string(), m::ArgumentValue { value: Some(value) });
+        }
+        Ok(map)
+    }
+}
+
+/// Adds the credentials to every call.
+type AddCredentials =
+    Box<dyn FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send>;
+
+type Client = ManagementClient<InterceptedService<Channel, AddCredentials>>;
+
+async fn connect(cli: &Cli) -> anyhow::Result<Client> {
+    let addr = if cli.addr.contains("://") {
+        cli.addr.clone()
+    } else {
+        format!("http://{}", cli.addr)
+    };
+    let channel = Channel::from_shared(addr.clone())
+        .with_context(|| format!("bad address {addr}"))?
+        .connect()
+        .await
+        .with_context(|| format!("cannot connect to {addr}"))?;
+    let header = match cli.token.as_deref().filter(|t| !t.is_empty()) {
+        Some(token) => format!("Bearer {token}"),
+        None => format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD
+                .encode(format!("{}:{}", cli.user, cli.password))
+        ),
+    };
+    let header: MetadataValue<_> = header
+        .parse()
+        .context("credentials cannot be sent as a header")?;
+    let interceptor: AddCredentials = Box::new(move |mut request: tonic::Request<()>| {
+        request
+            .metadata_mut()
+            .insert("authorization", header.clone());
+        Ok(request)
+    });
+    Ok(ManagementClient::with_interceptor(channel, interceptor))
+}
+
+/// A failed call: the server's code and reason.
+fn failed(status: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{:?}: {}", status.code(), status.message())
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("spillctl: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let mut client = connect(&cli).await?;
+    let vhost = cli.vhost.clone();
+    let out = Printer(cli.output);
+    match cli.command {
+        Command::Status => {
+            let status = client
+                .get_broker_status(m::GetBrokerStatusRequest {})
+                .await
+                .map_err(failed)?
+                .into_inner();
+            out.print(&status, || {
+                let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+                key_values(&[
+                    ("version", status.version.clone()),
+                    ("vhosts", status.vhosts.to_string()),
+                    ("queues", status.queues.to_string()),
+                    ("messages ready", status.messages_ready.to_string()),
+                    ("messages unacked", status.messages_unacked.to_string()),
+                    ("message bytes", status.message_bytes.to_string()),
+                    ("consumers", status.consumers.to_string()),
+                    ("connections", status.connections.to_string()),
+                    ("channels", status.channels.to_string()),
+                    ("store disk bytes", status.store_disk_bytes.to_string()),
+                    ("stored messages", status.stored_messages.to_string()),
+                    ("flow to disk threshold", opt(status.flow_to_disk_threshold)),
+                    (
+                        "flow to disk active",
+                        status
+                            .flow_to_disk_active
+                            .map_or("-".to_string(), |v| v.to_string()),
+                    ),
+                    ("resident message bytes", opt(status.resident_message_bytes)),
+                    ("store quota bytes", opt(status.store_quota_bytes)),
+                ])
+            })
+        }
+        Command::Vhost(command) => match command {
+            VhostCommand::List => {
+                let list = client
+                    .list_vhosts(m::ListVhostsRequest {})
+                    .await
+                    .map_err(failed)?
+                    .into_inner();
+                out.print(&list, || vhost_table(&list.vhosts))
+            }
+            VhostCommand::Create { name } => {
+                let v = client
+                    .create_vhost(m::CreateVhostRequest { name })
+                    .await
+                    .map_err(failed)?
+                    .into_inner();
+                out.print(&v, || vhost_table(std::slice::from_ref(&v)))
+            }
+            VhostCommand::Get { name } => {
+                let v = client
+                    .get_vhost(m::GetVhostRequest { name })
+                    .await
+                    .map_err(failed)?
+                    .into_inner();
+                out.print(&v, || vhost_table(std::slice::from_ref(&v)))
+            }
+            VhostCommand::Delete { name } => {
+                let r = client
+                    .delete_vhost(m::DeleteVhostRequest { name: name.clone() })
+                    .await
+                    .map_err(failed)?
+                    .into_inner();
+                out.print(&r, || format!("vhost '{name}' deleted"))
+            }
+        },
+        Command::Exchange(command) => match command {
+            ExchangeCommand::List => {
+                let list = client
+                    .list_exchanges(m::ListExchangesRequest { vhost })
+                    .await
+                    .map_err(failed)?
+                    .into_inner();
+                out.print(&list, || exchange_table(&list.exchanges))
+            }
+            ExchangeCommand::Create {
+                name,
+                kind,
+                durable,
+                auto_delete,
+                internal,
+                arguments,
+            } => {
+                let x = client
+                    .create_exchange(m::CreateExchangeRequest {
+                        vhost,
+                        name,
+                        kind,
+                        durable,
+                        auto_delete,
+                        internal,
+                        arguments: arguments.to_map()?,
+                    })
+                    .await
+                    .map_err(failed)?
+                    .into_inner();
+                out.print(&x, || exchange_table(std::slice::from_ref(&x)))
+            }
+            ExchangeCommand::Get { name } => {
+                let x = client
+                    .get_exchange(m::GetExchangeRequest { vhost, name })
+                    .await
+                    .map_err(failed)?
+                    .into_inner();
+                out.print(&x, || exchange_table(std::slice::from_ref(&x)))
+            }
+            ExchangeCommand::Delete { name, if_unused } => {
+                let r = client
+                    .delete_exchange(m::DeleteExchangeRequest {
+                        vhost,
+                        name: name.clone(),
+                        if_unused,
+                    })
+                    .await
+                    .map_err(failed)?
+                    .into_inner();
+                out.print(&r, || format!("exchange '{name}' deleted"))
+            }
+        },
+        Command::Queue(command) => queue_command(&mut client, &out, vhost, command).await,
+        Command::Binding(command) => {
+            let binding = |args: BindingArgs, vhost: String| -> anyhow::Result<m::Binding> {
+                Ok(m::Binding {
+                    vhost,
+                    source: args.source,
+                    destination: args.destination,
+                    destination_is_exchange: args.to_exchange,
+                    routing_key: args.routing_key,
+                    arguments: args.arguments.to_map()?,
+                })
+            };
+            match command {
+                BindingCommand::List {
+                    source,
+                    destination,
+                } => {
+                    let list = client
+                        .list_bindings(m::ListBindingsRequest {
+                            vhost,
+                            source,
+                            destination,
+                        })
+                        .await
+                        .map_err(failed)?
+                        .into_inner();
+                    out.print(&list, || binding_table(&list.bindings))
+                }
+                BindingCommand::Create(args) => {
+                    let b = client
+                        .create_binding(m::CreateBindingRequest {
+                            binding: Some(binding(args, vhost)?),
+                        })
+                        .await
+                        .map_err(failed)?
+                        .into_inner();
+                    out.print(&b, || binding_table(std::slice::from_ref(&b)))
+                }
+                BindingCommand::Get(args) => {
+                    let b = client
+                        .get_binding(m::GetBindingRequest {
+                            binding: Some(binding(args, vhost)?),
+                        })
+                        .await
+                        .map_err(failed)?
+                        .into_inner();
+                    out.print(&b, || binding_table(std::slice::from_ref(&b)))
+                }
+                BindingCommand::Delete(args) => {
+                    let r = client
+                        .delete_binding(m::DeleteBindingRequest {
+                            binding: Some(binding(args, vhost)?),
+                        })
+                        .await
+                        .map_err(failed)?
+                        .into_inner();
+                    out.print(&r, || "binding deleted".to_string())
+                }
+            }
+        }
+        Command::Connection(command) => match command {
+            ConnectionCommand::List { only_vhost } => {
+                let list = client
+                    .list_connections(m::ListConnectionsRequest {
+                        vhost: if only_vhost { vhost } else { String::new() },
+                    })
+                    .await
+                    .map_err(failed)?
+                    .into_inner();
+                out.print(&list, || connection_table(&list.connections))
+            }
+            ConnectionCommand::Close { id, reason } => {
+                let r = client
+                    .close_connection(m::CloseConnectionRequest { id, reason })
+                    .await
+                    .map_err(failed)?
+                    .into_inner();
+                out.print(&r, || format!("connection {id} closed"))
+            }
+        },
+        Command::Channel(ChannelCommand::List { connection }) => {
+            let list = client
+                .list_channels(m::ListChannelsRequest {
+                    vhost: String::new(),
+                    connection_id: connection,
+                })
+                .await
+                .map_err(failed)?
+                .into_inner();
+            out.print(&list, || channel_table(&list.channels))
+        }
+        Command::Settings {
+            flow_to_disk_threshold,
+        } => {
+            let r = client
+                .set_broker_settings(m::SetBrokerSettingsRequest {
+                    flow_to_disk_threshold,
+                })
+                .await
+                .map_err(failed)?
+                .into_inner();
+            out.print(&r, || "broker settings changed".to_string())
+        }
+        Command::StoreQuota {
+            overfull_size,
+            underfull_size,
+        } => {
+            let r = client
+                .set_store_quota(m::SetStoreQuotaRequest {
+                    overfull_size,
+                    underfull_size,
+                })
+                .await
+                .map_err(failed)?
+                .into_inner();
+            out.print(&r, || "store quota changed".to_string())
+        }
+    }
+}
+
+async fn queue_command(
+    client: &mut Client,
+    out: &Printer,
+    vhost: String,
+    command: QueueCommand,
+) -> anyhow::Result<()> {
+    match command {
+        QueueCommand::List => {
+            let list = client
+                .list_queues(m::ListQueuesRequest { vhost })
+                .await
+                .map_err(failed)?
+                .into_inner();
+            out.print(&list, || queue_table(&list.queues))
+        }
+        QueueCommand::Create {
+            name,
+            durable,
+            auto_delete,
+            arguments,
+        } => {
+            let q = client
+                .create_queue(m::CreateQueueRequest {
+                    vhost,
+                    name,
+                    durable,
+                    auto_delete,
+                    arguments: arguments.to_map()?,
+                })
+                .await
+                .map_err(failed)?
+                .into_inner();
+            out.print(&q, || queue_table(std::slice::from_ref(&q)))
+        }
+        QueueCommand::Get { name } => {
+            let q = client
+                .get_queue(m::GetQueueRequest { vhost, name })
+                .await
+                .map_err(failed)?
+                .into_inner();
+            out.print(&q, || queue_table(std::slice::from_ref(&q)))
+        }
+        QueueCommand::Delete {
+            name,
+            if_unused,
+            if_empty,
+        } => {
+            let r = client
+                .delete_queue(m::DeleteQueueRequest {
+                    vhost,
+                    name: name.clone(),
+                    if_unused,
+                    if_empty,
+                })
+                .await
+                .map_err(failed)?
+                .into_inner();
+            out.print(&r, || {
+                format!("queue '{name}' deleted ({} messages)", r.messages_deleted)
+            })
+        }
+        QueueCommand::Purge { name } => {
+            let r = client
+                .purge_queue(m::PurgeQueueRequest {
+                    vhost,
+                    name: name.clone(),
+                })
+                .await
+                .map_err(failed)?
+                .into_inner();
+            out.print(&r, || {
+                format!("queue '{name}' purged ({} messages)", r.messages_purged)
+            })
+        }
+        QueueCommand::Peek { name, count } => {
+            let r = client
+                .peek_messages(m::PeekMessagesRequest {
+                    vhost,
+                    queue: name,
+                    count,
+                })
+                .await
+                .map_err(failed)?
+                .into_inner();
+            out.print(&r, || peek_table(&r.messages))
+        }
+        QueueCommand::Move {
+            source,
+            destination,
+            max,
+        } => {
+            let r = client
+                .move_messages(m::MoveMessagesRequest {
+                    vhost,
+                    source: source.clone(),
+                    destination: destination.clone(),
+                    max_messages: max,
+                })
+                .await
+                .map_err(failed)?
+                .into_inner();
+            out.print(&r, || {
+                let mut text = format!(
+                    "moved {} messages from '{source}' to '{destination}', {} left",
+                    r.moved, r.remaining
+                );
+                if !r.stopped_reason.is_empty() {
+                    text.push_str(&format!(" (stopped: {})", r.stopped_reason));
+                }
+                text
+            })
+        }
+        QueueCommand::Update {
+            name,
+            capacity,
+            resume_capacity,
+            max_count,
+        } => {
+            let r = client
+                .update_queue(m::UpdateQueueRequest {
+                    vhost,
+                    name: name.clone(),
+                    capacity,
+                    resume_capacity,
+                    max_count,
+                })
+                .await
+                .map_err(failed)?
+                .into_inner();
+            out.print(&r, || format!("queue '{name}' updated"))
+        }
+    }
+}
+
+// ------------------------------------------------------------------ output
+
+struct Printer(Output);
+
+impl Printer {
+    fn print<T: Serialize>(&self, value: &T, table: impl FnOnce() -> String) -> anyhow::Result<()> {
+        match self.0 {
+            Output::Json => println!("{}", serde_json::to_string_pretty(value)?),
+            Output::Table => println!("{}", table()),
+        }
+        Ok(())
+    }
+}
+
+fn table(header: &[&str], rows: Vec<Vec<String>>) -> String {
+    let mut table = Table::new();
+    table
+        .load_preset(UTF8_FULL_CONDENSED)
+        .set_header(header.to_vec());
+    for row in rows {
+        table.add_row(row);
+    }
+    table.to_string()
+}
+
+fn key_values(pairs: &[(&str, String)]) -> String {
+    table(
+        &["field", "value"],
+        pairs
+            .iter()
+            .map(|(k, v)| vec![k.to_string(), v.clone()])
+            .collect(),
+    )
+}
+
+fn value_text(value: &m::ArgumentValue) -> String {
+    match &value.value {
+        Some(argument_value::Value::StringValue(s)) | Some(argument_value::Value::Text(s)) => {
+            s.clone()
+        }
+        Some(argument_value::Value::IntValue(i)) => i.to_string(),
+        Some(argument_value::Value::BoolValue(b)) => b.to_string(),
+        Some(argument_value::Value::DoubleValue(d)) => d.to_string(),
+        None => String::new(),
+    }
+}
+
+fn map_text(map: &HashMap<String, m::ArgumentValue>) -> String {
+    let mut pairs: Vec<String> = map
+        .iter()
+        .map(|(k, v)| format!("{k}={}", value_text(v)))
+        .collect();
+    pairs.sort();
+    pairs.join(", ")
+}
+
+fn flags(pairs: &[(&str, bool)]) -> String {
+    pairs
+        .iter()
+        .filter(|(_, on)| *on)
+        .map(|(name, _)| *name)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn vhost_table(vhosts: &[m::Vhost]) -> String {
+    table(
+        &["name", "exchanges", "queues", "connections"],
+        vhosts
+            .iter()
+            .map(|v| {
+                vec![
+                    v.name.clone(),
+                    v.exchanges.to_string(),
+                    v.queues.to_string(),
+                    v.connections.to_string(),
+                ]
+            })
+            .collect(),
+    )
+}
+
+fn exchange_table(exchanges: &[m::Exchange]) -> String {
+    table(
+        &["name", "type", "flags", "arguments"],
+        exchanges
+            .iter()
+            .map(|x| {
+                let name = if x.name.is_empty() {
+                    "(default)".to_string()
+                } else {
+                    x.name.clone()
+                };
+                vec![
+                    name,
+                    x.kind.clone(),
+                    flags(&[
+                        ("durable", x.durable),
+                        ("auto-delete", x.auto_delete),
+                        ("internal", x.internal),
+                        ("builtin", x.builtin),
+                    ]),
+                    map_text(&x.arguments),
+                ]
+            })
+            .collect(),
+    )
+}
+
+fn queue_table(queues: &[m::Queue]) -> String {
+    table(
+        &[
+            "name",
+            "ready",
+            "unacked",
+            "consumers",
+            "bytes",
+            "flags",
+            "arguments",
+        ],
+        queues
+            .iter()
+            .map(|q| {
+                let status = q.status.unwrap_or_default();
+                vec![
+                    q.name.clone(),
+                    status.messages.to_string(),
+                    status.unacked.to_string(),
+                    status.consumers.to_string(),
+                    status.bytes.to_string(),
+                    flags(&[
+                        ("durable", q.durable),
+                        ("auto-delete", q.auto_delete),
+                        ("exclusive", q.exclusive),
+                    ]),
+                    map_text(&q.arguments),
+                ]
+            })
+            .collect(),
+    )
+}
+
+fn binding_table(bindings: &[m::Binding]) -> String {
+    table(
+        &["source", "destination", "kind", "routing key", "arguments"],
+        bindings
+            .iter()
+            .map(|b| {
+                vec![
+                    b.source.clone(),
+                    b.destination.clone(),
+                    if b.destination_is_exchange {
+                        "exchange"
+                    } else {
+                        "queue"
+                    }
+                    .to_string(),
+                    b.routing_key.clone(),
+                    map_text(&b.arguments),
+                ]
+            })
+            .collect(),
+    )
+}
+
+fn connection_table(connections: &[m::Connection]) -> String {
+    table(
+        &[
+            "id",
+            "client",
+            "user",
+            "vhost",
+            "channels",
+            "published",
+            "delivered",
+            "client properties",
+        ],
+        connections
+            .iter()
+            .map(|c| {
+                let mut properties: Vec<String> = c
+                    .client_properties
+                    .iter()
+                    .filter(|(k, _)| k.as_str() != "capabilities")
+                    .map(|(k, v)| format!("{k}={}", value_text(v)))
+                    .collect();
+                properties.sort();
+                vec![
+                    c.id.to_string(),
+                    c.client_address.clone(),
+                    c.user.clone(),
+                    c.vhost.clone(),
+                    c.channels.to_string(),
+                    c.messages_published.to_string(),
+                    c.messages_delivered.to_string(),
+                    properties.join(", "),
+                ]
+            })
+            .collect(),
+    )
+}
+
+fn channel_table(channels: &[m::Channel]) -> String {
+    table(
+        &[
+            "connection",
+            "channel",
+            "client",
+            "user",
+            "vhost",
+            "consumers",
+            "unacked",
+            "prefetch",
+            "confirm",
+        ],
+        channels
+            .iter()
+            .map(|c| {
+                vec![
+                    c.connection_id.to_string(),
+                    c.number.to_string(),
+                    c.client_address.clone(),
+                    c.user.clone(),
+                    c.vhost.clone(),
+                    c.consumers.to_string(),
+                    c.unacked.to_string(),
+                    c.prefetch_count.to_string(),
+                    c.confirm.to_string(),
+                ]
+            })
+            .collect(),
+    )
+}
+
+/// Bodies longer than this are cut in the table (JSON has them whole).
+const BODY_PREVIEW: usize = 80;
+
+fn peek_table(messages: &[m::PeekedMessage]) -> String {
+    table(
+        &[
+            "#",
+            "routing key",
+            "redelivered",
+            "persistent",
+            "content type",
+            "headers",
+            "size",
+            "body",
+        ],
+        messages
+            .iter()
+            .map(|p| {
+                let text = String::from_utf8_lossy(&p.body);
+                let mut body: String = text.chars().take(BODY_PREVIEW).collect();
+                if text.chars().count() > BODY_PREVIEW {
+                    body.push('…');
+                }
+                vec![
+                    p.position.to_string(),
+                    p.routing_key.clone(),
+                    p.redelivered.to_string(),
+                    p.persistent.to_string(),
+                    p.content_type.clone(),
+                    map_text(&p.headers),
+                    p.body_size.to_string(),
+                    body,
+                ]
+            })
+            .collect(),
+    )
+}

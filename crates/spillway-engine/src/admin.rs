@@ -1,0 +1,1276 @@
+//! The engine's side of the management API: definitions (vhosts, exchanges,
+//! queues, bindings), inspection (queues, connections, channels, status),
+//! purge, peek, move, closing a connection, and the runtime settings.
+//!
+//! Declarations, deletions, bindings and purges go through the broker's own
+//! session operations on a short-lived internal session (user `management`)
+//! opened and closed under one lock, so validation and persistence live in
+//! one place (`broker.rs`). Peek and move are the only code here that reads
+//! or moves messages themselves; they are kept together at the end of the
+//! file (section "messages").
+//!
+//! [`EngineAdminService`] serves the same calls over gRPC (`EngineAdmin` in
+//! `proto/spillway/engine/v1/admin.proto`).
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use amq_protocol_types::{AMQPValue, FieldTable, ShortString};
+use async_trait::async_trait;
+use bytes::Bytes;
+use spillway_proto::engine::engine_admin_server::{EngineAdmin, EngineAdminServer};
+use spillway_proto::engine::{self as pb, session_event::Event, AmqpError};
+use spillway_proto::management::{self as m, argument_value};
+use spillway_proto::storage::{self as store, write_op, WriteOp};
+use spillway_proto::{EngineAdminApi, ServiceError};
+use tokio::sync::oneshot;
+use tonic::{Request, Response, Status};
+
+use crate::broker::{event, Broker, OpResult};
+use crate::errors::{self, codes};
+use crate::model::{Destination, Queue, QueuedMessage, SessionId, VHost};
+use crate::routing::as_integer;
+use crate::session::Engine;
+use crate::QueueStats;
+
+/// The user name management's internal sessions run as. They are opened and
+/// closed under one broker lock, so no listing ever sees them.
+const MANAGEMENT_USER: &str = "management";
+/// The channel management's internal sessions use.
+const CHANNEL: u32 = 1;
+/// Peek's default count.
+const DEFAULT_PEEK: u32 = 10;
+/// Peek's largest count.
+const MAX_PEEK: u32 = 10_000;
+
+// ------------------------------------------------------------ error mapping
+
+/// An AMQP error from a broker operation as a gRPC-mappable service error.
+fn service_error(error: AmqpError) -> ServiceError {
+    let text = error.text;
+    match u16::try_from(error.code).unwrap_or_default() {
+        codes::NOT_FOUND | codes::NOT_ALLOWED => ServiceError::NotFound(text),
+        codes::ACCESS_REFUSED => ServiceError::PermissionDenied(text),
+        codes::PRECONDITION_FAILED if text.starts_with("invalid arg") => {
+            ServiceError::InvalidArgument(text)
+        }
+        codes::RESOURCE_LOCKED | codes::PRECONDITION_FAILED => {
+            ServiceError::FailedPrecondition(text)
+        }
+        codes::SYNTAX_ERROR | codes::COMMAND_INVALID => ServiceError::InvalidArgument(text),
+        _ => ServiceError::Internal(text),
+    }
+}
+
+fn not_found(what: &str, name: &str, vhost: &str) -> ServiceError {
+    ServiceError::NotFound(format!("no {what} '{name}' in vhost '{vhost}'"))
+}
+
+fn vhost<'a>(broker: &'a Broker, name: &str) -> Result<&'a VHost, ServiceError> {
+    broker
+        .vhosts
+        .get(name)
+        .ok_or_else(|| ServiceError::NotFound(format!("vhost '{name}' not found")))
+}
+
+fn check_name(what: &str, name: &str) -> Result<(), ServiceError> {
+    if name.is_empty() || name.len() > 255 {
+        return Err(ServiceError::InvalidArgument(format!(
+            "{what} name must be 1 to 255 bytes"
+        )));
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------ arguments
+
+/// Management's argument map as the AMQP field table the broker checks.
+fn encode_arguments(arguments: &HashMap<String, m::ArgumentValue>) -> Result<Bytes, ServiceError> {
+    if arguments.is_empty() {
+        return Ok(Bytes::new());
+    }
+    let mut table = FieldTable::default();
+    let mut keys: Vec<&String> = arguments.keys().collect();
+    keys.sort();
+    for key in keys {
+        if key.len() > 255 {
+            return Err(ServiceError::InvalidArgument(format!(
+                "argument name '{key}' is longer than 255 bytes"
+            )));
+        }
+        let value = match arguments.get(key).and_then(|v| v.value.as_ref()) {
+            Some(argument_value::Value::StringValue(s)) => AMQPValue::LongString(s.as_str().into()),
+            Some(argument_value::Value::IntValue(i)) => AMQPValue::LongLongInt(*i),
+            Some(argument_value::Value::BoolValue(b)) => AMQPValue::Boolean(*b),
+            Some(argument_value::Value::DoubleValue(d)) => AMQPValue::Double(*d),
+            Some(argument_value::Value::Text(_)) | None => {
+                return Err(ServiceError::InvalidArgument(format!(
+                    "argument '{key}' needs a string, integer, boolean or double value"
+                )))
+            }
+        };
+        table.insert(ShortString::from(key.as_str()), value);
+    }
+    let context = amq_protocol::frame::WriteContext::from(Vec::new());
+    let encoded = amq_protocol_types::generation::gen_field_table(&table)(context);
+    match encoded {
+        Ok(context) => Ok(context.write.into()),
+        Err(error) => Err(ServiceError::InvalidArgument(format!(
+            "cannot encode the arguments: {error}"
+        ))),
+    }
+}
+
+fn argument_value(value: &AMQPValue) -> m::ArgumentValue {
+    use argument_value::Value;
+    let value = match value {
+        AMQPValue::LongString(s) => {
+            Value::StringValue(String::from_utf8_lossy(s.as_bytes()).into())
+        }
+        AMQPValue::ShortString(s) => Value::StringValue(s.as_str().to_string()),
+        AMQPValue::Boolean(b) => Value::BoolValue(*b),
+        AMQPValue::Float(f) => Value::DoubleValue(f64::from(*f)),
+        AMQPValue::Double(d) => Value::DoubleValue(*d),
+        other => match as_integer(other).and_then(|i| i64::try_from(i).ok()) {
+            Some(i) => Value::IntValue(i),
+            None => Value::Text(format!("{other:?}")),
+        },
+    };
+    m::ArgumentValue { value: Some(value) }
+}
+
+fn argument_map(table: &FieldTable) -> HashMap<String, m::ArgumentValue> {
+    table
+        .inner()
+        .iter()
+        .map(|(key, value)| (key.as_str().to_string(), argument_value(value)))
+        .collect()
+}
+
+fn decoded_map(bytes: &[u8]) -> HashMap<String, m::ArgumentValue> {
+    errors::decode_table(bytes)
+        .map(|table| argument_map(&table))
+        .unwrap_or_default()
+}
+
+// ------------------------------------------------------------ views
+
+fn exchange_view(vhost: &str, exchange: &crate::model::Exchange) -> m::Exchange {
+    m::Exchange {
+        vhost: vhost.to_string(),
+        name: exchange.name.clone(),
+        kind: exchange.kind.as_str().to_string(),
+        durable: exchange.durable,
+        auto_delete: exchange.auto_delete,
+        internal: exchange.internal,
+        arguments: decoded_map(&exchange.arguments),
+        builtin: exchange.is_builtin(),
+    }
+}
+
+fn queue_view(vhost: &str, queue: &Queue, stats: Option<&QueueStats>) -> m::Queue {
+    m::Queue {
+        vhost: vhost.to_string(),
+        name: queue.name.clone(),
+        durable: queue.durable,
+        auto_delete: queue.auto_delete,
+        exclusive: queue.exclusive_owner.is_some(),
+        arguments: argument_map(&queue.argument_table),
+        status: Some(m::QueueStatus {
+            messages: queue.messages.len() as u64,
+            unacked: stats.map(|s| s.unacked).unwrap_or_default(),
+            consumers: queue.consumers.len() as u64,
+            bytes: queue.ready_bytes,
+            resident_bytes: queue.resident_bytes,
+            spilled_messages: queue.spilled_count,
+            spilled_bytes: queue.spilled_bytes,
+            overfull: queue.overfull,
+            blocked_channels: queue.blocked_channels.len() as u32,
+        }),
+    }
+}
+
+fn binding_views(vhost: &VHost) -> Vec<m::Binding> {
+    let mut bindings: Vec<m::Binding> = vhost
+        .exchanges
+        .values()
+        .flat_map(|exchange| {
+            exchange.bindings.iter().map(|binding| m::Binding {
+                vhost: vhost.name.clone(),
+                source: exchange.name.clone(),
+                destination: binding.destination.name().to_string(),
+                destination_is_exchange: matches!(binding.destination, Destination::Exchange(_)),
+                routing_key: binding.routing_key.clone(),
+                arguments: argument_map(&binding.argument_table),
+            })
+        })
+        .collect();
+    bindings.sort_by(|a, b| {
+        (&a.source, &a.destination, &a.routing_key).cmp(&(
+            &b.source,
+            &b.destination,
+            &b.routing_key,
+        ))
+    });
+    bindings
+}
+
+fn binding_request(binding: Option<m::Binding>) -> Result<(m::Binding, Bytes), ServiceError> {
+    let binding =
+        binding.ok_or_else(|| ServiceError::InvalidArgument("binding is required".into()))?;
+    check_name("source exchange", &binding.source)?;
+    check_name("destination", &binding.destination)?;
+    let arguments = encode_arguments(&binding.arguments)?;
+    Ok((binding, arguments))
+}
+
+// ------------------------------------------------------------ the engine
+
+impl Engine {
+    /// Runs `op` on a fresh internal session of `vhost` with channel 1 open,
+    /// under the broker lock; the session is closed before the lock goes.
+    fn with_session<T>(
+        &self,
+        vhost_name: &str,
+        op: impl FnOnce(&mut Broker, SessionId) -> Result<T, ServiceError>,
+    ) -> Result<T, ServiceError> {
+        let mut broker = self.shared.broker.lock();
+        vhost(&broker, vhost_name)?;
+        let id = self.shared.next_session.fetch_add(1, Ordering::Relaxed);
+        // Events for the internal session (none expected) are dropped.
+        let (events, _) = tokio::sync::mpsc::unbounded_channel();
+        let open = pb::OpenSession {
+            request_id: 0,
+            vhost: vhost_name.to_string(),
+            user: MANAGEMENT_USER.to_string(),
+            client_address: MANAGEMENT_USER.to_string(),
+            client_properties: Bytes::new(),
+        };
+        let opened = broker
+            .open_session(id, &open, events)
+            .and_then(|()| broker.open_channel(id, CHANNEL))
+            .map_err(service_error);
+        let result = opened.and_then(|()| op(&mut broker, id));
+        broker.close_session(id);
+        result
+    }
+
+    fn stats_of(&self, vhost: &str) -> HashMap<String, QueueStats> {
+        self.queue_stats()
+            .into_iter()
+            .filter(|s| s.vhost == vhost)
+            .map(|s| (s.queue.clone(), s))
+            .collect()
+    }
+
+    fn queue_info(&self, vhost_name: &str, name: &str) -> Result<m::Queue, ServiceError> {
+        let stats = self.stats_of(vhost_name);
+        let broker = self.shared.broker.lock();
+        let queue = vhost(&broker, vhost_name)?
+            .queues
+            .get(name)
+            .ok_or_else(|| not_found("queue", name, vhost_name))?;
+        Ok(queue_view(vhost_name, queue, stats.get(name)))
+    }
+
+    /// Closes every client connection of `vhost` with `reason`.
+    fn close_connections(
+        broker: &Broker,
+        vhost: Option<&str>,
+        id: Option<SessionId>,
+        reason: &str,
+    ) -> usize {
+        let mut closed = 0;
+        for (session_id, session) in &broker.sessions {
+            let matches =
+                vhost.is_none_or(|v| session.vhost == v) && id.is_none_or(|i| i == *session_id);
+            if matches {
+                let _ = session
+                    .events
+                    .send(event(Event::ConnectionClose(pb::ConnectionClose {
+                        reason: reason.to_string(),
+                    })));
+                closed += 1;
+            }
+        }
+        closed
+    }
+}
+
+fn ok<T>(result: OpResult<T>) -> Result<T, ServiceError> {
+    result.map_err(service_error)
+}
+
+#[async_trait]
+impl EngineAdminApi for Engine {
+    async fn create_vhost(&self, request: m::CreateVhostRequest) -> Result<m::Vhost, ServiceError> {
+        check_name("vhost", &request.name)?;
+        let mut broker = self.shared.broker.lock();
+        if broker.vhosts.contains_key(&request.name) {
+            return Err(ServiceError::AlreadyExists(format!(
+                "vhost '{}' already exists",
+                request.name
+            )));
+        }
+        broker
+            .vhosts
+            .insert(request.name.clone(), VHost::new(&request.name));
+        tracing::info!(vhost = %request.name, "vhost created by management");
+        let vhost = vhost(&broker, &request.name)?;
+        Ok(vhost_view(&broker, vhost))
+    }
+
+    async fn list_vhosts(
+        &self,
+        _request: m::ListVhostsRequest,
+    ) -> Result<m::ListVhostsResponse, ServiceError> {
+        let broker = self.shared.broker.lock();
+        let mut vhosts: Vec<m::Vhost> = broker
+            .vhosts
+            .values()
+            .map(|v| vhost_view(&broker, v))
+            .collect();
+        vhosts.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(m::ListVhostsResponse { vhosts })
+    }
+
+    async fn delete_vhost(
+        &self,
+        request: m::DeleteVhostRequest,
+    ) -> Result<m::DeleteVhostResponse, ServiceError> {
+        if request.name == "/" {
+            return Err(ServiceError::FailedPrecondition(
+                "the default vhost '/' cannot be deleted".into(),
+            ));
+        }
+        let name = request.name.clone();
+        self.with_session(&request.name, |broker, session| {
+            let reason = format!("vhost '{name}' deleted");
+            Engine::close_connections(broker, Some(&name), None, &reason);
+            let Some(vhost) = broker.vhosts.get(&name) else {
+                return Ok(());
+            };
+            let queues: Vec<String> = vhost.queues.keys().cloned().collect();
+            let exchanges: Vec<String> = vhost
+                .exchanges
+                .values()
+                .filter(|x| !x.is_builtin())
+                .map(|x| x.name.clone())
+                .collect();
+            for queue in queues {
+                // Exclusive queues belong to connections being closed.
+                let _ = broker.delete_queue(
+                    session,
+                    &pb::QueueDelete {
+                        channel: CHANNEL,
+                        queue,
+                        ..Default::default()
+                    },
+                );
+            }
+            for exchange in exchanges {
+                ok(broker.delete_exchange(
+                    session,
+                    &pb::ExchangeDelete {
+                        channel: CHANNEL,
+                        exchange,
+                        ..Default::default()
+                    },
+                ))?;
+            }
+            Ok(())
+        })?;
+        self.shared.broker.lock().vhosts.remove(&request.name);
+        tracing::info!(vhost = %request.name, "vhost deleted by management");
+        Ok(m::DeleteVhostResponse {})
+    }
+
+    async fn create_exchange(
+        &self,
+        request: m::CreateExchangeRequest,
+    ) -> Result<m::Exchange, ServiceError> {
+        check_name("exchange", &request.name)?;
+        let arguments = encode_arguments(&request.arguments)?;
+        self.with_session(&request.vhost, |broker, session| {
+            ok(broker.declare_exchange(
+                session,
+                &pb::ExchangeDeclare {
+                    request_id: 0,
+                    channel: CHANNEL,
+                    exchange: request.name.clone(),
+                    kind: request.kind.clone(),
+                    passive: false,
+                    durable: request.durable,
+                    auto_delete: request.auto_delete,
+                    internal: request.internal,
+                    arguments,
+                },
+            ))
+            .map_err(|error| match error {
+                // An unknown type is the caller's mistake, not a missing thing.
+                ServiceError::NotFound(text) if text.contains("type") => {
+                    ServiceError::InvalidArgument(text)
+                }
+                other => other,
+            })?;
+            let vhost = vhost(broker, &request.vhost)?;
+            let exchange = vhost
+                .exchanges
+                .get(&request.name)
+                .ok_or_else(|| not_found("exchange", &request.name, &request.vhost))?;
+            Ok(exchange_view(&request.vhost, exchange))
+        })
+    }
+
+    async fn list_exchanges(
+        &self,
+        request: m::ListExchangesRequest,
+    ) -> Result<m::ListExchangesResponse, ServiceError> {
+        let broker = self.shared.broker.lock();
+        let vhost = vhost(&broker, &request.vhost)?;
+        let mut exchanges: Vec<m::Exchange> = vhost
+            .exchanges
+            .values()
+            .map(|x| exchange_view(&request.vhost, x))
+            .collect();
+        exchanges.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(m::ListExchangesResponse { exchanges })
+    }
+
+    async fn delete_exchange(
+        &self,
+        request: m::DeleteExchangeRequest,
+    ) -> Result<m::DeleteExchangeResponse, ServiceError> {
+        self.with_session(&request.vhost, |broker, session| {
+            if !vhost(broker, &request.vhost)?
+                .exchanges
+                .contains_key(&request.name)
+            {
+                return Err(not_found("exchange", &request.name, &request.vhost));
+            }
+            ok(broker.delete_exchange(
+                session,
+                &pb::ExchangeDelete {
+                    request_id: 0,
+                    channel: CHANNEL,
+                    exchange: request.name.clone(),
+                    if_unused: request.if_unused,
+                },
+            ))
+        })?;
+        Ok(m::DeleteExchangeResponse {})
+    }
+
+    async fn create_queue(&self, request: m::CreateQueueRequest) -> Result<m::Queue, ServiceError> {
+        check_name("queue", &request.name)?;
+        let arguments = encode_arguments(&request.arguments)?;
+        self.with_session(&request.vhost, |broker, session| {
+            ok(broker.declare_queue(
+                session,
+                &pb::QueueDeclare {
+                    request_id: 0,
+                    channel: CHANNEL,
+                    queue: request.name.clone(),
+                    passive: false,
+                    durable: request.durable,
+                    exclusive: false,
+                    auto_delete: request.auto_delete,
+                    arguments,
+                },
+            ))
+        })?;
+        self.queue_info(&request.vhost, &request.name)
+    }
+
+    async fn list_queues(
+        &self,
+        request: m::ListQueuesRequest,
+    ) -> Result<m::ListQueuesResponse, ServiceError> {
+        let stats = self.stats_of(&request.vhost);
+        let broker = self.shared.broker.lock();
+        let vhost = vhost(&broker, &request.vhost)?;
+        let mut queues: Vec<m::Queue> = vhost
+            .queues
+            .values()
+            .map(|q| queue_view(&request.vhost, q, stats.get(&q.name)))
+            .collect();
+        queues.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(m::ListQueuesResponse { queues })
+    }
+
+    async fn delete_queue(
+        &self,
+        request: m::DeleteQueueRequest,
+    ) -> Result<m::DeleteQueueResponse, ServiceError> {
+        let deleted = self.with_session(&request.vhost, |broker, session| {
+            if !vhost(broker, &request.vhost)?
+                .queues
+                .contains_key(&request.name)
+            {
+                return Err(not_found("queue", &request.name, &request.vhost));
+            }
+            ok(broker.delete_queue(
+                session,
+                &pb::QueueDelete {
+                    request_id: 0,
+                    channel: CHANNEL,
+                    queue: request.name.clone(),
+                    if_unused: request.if_unused,
+                    if_empty: request.if_empty,
+                },
+            ))
+        })?;
+        Ok(m::DeleteQueueResponse {
+            messages_deleted: u64::from(deleted),
+        })
+    }
+
+    async fn purge_queue(
+        &self,
+        request: m::PurgeQueueRequest,
+    ) -> Result<m::PurgeQueueResponse, ServiceError> {
+        let purged = self.with_session(&request.vhost, |broker, session| {
+            ok(broker.purge_queue(
+                session,
+                &pb::QueuePurge {
+                    request_id: 0,
+                    channel: CHANNEL,
+                    queue: request.name.clone(),
+                },
+            ))
+        })?;
+        tracing::info!(vhost = %request.vhost, queue = %request.name, purged, "queue purged by management");
+        Ok(m::PurgeQueueResponse {
+            messages_purged: u64::from(purged),
+        })
+    }
+
+    async fn peek_messages(
+        &self,
+        request: m::PeekMessagesRequest,
+    ) -> Result<m::PeekMessagesResponse, ServiceError> {
+        peek_messages(self, request).await
+    }
+
+    async fn move_messages(
+        &self,
+        request: m::MoveMessagesRequest,
+    ) -> Result<m::MoveMessagesResponse, ServiceError> {
+        move_messages(self, request).await
+    }
+
+    async fn create_binding(
+        &self,
+        request: m::CreateBindingRequest,
+    ) -> Result<m::Binding, ServiceError> {
+        let (binding, arguments) = binding_request(request.binding)?;
+        self.with_session(&binding.vhost, |broker, session| {
+            let result = if binding.destination_is_exchange {
+                broker.bind_exchange(
+                    session,
+                    &pb::ExchangeBind {
+                        request_id: 0,
+                        channel: CHANNEL,
+                        destination: binding.destination.clone(),
+                        source: binding.source.clone(),
+                        routing_key: binding.routing_key.clone(),
+                        arguments,
+                    },
+                )
+            } else {
+                broker.bind_queue(
+                    session,
+                    &pb::QueueBind {
+                        request_id: 0,
+                        channel: CHANNEL,
+                        queue: binding.destination.clone(),
+                        exchange: binding.source.clone(),
+                        routing_key: binding.routing_key.clone(),
+                        arguments,
+                    },
+                )
+            };
+            ok(result)
+        })?;
+        Ok(binding)
+    }
+
+    async fn list_bindings(
+        &self,
+        request: m::ListBindingsRequest,
+    ) -> Result<m::ListBindingsResponse, ServiceError> {
+        let broker = self.shared.broker.lock();
+        let vhost = vhost(&broker, &request.vhost)?;
+        let bindings = binding_views(vhost)
+            .into_iter()
+            .filter(|b| request.source.is_empty() || b.source == request.source)
+            .filter(|b| request.destination.is_empty() || b.destination == request.destination)
+            .collect();
+        Ok(m::ListBindingsResponse { bindings })
+    }
+
+    async fn delete_binding(
+        &self,
+        request: m::DeleteBindingRequest,
+    ) -> Result<m::DeleteBindingResponse, ServiceError> {
+        let (binding, arguments) = binding_request(request.binding)?;
+        let table = errors::decode_table(&arguments).map_err(service_error)?;
+        self.with_session(&binding.vhost, |broker, session| {
+            let destination = if binding.destination_is_exchange {
+                Destination::Exchange(binding.destination.clone())
+            } else {
+                Destination::Queue(binding.destination.clone())
+            };
+            let exists = vhost(broker, &binding.vhost)?
+                .exchanges
+                .get(&binding.source)
+                .is_some_and(|x| {
+                    x.bindings.iter().any(|b| {
+                        b.destination == destination
+                            && b.routing_key == binding.routing_key
+                            && b.argument_table == table
+                    })
+                });
+            if !exists {
+                return Err(ServiceError::NotFound(format!(
+                    "no binding from '{}' to '{}' with key '{}' in vhost '{}'",
+                    binding.source, binding.destination, binding.routing_key, binding.vhost
+                )));
+            }
+            let result = if binding.destination_is_exchange {
+                broker.unbind_exchange(
+                    session,
+                    &pb::ExchangeBind {
+                        request_id: 0,
+                        channel: CHANNEL,
+                        destination: binding.destination.clone(),
+                        source: binding.source.clone(),
+                        routing_key: binding.routing_key.clone(),
+                        arguments,
+                    },
+                )
+            } else {
+                broker.unbind_queue(
+                    session,
+                    &pb::QueueBind {
+                        request_id: 0,
+                        channel: CHANNEL,
+                        queue: binding.destination.clone(),
+                        exchange: binding.source.clone(),
+                        routing_key: binding.routing_key.clone(),
+                        arguments,
+                    },
+                )
+            };
+            ok(result)
+        })?;
+        Ok(m::DeleteBindingResponse {})
+    }
+
+    async fn get_broker_status(
+        &self,
+        _request: m::GetBrokerStatusRequest,
+    ) -> Result<m::BrokerStatus, ServiceError> {
+        let stats = self.queue_stats();
+        let broker = self.shared.broker.lock();
+        let sessions = broker.sessions.values();
+        let (connections, channels) = sessions.fold((0u32, 0u32), |(c, ch), s| {
+            (c + 1, ch + s.channels.len() as u32)
+        });
+        let flow = broker.flow_status();
+        Ok(m::BrokerStatus {
+            flow_to_disk_threshold: Some(flow.threshold_bytes),
+            flow_to_disk_active: Some(flow.active),
+            resident_message_bytes: Some(flow.resident_bytes),
+            spilled_messages: flow.spilled_messages,
+            spilled_bytes: flow.spilled_bytes,
+            store_overfull: broker.store_overfull,
+            blocked_channels: broker.blocked_channels().len() as u32,
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            vhosts: broker.vhosts.len() as u32,
+            queues: stats.len() as u32,
+            messages_ready: stats.iter().map(|s| s.messages).sum(),
+            messages_unacked: stats.iter().map(|s| s.unacked).sum(),
+            message_bytes: stats.iter().map(|s| s.bytes).sum(),
+            consumers: stats.iter().map(|s| s.consumers as u32).sum(),
+            connections,
+            channels,
+            ..Default::default()
+        })
+    }
+
+    async fn list_connections(
+        &self,
+        request: m::ListConnectionsRequest,
+    ) -> Result<m::ListConnectionsResponse, ServiceError> {
+        let broker = self.shared.broker.lock();
+        let mut connections: Vec<m::Connection> = broker
+            .sessions
+            .iter()
+            .filter(|(_, s)| request.vhost.is_empty() || s.vhost == request.vhost)
+            .map(|(id, s)| m::Connection {
+                id: *id,
+                client_address: s.client_address.clone(),
+                user: s.user.clone(),
+                vhost: s.vhost.clone(),
+                client_properties: decoded_map(&s.client_properties),
+                channels: s.channels.len() as u32,
+                messages_published: s.published,
+                messages_delivered: s.delivered,
+            })
+            .collect();
+        connections.sort_by_key(|c| c.id);
+        Ok(m::ListConnectionsResponse { connections })
+    }
+
+    async fn list_channels(
+        &self,
+        request: m::ListChannelsRequest,
+    ) -> Result<m::ListChannelsResponse, ServiceError> {
+        let broker = self.shared.broker.lock();
+        let blocked: HashMap<(u64, u32), crate::BlockedChannel> = broker
+            .blocked_channels()
+            .into_iter()
+            .map(|b| ((b.session, b.channel), b))
+            .collect();
+        let blocked = &blocked;
+        let mut channels: Vec<m::Channel> = broker
+            .sessions
+            .iter()
+            .filter(|(_, s)| request.vhost.is_empty() || s.vhost == request.vhost)
+            .filter(|(id, _)| request.connection_id == 0 || **id == request.connection_id)
+            .flat_map(|(id, s)| {
+                s.channels.iter().map(move |(number, channel)| {
+                    let held = blocked.get(&(*id, *number));
+                    m::Channel {
+                        connection_id: *id,
+                        number: *number,
+                        client_address: s.client_address.clone(),
+                        user: s.user.clone(),
+                        vhost: s.vhost.clone(),
+                        consumers: channel.consumers.len() as u32,
+                        unacked: channel.unacked.len() as u64,
+                        prefetch_count: channel.consumer_prefetch.max(channel.channel_prefetch),
+                        confirm: channel.confirm,
+                        blocked: held.is_some(),
+                        blocked_reason: held.map(blocked_reason).unwrap_or_default(),
+                        blocked_ms: held.map_or(0, |b| b.blocked_for.as_millis() as u64),
+                    }
+                })
+            })
+            .collect();
+        channels.sort_by_key(|c| (c.connection_id, c.number));
+        Ok(m::ListChannelsResponse { channels })
+    }
+
+    async fn close_connection(
+        &self,
+        request: m::CloseConnectionRequest,
+    ) -> Result<m::CloseConnectionResponse, ServiceError> {
+        let reason = if request.reason.is_empty() {
+            "closed by management".to_string()
+        } else {
+            request.reason
+        };
+        let broker = self.shared.broker.lock();
+        if Engine::close_connections(&broker, None, Some(request.id), &reason) == 0 {
+            return Err(ServiceError::NotFound(format!(
+                "no connection {}",
+                request.id
+            )));
+        }
+        tracing::info!(connection = request.id, %reason, "connection closed by management");
+        Ok(m::CloseConnectionResponse {})
+    }
+
+    async fn set_broker_settings(
+        &self,
+        request: m::SetBrokerSettingsRequest,
+    ) -> Result<m::SetBrokerSettingsResponse, ServiceError> {
+        runtime::set_broker_settings(self, request)
+    }
+
+    async fn update_queue(
+        &self,
+        request: m::UpdateQueueRequest,
+    ) -> Result<m::UpdateQueueResponse, ServiceError> {
+        runtime::update_queue(self, request)
+    }
+}
+
+fn vhost_view(broker: &Broker, vhost: &VHost) -> m::Vhost {
+    m::Vhost {
+        name: vhost.name.clone(),
+        exchanges: vhost.exchanges.len() as u32,
+        queues: vhost.queues.len() as u32,
+        connections: broker
+            .sessions
+            .values()
+            .filter(|s| s.vhost == vhost.name)
+            .count() as u32,
+    }
+}
+
+fn blocked_reason(blocked: &crate::BlockedChannel) -> String {
+    let mut reasons: Vec<String> = blocked
+        .queues
+        .iter()
+        .map(|q| format!("queue '{q}' is overfull"))
+        .collect();
+    if blocked.store_overfull {
+        reasons.push("store overfull".to_string());
+    }
+    reasons.join(", ")
+}
+
+// ------------------------------------------------------------ runtime settings
+
+/// Runtime settings: they take effect at once and are logged (here, and by
+/// management with who asked).
+mod runtime {
+    use super::*;
+
+    pub(super) fn set_broker_settings(
+        engine: &Engine,
+        request: m::SetBrokerSettingsRequest,
+    ) -> Result<m::SetBrokerSettingsResponse, ServiceError> {
+        if let Some(threshold) = request.flow_to_disk_threshold {
+            if threshold == 0 {
+                return Err(ServiceError::InvalidArgument(
+                    "flow_to_disk_threshold must be above 0".into(),
+                ));
+            }
+            engine.set_flow_to_disk_threshold(threshold);
+        }
+        Ok(m::SetBrokerSettingsResponse {})
+    }
+
+    /// Changes a queue's producer flow-control limits, in its arguments too
+    /// (so a durable queue keeps them across restarts). A queue now under
+    /// its resume capacity releases its producers at once; one now over its
+    /// capacity blocks them at their next publish.
+    pub(super) fn update_queue(
+        engine: &Engine,
+        request: m::UpdateQueueRequest,
+    ) -> Result<m::UpdateQueueResponse, ServiceError> {
+        let mut broker = engine.shared.broker.lock();
+        let queue = broker
+            .vhosts
+            .get_mut(&request.vhost)
+            .ok_or_else(|| not_found("vhost", &request.vhost, &request.vhost))?
+            .queues
+            .get_mut(&request.name)
+            .ok_or_else(|| not_found("queue", &request.name, &request.vhost))?;
+        let mut limits = queue.limits;
+        if let Some(capacity) = request.capacity {
+            limits.capacity = (capacity > 0).then_some(capacity);
+            if request.resume_capacity.is_none() {
+                limits.resume_capacity = limits.capacity;
+            }
+        }
+        if let Some(resume) = request.resume_capacity {
+            limits.resume_capacity = Some(resume);
+        }
+        if let Some(max_count) = request.max_count {
+            limits.max_count = (max_count > 0).then_some(max_count);
+        }
+        match (limits.capacity, limits.resume_capacity) {
+            (Some(capacity), Some(resume)) if resume > capacity => {
+                return Err(ServiceError::FailedPrecondition(format!(
+                    "resume capacity {resume} exceeds capacity {capacity}"
+                )));
+            }
+            (None, _) => limits.resume_capacity = None,
+            _ => {}
+        }
+        queue.limits = limits;
+        let mut table = FieldTable::default();
+        for (key, value) in queue.argument_table.inner() {
+            let flow_key = [
+                "x-qpid-capacity",
+                "qpid.max_size",
+                "x-qpid-flow-resume-capacity",
+                "qpid.max_count",
+            ]
+            .contains(&key.as_str());
+            if !flow_key {
+                table.insert(key.clone(), value.clone());
+            }
+        }
+        let long = |v: u64| AMQPValue::LongLongInt(i64::try_from(v).unwrap_or(i64::MAX));
+        if let Some(capacity) = limits.capacity {
+            table.insert("x-qpid-capacity".into(), long(capacity));
+        }
+        if let (Some(_), Some(resume)) = (limits.capacity, limits.resume_capacity) {
+            table.insert("x-qpid-flow-resume-capacity".into(), long(resume));
+        }
+        if let Some(max_count) = limits.max_count {
+            table.insert("qpid.max_count".into(), long(max_count));
+        }
+        queue.argument_table = table;
+        let context = amq_protocol::frame::WriteContext::from(Vec::new());
+        let encoded =
+            amq_protocol_types::generation::gen_field_table(&queue.argument_table)(context)
+                .map_err(|error| {
+                    ServiceError::Internal(format!("cannot encode the arguments: {error}"))
+                })?;
+        queue.arguments = Bytes::from(encoded.write);
+        if queue.stores_messages() {
+            let definition = store::QueueDefinition {
+                vhost: request.vhost.clone(),
+                name: request.name.clone(),
+                auto_delete: queue.auto_delete,
+                arguments: queue.arguments.clone(),
+            };
+            engine
+                .shared
+                .writer
+                .submit_synced(vec![store_op(write_op::Op::PutQueue(definition))], None);
+        }
+        tracing::info!(
+            vhost = %request.vhost,
+            queue = %request.name,
+            capacity = ?limits.capacity,
+            resume_capacity = ?limits.resume_capacity,
+            max_count = ?limits.max_count,
+            "queue flow-control limits changed"
+        );
+        broker.check_underfull(&request.vhost, &request.name);
+        Ok(m::UpdateQueueResponse {})
+    }
+}
+
+// ------------------------------------------------------------ messages (peek, move)
+
+/// The first ready messages of a queue, decoded enough to show; nothing is
+/// consumed. Payloads that flowed to disk are read back for the answer
+/// (they stay on disk).
+async fn peek_messages(
+    engine: &Engine,
+    request: m::PeekMessagesRequest,
+) -> Result<m::PeekMessagesResponse, ServiceError> {
+    let count = match request.count {
+        0 => DEFAULT_PEEK,
+        n => n.min(MAX_PEEK),
+    } as usize;
+    let taken: Vec<QueuedMessage> = {
+        let broker = engine.shared.broker.lock();
+        let queue = vhost(&broker, &request.vhost)?
+            .queues
+            .get(&request.queue)
+            .ok_or_else(|| not_found("queue", &request.queue, &request.vhost))?;
+        queue.messages.iter().take(count).cloned().collect()
+    };
+    let missing: Vec<u64> = taken
+        .iter()
+        .filter(|q| q.message.is_none())
+        .map(|q| q.id)
+        .collect();
+    let mut records: HashMap<u64, store::MessageRecord> = HashMap::new();
+    if !missing.is_empty() {
+        for record in crate::session::load(&engine.shared, &missing).await {
+            records.insert(record.id, record);
+        }
+    }
+    let messages = taken
+        .into_iter()
+        .enumerate()
+        .filter_map(|(position, queued)| {
+            let (exchange, routing_key, properties, body, persistent) = match &queued.message {
+                Some(message) => (
+                    message.exchange.clone(),
+                    message.routing_key.clone(),
+                    message.properties.clone(),
+                    message.body.clone(),
+                    message.persistent,
+                ),
+                None => {
+                    // Acked meanwhile: its record may be gone; leave it out.
+                    let record = records.remove(&queued.id)?;
+                    (
+                        record.exchange,
+                        record.routing_key,
+                        record.properties,
+                        record.body,
+                        record.persistent,
+                    )
+                }
+            };
+            let mut peeked = m::PeekedMessage {
+                position: position as u64,
+                exchange,
+                routing_key,
+                redelivered: queued.redelivered,
+                persistent,
+                body_size: body.len() as u64,
+                body,
+                ..Default::default()
+            };
+            if let Ok((_, properties)) =
+                amq_protocol::protocol::basic::parse_properties(&properties[..])
+            {
+                let text = |s: &Option<ShortString>| {
+                    s.as_ref()
+                        .map(|s| s.as_str().to_string())
+                        .unwrap_or_default()
+                };
+                peeked.content_type = text(properties.content_type());
+                peeked.content_encoding = text(properties.content_encoding());
+                peeked.message_id = text(properties.message_id());
+                peeked.correlation_id = text(properties.correlation_id());
+                if let Some(headers) = properties.headers() {
+                    peeked.headers = argument_map(headers);
+                }
+            }
+            Some(peeked)
+        })
+        .collect();
+    Ok(m::PeekMessagesResponse { messages })
+}
+
+/// Moves ready messages from the head of `source` to the tail of
+/// `destination`, in order. Each moved message gets a new id (the
+/// destination is ordered by id) and, when persistent on a durable
+/// destination, a new record: its put into the destination and its removal
+/// from the source go to the store in one batch, so a crash keeps it in
+/// exactly one of the two. A message whose payload flowed to disk is read
+/// back first (the move waits for it, as basic.get does). Returns once the
+/// last batch is durable.
+async fn move_messages(
+    engine: &Engine,
+    request: m::MoveMessagesRequest,
+) -> Result<m::MoveMessagesResponse, ServiceError> {
+    let m::MoveMessagesRequest {
+        vhost: vhost_name,
+        source,
+        destination,
+        max_messages,
+    } = request;
+    if source == destination {
+        return Err(ServiceError::InvalidArgument(
+            "source and destination are the same queue".into(),
+        ));
+    }
+    let mut progress = MoveProgress::default();
+    let remaining = loop {
+        match move_round(
+            engine,
+            &vhost_name,
+            &source,
+            &destination,
+            max_messages,
+            &mut progress,
+        )? {
+            MoveRound::Done(remaining) => break remaining,
+            // Dropped if the queue goes: the next round says so.
+            MoveRound::Wait(payload) => {
+                let _ = payload.await;
+            }
+        }
+    };
+    let MoveProgress {
+        moved,
+        stopped_reason,
+        last_write,
+        ..
+    } = progress;
+    tracing::info!(vhost = %vhost_name, %source, %destination, moved, "messages moved by management");
+    if let Some(written) = last_write {
+        written
+            .await
+            .map_err(|_| ServiceError::Unavailable("the engine is shutting down".into()))?;
+    }
+    Ok(m::MoveMessagesResponse {
+        moved,
+        remaining,
+        stopped_reason,
+    })
+}
+
+#[derive(Default)]
+struct MoveProgress {
+    moved: u64,
+    wanted: Option<u64>,
+    stopped_reason: String,
+    last_write: Option<oneshot::Receiver<()>>,
+}
+
+enum MoveRound {
+    /// Finished: this many ready messages are left in the source.
+    Done(u64),
+    /// The source's head is on disk: wait for it, then go on.
+    Wait(oneshot::Receiver<()>),
+}
+
+/// One round of a move, under the lock: moves resident messages from the
+/// head until done, full, or the head's payload is on disk.
+fn move_round(
+    engine: &Engine,
+    vhost_name: &str,
+    source: &str,
+    destination: &str,
+    max_messages: u64,
+    progress: &mut MoveProgress,
+) -> Result<MoveRound, ServiceError> {
+    let mut broker = engine.shared.broker.lock();
+    let vhost = vhost(&broker, vhost_name)?;
+    for name in [source, destination] {
+        if !vhost.queues.contains_key(name) {
+            return Err(not_found("queue", name, vhost_name));
+        }
+    }
+    let available = vhost
+        .queues
+        .get(source)
+        .map_or(0, |q| q.messages.len() as u64);
+    let wanted = *progress.wanted.get_or_insert(if max_messages == 0 {
+        available
+    } else {
+        max_messages.min(available)
+    });
+    let budget = broker.budget.clone();
+    let Broker {
+        vhosts,
+        shared_refs,
+        ..
+    } = &mut *broker;
+    let queues = &mut vhosts
+        .get_mut(vhost_name)
+        .ok_or_else(|| not_found("vhost", vhost_name, vhost_name))?
+        .queues;
+    let mut ops: Vec<WriteOp> = Vec::new();
+    let mut wait_for_payload = None;
+    let mut batch: Vec<QueuedMessage> = Vec::new();
+    // The destination's room, checked as if each moved message were there.
+    let mut target = queues
+        .remove(destination)
+        .ok_or_else(|| not_found("queue", destination, vhost_name))?;
+    if let Some(from) = queues.get_mut(source) {
+        let source_stores = from.stores_messages();
+        while progress.moved + (batch.len() as u64) < wanted {
+            let Some(front) = from.messages.front() else {
+                break;
+            };
+            if front.message.is_none() {
+                let (waiter, wait) = oneshot::channel();
+                from.get_waiters.push(waiter);
+                wait_for_payload = Some(wait);
+                break;
+            }
+            let pending_bytes: u64 = batch.iter().map(|m| m.body_size).sum();
+            let fits_count = target
+                .limits
+                .max_length
+                .is_none_or(|max| target.messages.len() as u64 + (batch.len() as u64) < max);
+            let fits_bytes = target
+                .limits
+                .max_bytes
+                .is_none_or(|max| target.ready_bytes + pending_bytes + front.body_size <= max);
+            if !(fits_count && fits_bytes) {
+                progress.stopped_reason =
+                    format!("queue '{destination}' is full (x-max-length / x-max-length-bytes)");
+                break;
+            }
+            let Some(old) = from.dequeue() else { break };
+            crate::flow::discard(
+                shared_refs,
+                vhost_name,
+                source,
+                source_stores,
+                &old,
+                &mut ops,
+            );
+            batch.push(old);
+        }
+    }
+    let remaining = queues.get(source).map_or(0, |q| q.messages.len() as u64);
+    let target_stores = target.stores_messages();
+    let count = batch.len() as u64;
+    let first_id = broker.reserve_message_ids(count);
+    for (offset, old) in batch.into_iter().enumerate() {
+        let Some(message) = old.message else { continue };
+        let id = first_id + offset as u64;
+        let copy = crate::model::Message::new(
+            &budget,
+            message.exchange.clone(),
+            message.routing_key.clone(),
+            message.properties.clone(),
+            message.body.clone(),
+            message.persistent,
+        );
+        if copy.persistent && target_stores {
+            ops.push(store_op(write_op::Op::PutMessage(copy.record(id))));
+            ops.push(store_op(write_op::Op::PutQueueEntry(store::QueueEntry {
+                vhost: vhost_name.to_string(),
+                queue: destination.to_string(),
+                id,
+                body_size: old.body_size,
+                redelivered: old.redelivered,
+            })));
+            copy.mark_stored(u64::MAX);
+        }
+        let mut entry = QueuedMessage::resident(id, copy);
+        entry.redelivered = old.redelivered;
+        // Within limits (checked above): nothing is dropped.
+        target.enqueue(entry);
+    }
+    if let Some(vhost) = broker.vhosts.get_mut(vhost_name) {
+        vhost.queues.insert(destination.to_string(), target);
+    }
+    progress.moved += count;
+    let (done, written) = oneshot::channel();
+    engine.shared.writer.submit_synced(ops, Some(done));
+    progress.last_write = Some(written);
+    broker.dispatch(vhost_name, destination);
+    broker.check_underfull(vhost_name, source);
+    match wait_for_payload {
+        Some(wait) if progress.moved < wanted && progress.stopped_reason.is_empty() => {
+            broker.read_ahead(vhost_name, source);
+            Ok(MoveRound::Wait(wait))
+        }
+        _ => Ok(MoveRound::Done(remaining)),
+    }
+}
+
+fn store_op(op: write_op::Op) -> WriteOp {
+    WriteOp { op: Some(op) }
+}
+
+// ------------------------------------------------------------ gRPC
+
+/// The engine's admin API over gRPC, for a management service in another
+/// process.
+pub struct EngineAdminService {
+    engine: Engine,
+}
+
+impl EngineAdminService {
+    pub fn new(engine: Engine) -> Self {
+        Self { engine }
+    }
+
+    pub fn into_server(self) -> EngineAdminServer<Self> {
+        EngineAdminServer::new(self)
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX)
+    }
+}
+
+macro_rules! serve_calls {
+    ($($method:ident($request:ident) -> $response:ident;)*) => {
+        #[tonic::async_trait]
+        impl EngineAdmin for EngineAdminService {
+            $(
+                async fn $method(
+                    &self,
+                    request: Request<m::$request>,
+                ) -> Result<Response<m::$response>, Status> {
+                    let answer = EngineAdminApi::$method(&self.engine, request.into_inner()).await?;
+                    Ok(Response::new(answer))
+                }
+            )*
+        }
+    };
+}
+
+spillway_proto::for_each_engine_admin_call!(serve_calls);
