@@ -304,10 +304,12 @@ bench_run() {
         spilled="$(metric_sum "$metrics" spillway_queue_spilled_messages)"
         backlog_resident="$(metric_sum "$metrics" spillway_broker_resident_message_bytes)"
     elif [ "$target" = rabbitmq ]; then
-        rabbitmq_ctl -q list_queues name durable messages messages_ram messages_paged_out \
-            message_bytes_ram message_bytes_paged_out memory arguments >"$dir/queues.txt" 2>&1 || true
+        # Paged out = ready messages not in RAM (3.10 has no messages_paged_out key).
+        rabbitmq_ctl -q list_queues --no-table-headers name durable messages messages_ram \
+            message_bytes message_bytes_ram memory >"$dir/queues.txt" 2>&1 || true
+        echo "name durable messages messages_ram message_bytes message_bytes_ram memory" >&2
         cat "$dir/queues.txt" >&2
-        spilled="$(awk 'NR > 1 && $5 ~ /^[0-9]+$/ { s += $5 } END { print s + 0 }' "$dir/queues.txt")"
+        spilled="$(awk '$3 ~ /^[0-9]+$/ && $4 ~ /^[0-9]+$/ { s += $3 - $4; n = 1 } END { if (n) print s; else print "n/a" }' "$dir/queues.txt")"
     fi
     log "$run: after publish: spilled/paged-out messages $spilled, resident message bytes $backlog_resident"
 
@@ -463,7 +465,7 @@ for row in "${ROWS[@]}"; do
     printf "$fmt" "$t" "$s" "$thr" "$pr" "$pm" "$dr" "$dm" "$rss" "$rp" "$rd" "$res" "$sp" "$lost" "$wall" "$busy" "$load"
 done
 echo "(RSS: peak VmRSS of the broker process, beam.smp for RabbitMQ; resid: max spillway_broker_resident_message_bytes;"
-echo " spilled: messages only on disk after publishing (RabbitMQ: messages_paged_out); '!' marks a failed run)"
+echo " spilled: messages only on disk after publishing (RabbitMQ: messages - messages_ram); '!' marks a failed run)"
 
 # ----------------------------------------------------------------------------- promises
 echo
