@@ -5,6 +5,7 @@
 # make compose-test     the compose stack with its `test` profile (load, flow to disk, capacity)
 # make compose-faults   kill storage, engine, gateways and cut engine<->storage under traffic
 .PHONY: images run test build deps venv lint test-build test-rust test-python bench fmt clean \
+	bench-flow-to-disk \
 	docker-check images-from-build compose-test compose-faults
 
 CARGO := scripts/cargo.sh
@@ -41,6 +42,13 @@ test: lint test-rust test-python compose-test compose-faults
 bench: deps
 	@scripts/install-deps.sh --bench
 	scripts/bench.sh
+
+# Backlogs of 2 GiB (1 KiB and 64 KiB messages) built with no consumer, then drained: Spillway
+# spilling past a 256 MiB threshold, Spillway all in memory, RabbitMQ with a 256 MiB watermark.
+# BENCH_FTD_BYTES / BENCH_FTD_SIZES / BENCH_FTD_TARGETS / BENCH_FTD_THRESHOLD: see the script.
+bench-flow-to-disk: deps
+	@scripts/install-deps.sh --bench
+	scripts/bench-flow-to-disk.sh
 
 images: deps docker-check
 	$(CARGO) build --release -p spillway -p spillway-loadgen

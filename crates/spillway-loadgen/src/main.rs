@@ -106,6 +106,9 @@ struct Args {
     /// Persistent messages (delivery-mode 2) and a durable queue.
     #[arg(long)]
     persistent: bool,
+    /// Declare durable queues even for transient messages (--persistent implies it).
+    #[arg(long)]
+    durable: bool,
     /// Use publisher confirms.
     #[arg(long)]
     confirm: bool,
@@ -192,6 +195,11 @@ impl Args {
                 .map(|q| self.queue_name(q))
                 .collect()
         }
+    }
+
+    /// Queues are declared durable with --durable or --persistent.
+    fn durable_queues(&self) -> bool {
+        self.durable || self.persistent
     }
 
     fn consumer_url(&self) -> &str {
@@ -432,10 +440,11 @@ async fn close(conn: Connection, watcher: JoinHandle<()>) {
     }
 }
 
-/// Declares one of the run's queues (durable with --persistent, with the --queue-arg list).
+/// Declares one of the run's queues (durable with --durable or --persistent, with the
+/// --queue-arg list).
 async fn declare_queue(channel: &lapin::Channel, args: &Args, name: &str) -> Result<()> {
     let opts = QueueDeclareOptions {
-        durable: args.persistent,
+        durable: args.durable_queues(),
         ..QueueDeclareOptions::default()
     };
     channel
@@ -445,7 +454,7 @@ async fn declare_queue(channel: &lapin::Channel, args: &Args, name: &str) -> Res
             format!(
                 "queue.declare {name} (durable={}): an existing queue with other \
                  properties needs deleting first",
-                args.persistent
+                args.durable_queues()
             )
         })?;
     Ok(())
@@ -1483,5 +1492,26 @@ async fn main() -> ExitCode {
             print_json(&failed_summary(&args, &e));
             ExitCode::from(2)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(extra: &[&str]) -> Args {
+        let mut argv = vec!["spillway-loadgen"];
+        argv.extend_from_slice(extra);
+        Args::try_parse_from(argv).expect("arguments parse")
+    }
+
+    #[test]
+    fn queues_are_durable_with_durable_or_persistent() {
+        assert!(!parse(&[]).durable_queues());
+        let durable = parse(&["--durable"]);
+        assert!(durable.durable_queues());
+        assert!(!durable.persistent, "--durable keeps messages transient");
+        assert!(parse(&["--persistent"]).durable_queues());
+        assert!(parse(&["--durable", "--persistent"]).durable_queues());
     }
 }
