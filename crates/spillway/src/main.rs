@@ -8,6 +8,13 @@ use clap::{Parser, Subcommand};
 use spillway_serve::{Role, Settings};
 use tracing_subscriber::EnvFilter;
 
+/// jemalloc rather than the system allocator: a backlog that flows to disk
+/// frees millions of small payloads in bulk, and glibc's per-thread arenas
+/// kept that memory (RSS stayed hundreds of MiB above the budget in
+/// `make bench-flow-to-disk`); jemalloc returns it to the system.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 #[command(
     version,
