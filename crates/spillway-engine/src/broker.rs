@@ -1445,7 +1445,7 @@ impl Broker {
             .ok_or_else(|| errors::error(codes::NOT_ALLOWED, format!("vhost '{name}' not found")))
     }
 
-    fn queue_mut_opt(&mut self, vhost: &str, queue: &str) -> Option<&mut Queue> {
+    pub(crate) fn queue_mut_opt(&mut self, vhost: &str, queue: &str) -> Option<&mut Queue> {
         self.vhosts.get_mut(vhost)?.queues.get_mut(queue)
     }
 }

@@ -160,8 +160,9 @@ impl Broker {
     /// Asks the loader for the payloads of the queue's next messages, up to
     /// the read-ahead window, that are neither resident nor being loaded.
     pub(crate) fn read_ahead(&mut self, vhost: &str, queue_name: &str) {
-        let Some(queue) = self
-            .vhosts
+        // Split borrows: the queue, and the loader's channel.
+        let Self { vhosts, loads, .. } = self;
+        let Some(queue) = vhosts
             .get_mut(vhost)
             .and_then(|v| v.queues.get_mut(queue_name))
         else {
@@ -187,7 +188,7 @@ impl Broker {
             entry.loading = true;
             ids.push(entry.id);
             if ids.len() == LOAD_CHUNK {
-                let _ = self.loads.send(LoadRequest {
+                let _ = loads.send(LoadRequest {
                     vhost: vhost.to_string(),
                     queue: queue_name.to_string(),
                     ids: std::mem::take(&mut ids),
@@ -195,7 +196,7 @@ impl Broker {
             }
         }
         if !ids.is_empty() {
-            let _ = self.loads.send(LoadRequest {
+            let _ = loads.send(LoadRequest {
                 vhost: vhost.to_string(),
                 queue: queue_name.to_string(),
                 ids,
@@ -214,11 +215,7 @@ impl Broker {
         records: Vec<MessageRecord>,
     ) {
         let budget = self.budget.clone();
-        let Some(queue) = self
-            .vhosts
-            .get_mut(vhost)
-            .and_then(|v| v.queues.get_mut(queue_name))
-        else {
+        let Some(queue) = self.queue_mut_opt(vhost, queue_name) else {
             return;
         };
         let mut found = Vec::with_capacity(records.len());

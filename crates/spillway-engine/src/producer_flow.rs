@@ -50,11 +50,7 @@ impl Broker {
     ) {
         // A drop-head limit may have taken it below its resume capacity.
         self.check_underfull(vhost, queue_name);
-        let Some(queue) = self
-            .vhosts
-            .get_mut(vhost)
-            .and_then(|v| v.queues.get_mut(queue_name))
-        else {
+        let Some(queue) = self.queue_mut_opt(vhost, queue_name) else {
             return;
         };
         if !queue.overfull && queue.over_capacity() {
@@ -112,11 +108,7 @@ impl Broker {
     /// After messages left `queue`: an overfull queue below its resume
     /// capacity becomes underfull and releases its channels.
     pub(crate) fn check_underfull(&mut self, vhost: &str, queue_name: &str) {
-        let Some(queue) = self
-            .vhosts
-            .get_mut(vhost)
-            .and_then(|v| v.queues.get_mut(queue_name))
-        else {
+        let Some(queue) = self.queue_mut_opt(vhost, queue_name) else {
             return;
         };
         if !queue.overfull || !queue.under_resume_capacity() {
@@ -181,11 +173,7 @@ impl Broker {
         queues: &std::collections::BTreeSet<String>,
     ) {
         for name in queues {
-            if let Some(queue) = self
-                .vhosts
-                .get_mut(vhost)
-                .and_then(|v| v.queues.get_mut(name))
-            {
+            if let Some(queue) = self.queue_mut_opt(vhost, name) {
                 queue.blocked_channels.remove(&(session, channel));
             }
         }

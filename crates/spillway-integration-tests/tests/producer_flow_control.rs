@@ -286,20 +286,35 @@ async fn the_store_quota_blocks_every_producer_until_space_is_freed(
         }
     };
     anyhow::ensure!(blocked.contains("store"), "blocked for '{blocked}'");
-    // Every connection is blocked, not only the one that filled the disk;
-    // one that connects now is told at once (lapin keeps it in its status:
-    // the event fires before anyone can listen).
+    // Every producer is blocked, not only the one that filled the disk: one
+    // that publishes now is told as soon as it does.
     let other = sandbox.connect().await?;
+    let other_channel = other.create_channel().await?;
+    other_channel
+        .basic_publish(
+            "".into(),
+            "durable".into(),
+            BasicPublishOptions::default(),
+            b"one",
+            BasicProperties::default(),
+        )
+        .await?;
     let deadline = Instant::now() + Duration::from_secs(10);
     while !other.status().blocked() {
         anyhow::ensure!(
             Instant::now() < deadline,
-            "a new connection was not blocked"
+            "a second producer was not blocked"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-
-    let admin = other.create_channel().await?;
+    // A connection that only consumes is not blocked: it purges, which
+    // frees the space and releases both producers.
+    let consumer = sandbox.connect().await?;
+    let admin = consumer.create_channel().await?;
+    anyhow::ensure!(
+        !consumer.status().blocked(),
+        "a consumer-only connection was blocked"
+    );
     admin
         .queue_purge("durable".into(), QueuePurgeOptions::default())
         .await?;
