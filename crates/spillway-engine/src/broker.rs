@@ -11,7 +11,7 @@ use bytes::Bytes;
 use rand::distr::{Alphanumeric, SampleString};
 use spillway_proto::engine::{self as pb, session_event::Event, AmqpError, SessionEvent};
 use spillway_proto::storage::{self as store, write_op, Durability, WriteOp};
-use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::budget::MemoryBudget;
 use crate::errors::{self, codes};
@@ -38,8 +38,6 @@ pub struct Broker {
     pub(crate) shared_refs: HashMap<u64, u32>,
     /// To the loader task: payloads to read back from the store.
     pub(crate) loads: mpsc::UnboundedSender<LoadRequest>,
-    /// Wakes the housekeeping task early.
-    pub(crate) housekeeping_kick: Arc<Notify>,
     /// The storage node is over its disk quota: every producer is blocked.
     pub(crate) store_overfull: bool,
     pub(crate) store_overfull_since: Option<std::time::Instant>,
@@ -51,7 +49,6 @@ pub struct BrokerContext {
     pub session_credit: u32,
     pub budget: Arc<MemoryBudget>,
     pub loads: mpsc::UnboundedSender<LoadRequest>,
-    pub housekeeping_kick: Arc<Notify>,
 }
 
 /// What publishing did, for the session to confirm.
@@ -87,7 +84,6 @@ impl Broker {
             flow_active: false,
             shared_refs: HashMap::new(),
             loads: context.loads,
-            housekeeping_kick: context.housekeeping_kick,
             store_overfull: false,
             store_overfull_since: None,
         }
@@ -1020,7 +1016,10 @@ impl Broker {
         };
         drop(message);
         if !self.flow_active && self.budget.over_threshold() {
-            self.housekeeping_kick.notify_one();
+            // Turned on here, not by waking the housekeeping task: under
+            // load the task may run late, and every publish until then would
+            // stay resident over the threshold.
+            self.housekeeping();
         }
         for name in &targets {
             self.spill_arrival(&vhost_name, name, id);

@@ -104,7 +104,6 @@ impl Engine {
             session_credit: config.session_credit,
             budget: budget.clone(),
             loads,
-            housekeeping_kick: housekeeping_kick.clone(),
         });
         let mut holders: std::collections::HashMap<u64, u32> = Default::default();
         let mut next_id = 1;
