@@ -149,8 +149,11 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
         Role::Storage => {
             let store = open_store(settings)?;
             store.register_metrics(&metrics);
-            let router = tonic::transport::Server::builder()
-                .add_service(StorageService::new(store).into_server());
+            let router = tonic::transport::Server::builder().add_service(
+                StorageService::new(store)
+                    .with_shutdown(stopped.clone())
+                    .into_server(),
+            );
             start_grpc(
                 &mut running,
                 "storage",

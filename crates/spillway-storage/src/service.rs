@@ -19,11 +19,20 @@ const LOAD_CHUNK: usize = 4096;
 /// The storage node's gRPC service, for an engine in another process.
 pub struct StorageService {
     store: RocksStore,
+    /// Ends the long-lived quota streams at shutdown: a graceful gRPC
+    /// shutdown waits for every open stream.
+    stop: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl StorageService {
     pub fn new(store: RocksStore) -> Self {
-        Self { store }
+        Self { store, stop: None }
+    }
+
+    /// Quota streams end when `stop` turns true.
+    pub fn with_shutdown(mut self, stop: tokio::sync::watch::Receiver<bool>) -> Self {
+        self.stop = Some(stop);
+        self
     }
 
     pub fn into_server(self) -> spillway_proto::storage::storage_server::StorageServer<Self> {
@@ -125,9 +134,14 @@ impl Storage for StorageService {
     ) -> Result<Response<Self::WatchQuotaStream>, Status> {
         use futures::StreamExt;
         let states = self.store.watch_quota().await?;
-        Ok(Response::new(Box::pin(
-            states.map(|state| state.map_err(Status::from)),
-        )))
+        let states = states.map(|state| state.map_err(Status::from));
+        let Some(mut stop) = self.stop.clone() else {
+            return Ok(Response::new(Box::pin(states)));
+        };
+        let stopped = async move {
+            let _ = stop.wait_for(|stopped| *stopped).await;
+        };
+        Ok(Response::new(Box::pin(states.take_until(stopped))))
     }
 
     async fn status(
