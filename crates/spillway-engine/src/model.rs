@@ -34,6 +34,9 @@ pub struct Message {
     /// The store writer's sequence number of the write that stores this
     /// message's record; 0 while the store has no copy.
     stored_seq: AtomicU64,
+    /// The engine's `publish` span, when traces are exported: deliveries
+    /// join its trace.
+    pub trace: Option<Box<spillway_proto::trace::SpanContext>>,
     accounted: u64,
     budget: Arc<MemoryBudget>,
 }
@@ -57,6 +60,7 @@ impl Message {
             body,
             persistent,
             stored_seq: AtomicU64::new(0),
+            trace: spillway_proto::trace::current().map(Box::new),
             accounted,
             budget: budget.clone(),
         })
