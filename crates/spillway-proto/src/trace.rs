@@ -59,6 +59,14 @@ pub fn current() -> Option<SpanContext> {
     span_context.is_valid().then_some(span_context)
 }
 
+/// Whether work started now belongs to a trace: inside an enabled span, or
+/// under a remote parent ([`with_remote_parent`]). Spans that only make
+/// sense as part of a trace (a storage write) open only then, rather than
+/// as a root trace of their own for every untraced write.
+pub fn in_trace() -> bool {
+    !Span::current().is_disabled() || opentelemetry::Context::current().has_active_span()
+}
+
 /// The span context in `carrier`, if it holds a valid one.
 pub fn span_context(carrier: &Carrier) -> Option<SpanContext> {
     if carrier.is_empty() {

@@ -395,7 +395,11 @@ impl RocksStore {
 impl StorageApi for RocksStore {
     async fn write(&self, batch: Arc<WriteBatch>) -> Result<(), ServiceError> {
         use tracing::Instrument;
-        let span = tracing::trace_span!(target: spillway_proto::trace::TARGET, "write", ops = batch.ops.len());
+        let span = if spillway_proto::trace::in_trace() {
+            tracing::trace_span!(target: spillway_proto::trace::TARGET, "write", ops = batch.ops.len())
+        } else {
+            tracing::Span::none()
+        };
         self.blocking(move |store| store.write_batch(&batch))
             .instrument(span)
             .await
