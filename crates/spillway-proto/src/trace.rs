@@ -22,6 +22,13 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 /// The `tracing` target of the message-path spans.
 pub const TARGET: &str = "spillway::trace";
 
+/// Whether the message-path spans are enabled at all (an OpenTelemetry
+/// layer is installed): without one, a level check against the filter's
+/// maximum, so the per-message calls below cost next to nothing.
+pub fn exported() -> bool {
+    tracing::enabled!(target: TARGET, tracing::Level::TRACE)
+}
+
 /// W3C trace context as carried in a message.
 pub type Carrier = HashMap<String, String>;
 
@@ -50,6 +57,9 @@ pub fn set_parent(span: &Span, carrier: &Carrier) {
 /// The span context of the current span, to link to or parent on later;
 /// `None` when it is disabled.
 pub fn current() -> Option<SpanContext> {
+    if !exported() {
+        return None;
+    }
     let span = Span::current();
     if span.is_disabled() {
         return None;
@@ -64,7 +74,8 @@ pub fn current() -> Option<SpanContext> {
 /// sense as part of a trace (a storage write) open only then, rather than
 /// as a root trace of their own for every untraced write.
 pub fn in_trace() -> bool {
-    !Span::current().is_disabled() || opentelemetry::Context::current().has_active_span()
+    exported()
+        && (!Span::current().is_disabled() || opentelemetry::Context::current().has_active_span())
 }
 
 /// The span context in `carrier`, if it holds a valid one.
