@@ -1361,7 +1361,13 @@ impl Broker {
                 .consumers
                 .get(&consumer_ref.tag)
                 .is_none_or(|consumer| consumer.no_ack);
+            let trace_context = message
+                .trace
+                .as_deref()
+                .map(deliver_trace_context)
+                .unwrap_or_default();
             let deliver = pb::Deliver {
+                trace_context,
                 channel: consumer_ref.channel,
                 consumer_tag: consumer_ref.tag.clone(),
                 delivery_tag,
@@ -1451,6 +1457,16 @@ impl Broker {
 
 /// The queues a message reaches from `exchange`, following exchange-to-
 /// exchange bindings (each exchange visited once, so cycles end).
+/// The engine's `deliver` span (in the trace of the message's publish) as it
+/// hands a message to a consumer, and its context for the gateway.
+fn deliver_trace_context(
+    publish: &spillway_proto::trace::SpanContext,
+) -> spillway_proto::trace::Carrier {
+    let span = tracing::trace_span!(target: spillway_proto::trace::TARGET, "deliver");
+    spillway_proto::trace::set_parent_and_links(&span, publish, &[]);
+    spillway_proto::trace::carrier(&span)
+}
+
 fn route(vhost: &VHost, exchange: &Exchange, cmd: &pb::Publish) -> OpResult<Vec<String>> {
     if exchange.name.is_empty() {
         return Ok(if vhost.queues.contains_key(&cmd.routing_key) {

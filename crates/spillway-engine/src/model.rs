@@ -34,11 +34,16 @@ pub struct Message {
     /// The store writer's sequence number of the write that stores this
     /// message's record; 0 while the store has no copy.
     stored_seq: AtomicU64,
+    /// The engine's `publish` span, when traces are exported: deliveries
+    /// join its trace.
+    pub trace: Option<Box<spillway_proto::trace::SpanContext>>,
     accounted: u64,
     budget: Arc<MemoryBudget>,
 }
 
 impl Message {
+    /// A message published now: in the trace of the current span (the
+    /// engine's `publish`), if one is exported.
     pub fn new(
         budget: &Arc<MemoryBudget>,
         exchange: String,
@@ -46,6 +51,21 @@ impl Message {
         properties: Bytes,
         body: Bytes,
         persistent: bool,
+    ) -> Arc<Self> {
+        let trace = spillway_proto::trace::current().map(Box::new);
+        Self::build(
+            budget,
+            (exchange, routing_key, properties, body),
+            persistent,
+            trace,
+        )
+    }
+
+    fn build(
+        budget: &Arc<MemoryBudget>,
+        (exchange, routing_key, properties, body): (String, String, Bytes, Bytes),
+        persistent: bool,
+        trace: Option<Box<spillway_proto::trace::SpanContext>>,
     ) -> Arc<Self> {
         let accounted = (exchange.len() + routing_key.len() + properties.len() + body.len()) as u64
             + MESSAGE_OVERHEAD_BYTES;
@@ -57,20 +77,24 @@ impl Message {
             body,
             persistent,
             stored_seq: AtomicU64::new(0),
+            trace,
             accounted,
             budget: budget.clone(),
         })
     }
 
-    /// A message read back from the store.
+    /// A message read back from the store (its publish's trace is not).
     pub fn from_record(budget: &Arc<MemoryBudget>, record: MessageRecord) -> Arc<Self> {
-        let message = Self::new(
+        let message = Self::build(
             budget,
-            record.exchange,
-            record.routing_key,
-            record.properties,
-            record.body,
+            (
+                record.exchange,
+                record.routing_key,
+                record.properties,
+                record.body,
+            ),
             record.persistent,
+            None,
         );
         message.mark_stored(STORED_EARLIER);
         message

@@ -18,8 +18,10 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use spillway_proto::storage::{write_op, Durability, MessageRecord, WriteBatch, WriteOp};
+use spillway_proto::trace::SpanContext;
 use spillway_proto::StorageApi;
 use tokio::sync::{mpsc, oneshot};
+use tracing::Instrument;
 
 use crate::budget::MemoryBudget;
 
@@ -38,6 +40,8 @@ enum WriteRequest {
         /// counted as in flight until it lands.
         spilled_bytes: u64,
         done: Option<oneshot::Sender<()>>,
+        /// The span that submitted it (a publish), when traces are exported.
+        trace: Option<SpanContext>,
     },
     /// Write what came before, then stop and release the store.
     Stop(oneshot::Sender<()>),
@@ -130,6 +134,7 @@ impl StoreWriter {
             durability,
             spilled_bytes,
             done,
+            trace: spillway_proto::trace::current(),
         };
         if self.requests.send(request).is_err() {
             tracing::error!("storage writer stopped: a write was not submitted");
@@ -165,6 +170,7 @@ async fn run_writer(
         let mut spilled = 0;
         let mut last_seq = None;
         let mut stop = None;
+        let mut traces = Vec::new();
         for request in ready.drain(..) {
             match request {
                 WriteRequest::Write {
@@ -173,8 +179,10 @@ async fn run_writer(
                     durability: asked,
                     spilled_bytes,
                     done,
+                    trace,
                 } => {
                     ops.extend(more);
+                    traces.extend(trace);
                     waiters.extend(done);
                     durability = durability.max(asked);
                     spilled += spilled_bytes;
@@ -190,7 +198,9 @@ async fn run_writer(
             ops,
             durability: durability.into(),
         });
-        write_until_stored(store.as_ref(), batch.clone()).await;
+        write_until_stored(store.as_ref(), batch.clone())
+            .instrument(batch_span(&traces, batch.ops.len()))
+            .await;
         if let Some(seq) = last_seq {
             state.completed.store(seq, Ordering::Release);
             let mut pending = state.pending.lock();
@@ -212,6 +222,17 @@ async fn run_writer(
             return;
         }
     }
+}
+
+/// The span of one storage batch, when it holds traced writes: in the trace
+/// of the first, linked to the others (a batch serves many publishes).
+fn batch_span(traces: &[SpanContext], ops: usize) -> tracing::Span {
+    let Some((first, others)) = traces.split_first() else {
+        return tracing::Span::none();
+    };
+    let span = tracing::trace_span!(target: spillway_proto::trace::TARGET, "write_batch", ops, writes = traces.len());
+    spillway_proto::trace::set_parent_and_links(&span, first, others);
+    span
 }
 
 async fn write_until_stored(store: &dyn StorageApi, batch: Arc<WriteBatch>) {

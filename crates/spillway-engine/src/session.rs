@@ -546,9 +546,13 @@ impl Session {
                 let result = broker.delete_queue(id, &cmd);
                 self.reply(cmd.request_id, result.map(count_ok));
             }
-            Command::Publish(cmd) => {
+            Command::Publish(mut cmd) => {
                 let (channel, seq) = (cmd.channel, cmd.confirm_seq);
-                match broker.publish(id, cmd) {
+                let span = tracing::trace_span!(target: spillway_proto::trace::TARGET, "publish",
+                    exchange = %cmd.exchange, routing_key = %cmd.routing_key);
+                spillway_proto::trace::set_parent(&span, &std::mem::take(&mut cmd.trace_context));
+                let outcome = span.in_scope(|| broker.publish(id, cmd));
+                match outcome {
                     Ok(PublishOutcome::Done) if seq > 0 => {
                         self.send(Event::Confirm(pb::Confirm {
                             channel,

@@ -1114,7 +1114,10 @@ impl Connection {
         } else {
             0
         };
+        let span = tracing::trace_span!(target: spillway_proto::trace::TARGET, "publish",
+            exchange = %exchange, routing_key = %routing_key);
         commands.push(command(Command::Publish(pb::Publish {
+            trace_context: spillway_proto::trace::carrier(&span),
             channel: u32::from(channel_id),
             exchange,
             routing_key,
@@ -1191,6 +1194,10 @@ impl Connection {
                 Ok(())
             }
             Event::Deliver(deliver) => {
+                let span = tracing::trace_span!(target: spillway_proto::trace::TARGET, "deliver",
+                    consumer_tag = %deliver.consumer_tag);
+                spillway_proto::trace::set_parent(&span, &deliver.trace_context);
+                let _entered = span.enter();
                 let channel_id = deliver.channel as u16;
                 if !self.is_live(channel_id) {
                     // The engine requeues it when it releases the channel.

@@ -83,8 +83,9 @@ impl RemoteStorage {
 #[async_trait]
 impl StorageApi for RemoteStorage {
     async fn write(&self, batch: Arc<WriteBatch>) -> Result<(), ServiceError> {
-        let batch = Arc::unwrap_or_clone(batch);
-        self.client.clone().write(batch).await?;
+        let mut request = tonic::Request::new(Arc::unwrap_or_clone(batch));
+        crate::trace::inject_metadata(request.metadata_mut());
+        self.client.clone().write(request).await?;
         Ok(())
     }
 

@@ -37,6 +37,7 @@ pub use status::{RemoteError, ServiceError};
 
 mod admin;
 pub mod json;
+pub mod trace;
 
 pub use admin::{EngineAdminApi, RemoteEngineAdmin};
 

@@ -8,3 +8,7 @@ mod settings;
 
 pub use roles::{run, Role, Running};
 pub use settings::Settings;
+
+/// The `tracing` target of the message-path spans that are exported over
+/// OTLP (the binary enables it only for its OpenTelemetry layer).
+pub use spillway_proto::trace::TARGET as TRACE_TARGET;

@@ -196,6 +196,10 @@ pub struct TelemetrySettings {
     /// picks one). Unset: the role's default, `127.0.0.1:9471` for
     /// all-in-one (`Role::default_metrics_listen`).
     pub metrics_listen: Option<String>,
+    /// An OpenTelemetry collector's OTLP/gRPC endpoint, e.g.
+    /// `http://127.0.0.1:4317`: spans of every publish and delivery are
+    /// exported there. Unset (or empty): nothing is exported.
+    pub otlp_endpoint: Option<String>,
 }
 
 impl Default for TelemetrySettings {
@@ -204,7 +208,18 @@ impl Default for TelemetrySettings {
             log_format: "text".into(),
             log_level: "info".into(),
             metrics_listen: None,
+            otlp_endpoint: None,
         }
+    }
+}
+
+impl TelemetrySettings {
+    /// The OTLP endpoint, when one is set and not empty.
+    pub fn otlp_endpoint(&self) -> Option<&str> {
+        self.otlp_endpoint
+            .as_deref()
+            .map(str::trim)
+            .filter(|endpoint| !endpoint.is_empty())
     }
 }
 

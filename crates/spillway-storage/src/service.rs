@@ -48,7 +48,9 @@ type QuotaStateStream = Pin<Box<dyn Stream<Item = Result<QuotaState, Status>> + 
 #[tonic::async_trait]
 impl Storage for StorageService {
     async fn write(&self, request: Request<WriteBatch>) -> Result<Response<WriteAck>, Status> {
-        self.store.write(Arc::new(request.into_inner())).await?;
+        let (metadata, _, batch) = request.into_parts();
+        let write = self.store.write(Arc::new(batch));
+        spillway_proto::trace::with_remote_parent(&metadata, write).await?;
         Ok(Response::new(WriteAck {}))
     }
 

@@ -394,7 +394,15 @@ impl RocksStore {
 #[async_trait]
 impl StorageApi for RocksStore {
     async fn write(&self, batch: Arc<WriteBatch>) -> Result<(), ServiceError> {
-        self.blocking(move |store| store.write_batch(&batch)).await
+        use tracing::Instrument;
+        let span = if spillway_proto::trace::in_trace() {
+            tracing::trace_span!(target: spillway_proto::trace::TARGET, "write", ops = batch.ops.len())
+        } else {
+            tracing::Span::none()
+        };
+        self.blocking(move |store| store.write_batch(&batch))
+            .instrument(span)
+            .await
     }
 
     async fn load_definitions(&self) -> Result<Definitions, ServiceError> {

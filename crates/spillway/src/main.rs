@@ -5,8 +5,16 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::WithExportConfig as _;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::Resource;
 use spillway_serve::{Role, Settings};
-use tracing_subscriber::EnvFilter;
+use tracing::Level;
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{EnvFilter, Layer as _};
 
 /// jemalloc rather than the system allocator: a backlog that flows to disk
 /// frees millions of small payloads in bulk, and glibc's per-thread arenas
@@ -59,15 +67,28 @@ async fn main() -> anyhow::Result<()> {
         return healthcheck(addr).await;
     }
     let settings = Settings::load(cli.config.as_deref())?;
-    init_logging(&settings);
-    let role = match cli.role.clone().unwrap_or(RoleArg::AllInOne) {
-        RoleArg::AllInOne | RoleArg::Healthcheck { .. } => Role::AllInOne,
-        RoleArg::Gateway => Role::Gateway,
-        RoleArg::Engine => Role::Engine,
-        RoleArg::Storage => Role::Storage,
-        RoleArg::Management => Role::Management,
+    let (role, service_name) = match cli.role.clone().unwrap_or(RoleArg::AllInOne) {
+        RoleArg::AllInOne | RoleArg::Healthcheck { .. } => (Role::AllInOne, "spillway"),
+        RoleArg::Gateway => (Role::Gateway, "spillway-gateway"),
+        RoleArg::Engine => (Role::Engine, "spillway-engine"),
+        RoleArg::Storage => (Role::Storage, "spillway-storage"),
+        RoleArg::Management => (Role::Management, "spillway-management"),
     };
-    let running = spillway_serve::run(role, &settings).await?;
+    let traces = init_logging(&settings, service_name)?;
+    let result = serve(role, &cli, &settings).await;
+    if let Some(provider) = traces {
+        // Exports what is still batched; blocks, so off the runtime's
+        // workers (the exporter's channel runs on them).
+        let shutdown = tokio::task::spawn_blocking(move || provider.shutdown()).await;
+        if let Ok(Err(error)) = shutdown {
+            eprintln!("exporting the last spans failed: {error}");
+        }
+    }
+    result
+}
+
+async fn serve(role: Role, cli: &Cli, settings: &Settings) -> anyhow::Result<()> {
+    let running = spillway_serve::run(role, settings).await?;
     tracing::info!(?role, addresses = %running.addresses_json(), "spillway ready");
     if let Some(path) = &cli.ready_file {
         write_ready_file(path, &running.addresses_json())?;
@@ -101,20 +122,61 @@ async fn healthcheck(addr: &str) -> anyhow::Result<()> {
     anyhow::bail!("not ready: {status_line}")
 }
 
-fn init_logging(settings: &Settings) {
+/// Logs to stderr and, with `telemetry.otlp_endpoint` set, traces over
+/// OTLP: returns the tracer provider to shut down (flush) on exit.
+///
+/// Each layer has its own filter: the log filter leaves the message-path
+/// spans (TRACE, target `spillway::trace`) disabled, and only the
+/// OpenTelemetry layer, installed only with an endpoint, enables them. So
+/// without one they cost a level check and no context is serialised.
+fn init_logging(
+    settings: &Settings,
+    service_name: &str,
+) -> anyhow::Result<Option<SdkTracerProvider>> {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(&settings.telemetry.log_level));
     // Colours only on a terminal: logs in files and `docker logs` stay
     // greppable (`code=BRK-1014`).
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let logs = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
-    if settings.telemetry.log_format == "json" {
-        builder.json().init();
+    let logs = if settings.telemetry.log_format == "json" {
+        logs.json().boxed()
     } else {
-        builder.init();
+        logs.boxed()
+    };
+    let provider = match settings.telemetry.otlp_endpoint() {
+        Some(endpoint) => Some(tracer_provider(endpoint, service_name)?),
+        None => None,
+    };
+    let traces = provider.as_ref().map(|provider| {
+        tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer("spillway"))
+            .with_filter(Targets::new().with_target(spillway_serve::TRACE_TARGET, Level::TRACE))
+    });
+    tracing_subscriber::registry()
+        .with(logs.with_filter(filter))
+        .with(traces)
+        .init();
+    Ok(provider)
+}
+
+/// Batched OTLP/gRPC export (`OTEL_BSP_*` tune the batching). The service
+/// name is the role's unless `OTEL_SERVICE_NAME` says otherwise.
+fn tracer_provider(endpoint: &str, service_name: &str) -> anyhow::Result<SdkTracerProvider> {
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_endpoint(endpoint)
+        .build()
+        .with_context(|| format!("OTLP exporter for {endpoint}"))?;
+    let mut resource = Resource::builder();
+    if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
+        resource = resource.with_service_name(service_name.to_string());
     }
+    Ok(SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(resource.build())
+        .build())
 }
 
 /// Written to a temporary name then renamed, so readers never see half a file.

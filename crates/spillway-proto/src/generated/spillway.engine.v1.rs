@@ -213,7 +213,7 @@ pub struct QueueDelete {
 /// property flags and property list exactly as received, so they are returned
 /// to consumers byte for byte.
 #[allow(clippy::all)]
-#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+#[derive(Clone, PartialEq, ::prost::Message)]
 pub struct Publish {
     #[prost(uint32, tag = "1")]
     pub channel: u32,
@@ -233,6 +233,13 @@ pub struct Publish {
     /// delivery-mode 2, decoded from `properties` by the gateway.
     #[prost(bool, tag = "8")]
     pub persistent: bool,
+    /// W3C trace context (`traceparent`, `tracestate`) of the gateway's
+    /// `publish` span; empty unless traces are exported.
+    #[prost(map = "string, string", tag = "9")]
+    pub trace_context: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
 }
 /// Several commands in one stream message: the remote transport packs what is
 /// ready into one gRPC message. Never nested.
@@ -502,7 +509,7 @@ pub struct GetOk {
     pub body: ::prost::bytes::Bytes,
 }
 #[allow(clippy::all)]
-#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+#[derive(Clone, PartialEq, ::prost::Message)]
 pub struct Deliver {
     #[prost(uint32, tag = "1")]
     pub channel: u32,
@@ -520,6 +527,13 @@ pub struct Deliver {
     pub properties: ::prost::bytes::Bytes,
     #[prost(bytes = "bytes", tag = "8")]
     pub body: ::prost::bytes::Bytes,
+    /// W3C trace context of the engine's `deliver` span; empty unless traces
+    /// are exported.
+    #[prost(map = "string, string", tag = "9")]
+    pub trace_context: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
