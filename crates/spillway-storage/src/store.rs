@@ -151,40 +151,26 @@ impl RocksStore {
     pub fn remove_orphans(&self) -> Result<Cleanup, StoreError> {
         let entry_prefix = [keys::ENTRY];
         let mut referenced = HashSet::new();
-        for entry in self
-            .db
-            .iterator(IteratorMode::From(&entry_prefix, Direction::Forward))
-        {
-            let (key, _) = entry?;
-            if !key.starts_with(&entry_prefix) {
-                break;
-            }
-            referenced.extend(keys::entry_id(&key));
-        }
+        self.for_each_under(&entry_prefix, |key, _| {
+            referenced.extend(keys::entry_id(key));
+            Ok(())
+        })?;
         let mut cleanup = Cleanup::default();
         let mut batch = rocksdb::WriteBatch::default();
         let message_prefix = [keys::MESSAGE];
-        for entry in self
-            .db
-            .iterator(IteratorMode::From(&message_prefix, Direction::Forward))
-        {
-            let (key, value) = entry?;
-            if !key.starts_with(&message_prefix) {
-                break;
+        self.for_each_under(&message_prefix, |key, value| {
+            let orphan = keys::message_id(key).is_some_and(|id| !referenced.contains(&id));
+            if !orphan {
+                return Ok(());
             }
-            let Some(id) = keys::message_id(&key) else {
-                continue;
-            };
-            if referenced.contains(&id) {
-                continue;
-            }
-            batch.delete(&key);
+            batch.delete(key);
             cleanup.orphaned_messages += 1;
             cleanup.orphaned_bytes += value.len() as u64;
             if batch.len() >= 10_000 {
                 self.db.write(std::mem::take(&mut batch))?;
             }
-        }
+            Ok(())
+        })?;
         if cleanup.orphaned_messages > 0 {
             self.db.write(batch)?;
             let end = keys::prefix_end(&message_prefix);
@@ -278,22 +264,33 @@ impl RocksStore {
     /// Keys under `prefix`, and their values' bytes.
     fn count(&self, prefix: &[u8]) -> Result<(u64, u64), StoreError> {
         let (mut keys, mut bytes) = (0, 0);
-        for entry in self
-            .db
-            .iterator(IteratorMode::From(prefix, Direction::Forward))
-        {
-            let (key, value) = entry?;
-            if !key.starts_with(prefix) {
-                break;
-            }
+        self.for_each_under(prefix, |_, value| {
             keys += 1;
             bytes += value.len() as u64;
-        }
+            Ok(())
+        })?;
         Ok((keys, bytes))
     }
 
     fn scan<T: prost::Message + Default>(&self, prefix: &[u8]) -> Result<Vec<T>, StoreError> {
         let mut records = Vec::new();
+        self.for_each_under(prefix, |key, value| {
+            let record = T::decode(value).map_err(|source| StoreError::Corrupt {
+                key: key.to_vec(),
+                source,
+            })?;
+            records.push(record);
+            Ok(())
+        })?;
+        Ok(records)
+    }
+
+    /// Visits every key under `prefix`, in order, with its value.
+    fn for_each_under(
+        &self,
+        prefix: &[u8],
+        mut visit: impl FnMut(&[u8], &[u8]) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
         for entry in self
             .db
             .iterator(IteratorMode::From(prefix, Direction::Forward))
@@ -302,13 +299,9 @@ impl RocksStore {
             if !key.starts_with(prefix) {
                 break;
             }
-            let record = T::decode(&*value).map_err(|source| StoreError::Corrupt {
-                key: key.to_vec(),
-                source,
-            })?;
-            records.push(record);
+            visit(&key, &value)?;
         }
-        Ok(records)
+        Ok(())
     }
 }
 
