@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use amq_protocol_types::{AMQPValue, FieldTable};
-use bytes::Bytes;
 use rand::distr::{Alphanumeric, SampleString};
 use spillway_proto::engine::{self as pb, session_event::Event, AmqpError, SessionEvent};
 use spillway_proto::storage::{self as store, write_op, Durability, WriteOp};
@@ -935,14 +934,14 @@ impl Broker {
         }
         let id = self.next_message_id;
         self.next_message_id += 1;
-        // Copied out of the frame (or gRPC) buffer it arrived in: a slice
-        // would keep that whole buffer alive, and the budget would not see it.
+        // The body arrives in an allocation of its own: the gateway assembles
+        // it, and the remote session copies it out of its gRPC message.
         let message = Message::new(
             &self.budget,
             cmd.exchange,
             cmd.routing_key,
-            Bytes::copy_from_slice(&cmd.properties),
-            Bytes::copy_from_slice(&cmd.body),
+            cmd.properties,
+            cmd.body,
             cmd.persistent,
         );
         let mut ops = Vec::new();

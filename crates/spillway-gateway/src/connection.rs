@@ -1122,7 +1122,9 @@ impl Connection {
             exchange,
             routing_key,
             mandatory,
-            properties: header.properties,
+            // The header's properties are a slice of the socket's read
+            // buffer: copied, so a queued message does not keep it alive.
+            properties: Bytes::copy_from_slice(&header.properties),
             body: body.freeze(),
             confirm_seq,
             persistent: properties.delivery_mode() == &Some(2),

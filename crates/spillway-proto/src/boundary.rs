@@ -293,7 +293,14 @@ pub fn serve_remote_session(
                 Some(session_command::Command::Batch(batch)) => batch.commands,
                 _ => vec![command],
             };
-            for command in batch {
+            for mut command in batch {
+                // A decoded body is a slice of the whole gRPC message: kept
+                // as it is, one queued message would pin the batch it came in
+                // (memory the engine's budget cannot see).
+                if let Some(session_command::Command::Publish(publish)) = &mut command.command {
+                    publish.properties = bytes::Bytes::copy_from_slice(&publish.properties);
+                    publish.body = bytes::Bytes::copy_from_slice(&publish.body);
+                }
                 if commands.send(command).await.is_err() {
                     return;
                 }
