@@ -20,12 +20,7 @@ pub mod codes {
 }
 
 pub fn error(code: u16, text: impl Into<String>) -> AmqpError {
-    AmqpError {
-        code: u32::from(code),
-        text: text.into(),
-        class_id: 0,
-        method_id: 0,
-    }
+    AmqpError::new(code, text)
 }
 
 pub fn inequivalent(

@@ -25,6 +25,7 @@ pub mod management {
     include!("generated/spillway.management.v1.rs");
 }
 
+pub mod amqp;
 mod boundary;
 mod status;
 

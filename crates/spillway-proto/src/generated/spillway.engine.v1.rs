@@ -434,6 +434,10 @@ pub struct AmqpError {
     pub class_id: u32,
     #[prost(uint32, tag = "4")]
     pub method_id: u32,
+    /// What failed, for callers that are not AMQP clients (management maps it to
+    /// a gRPC status). Unspecified means "as the reply code says".
+    #[prost(enumeration = "ErrorKind", tag = "5")]
+    pub kind: i32,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -571,6 +575,47 @@ pub struct ConsumerCancelled {
     pub channel: u32,
     #[prost(string, tag = "2")]
     pub consumer_tag: ::prost::alloc::string::String,
+}
+/// The kind of an AmqpError, where the reply code alone does not say it: a 406
+/// can be a bad argument (invalid) or a state that forbids the call.
+#[allow(clippy::all)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
+#[repr(i32)]
+pub enum ErrorKind {
+    Unspecified = 0,
+    NotFound = 1,
+    InvalidArgument = 2,
+    FailedPrecondition = 3,
+    AccessRefused = 4,
+    Internal = 5,
+}
+impl ErrorKind {
+    /// String value of the enum field names used in the ProtoBuf definition.
+    ///
+    /// The values are not transformed in any way and thus are considered stable
+    /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+    pub fn as_str_name(&self) -> &'static str {
+        match self {
+            Self::Unspecified => "ERROR_KIND_UNSPECIFIED",
+            Self::NotFound => "ERROR_KIND_NOT_FOUND",
+            Self::InvalidArgument => "ERROR_KIND_INVALID_ARGUMENT",
+            Self::FailedPrecondition => "ERROR_KIND_FAILED_PRECONDITION",
+            Self::AccessRefused => "ERROR_KIND_ACCESS_REFUSED",
+            Self::Internal => "ERROR_KIND_INTERNAL",
+        }
+    }
+    /// Creates an enum from field names used in the ProtoBuf definition.
+    pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+        match value {
+            "ERROR_KIND_UNSPECIFIED" => Some(Self::Unspecified),
+            "ERROR_KIND_NOT_FOUND" => Some(Self::NotFound),
+            "ERROR_KIND_INVALID_ARGUMENT" => Some(Self::InvalidArgument),
+            "ERROR_KIND_FAILED_PRECONDITION" => Some(Self::FailedPrecondition),
+            "ERROR_KIND_ACCESS_REFUSED" => Some(Self::AccessRefused),
+            "ERROR_KIND_INTERNAL" => Some(Self::Internal),
+            _ => None,
+        }
+    }
 }
 /// Generated client implementations.
 pub mod engine_client {
