@@ -4,40 +4,50 @@
 # make images   build the images docker-compose.yml runs (no registry needed)
 # make compose-test     the compose stack with its `test` profile (load, flow to disk, capacity)
 # make compose-faults   kill storage, engine, gateways and cut engine<->storage under traffic
-.PHONY: images run test build deps venv lint test-build test-rust test-python bench fmt clean \
+.PHONY: images run test test-stages build deps venv lint test-build test-rust test-python bench fmt clean \
 	bench-flow-to-disk \
 	docker-check images-from-build compose-test compose-faults
 
 CARGO := scripts/cargo.sh
+# Each stage of `make test` prints its wall time; the summary comes at the end.
+TIMED := scripts/timed.sh
 
 run: deps
 	$(CARGO) run --release -p spillway --
 
 deps:
-	@scripts/install-deps.sh
+	@$(TIMED) deps scripts/install-deps.sh
 
 venv:
-	@scripts/python-venv.sh
+	@$(TIMED) venv scripts/python-venv.sh
 
 build: deps
 	$(CARGO) build --release -p spillway -p spillway-loadgen -p spillway-ctl
 
-lint: deps
-	cargo fmt --all -- --check
-	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
+# Clippy runs after the build: it then reuses the build's dependencies
+# (RocksDB's C++ included) instead of being the one that compiles them.
+lint: deps test-build
+	$(TIMED) fmt cargo fmt --all -- --check
+	$(TIMED) clippy $(CARGO) clippy --release --workspace --all-targets -- -D warnings
 
 # Building every target at once (tests included) gives one feature set, so
 # `cargo test` then reuses it instead of recompiling half the tree.
 test-build: deps
-	$(CARGO) build --release --workspace --all-targets
+	$(TIMED) build $(CARGO) build --release --workspace --all-targets
 
 test-rust: test-build
-	$(CARGO) test --release --workspace
+	$(TIMED) rust-tests $(CARGO) test --release --workspace
 
 test-python: test-build venv
-	.venv/bin/pytest tests/python -q -p no:cacheprovider
+	$(TIMED) python-tests .venv/bin/pytest tests/python -q -p no:cacheprovider
 
-test: lint test-rust test-python compose-test compose-faults
+# The stages run in this order; a failed stage stops the run, and the times of
+# the stages that ran are printed either way.
+test:
+	@$(TIMED) --reset
+	@$(MAKE) --no-print-directory test-stages; rc=$$?; $(TIMED) --summary; exit $$rc
+
+test-stages: lint test-rust test-python compose-test compose-faults
 
 bench: deps
 	@scripts/install-deps.sh --bench
@@ -61,13 +71,13 @@ docker-check:
 # The compose tests put the binaries `test-build` already made into the images
 # (no second build with another feature set).
 images-from-build: test-build docker-check
-	deploy/make-images.sh
+	$(TIMED) images deploy/make-images.sh
 
 compose-test: images-from-build
-	scripts/compose-test.sh
+	$(TIMED) compose-test scripts/compose-test.sh
 
 compose-faults: images-from-build
-	scripts/compose-faults.sh
+	$(TIMED) compose-faults scripts/compose-faults.sh
 
 fmt:
 	cargo fmt --all
