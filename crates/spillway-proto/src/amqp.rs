@@ -7,6 +7,8 @@
 use amq_protocol::types::FieldTable;
 use bytes::Bytes;
 
+pub mod nesting;
+
 use crate::engine::{AmqpError, ErrorKind};
 
 /// AMQP 0-9-1 reply codes, as RabbitMQ users know them.
