@@ -8,6 +8,7 @@
 //! - [`connection`]: the handshake and the connection/channel state machines
 //!   (no I/O);
 //! - [`server`]: the TCP listener and the per-connection I/O loop;
+//! - [`heartbeat`]: when a silent client counts as gone;
 //! - [`metrics`]: the connection, channel and message counts the I/O loop
 //!   keeps for `/metrics`.
 //!
@@ -17,6 +18,7 @@
 pub mod auth;
 pub mod codec;
 pub mod connection;
+pub mod heartbeat;
 pub mod metrics;
 pub mod server;
 

@@ -12,6 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
+use spillway_proto::amqp::reply_code;
 use spillway_proto::engine::{
     session_command::Command, DeliveriesWritten, SessionCommand, SessionEvent,
 };
@@ -26,8 +27,9 @@ use tokio_util::task::TaskTracker;
 
 use crate::codec::{FrameDecoder, FrameError, FrameWriter, PROTOCOL_HEADER};
 use crate::connection::{
-    codes, write_connection_close, Connection, ConnectionError, Handshake, HandshakeStep, Next,
+    write_connection_close, Connection, ConnectionError, Handshake, HandshakeStep, Next,
 };
+use crate::heartbeat::SilenceClock;
 use crate::metrics::GatewayMetrics;
 use crate::GatewayConfig;
 
@@ -211,7 +213,7 @@ async fn serve_connection(
         Ok(session) => session,
         Err(error) => {
             tracing::warn!(%peer, %error, "engine unavailable");
-            let error = ConnectionError::new(codes::CONNECTION_FORCED, "engine unavailable");
+            let error = ConnectionError::new(reply_code::CONNECTION_FORCED, "engine unavailable");
             write_connection_close(&error, &mut out);
             write_half.write_all(&out.take()).await?;
             return Ok(());
@@ -236,11 +238,17 @@ async fn serve_connection(
     let beat_every = Duration::from_secs(u64::from(heartbeat.max(1))) / 2;
     let mut ticker = tokio::time::interval(beat_every);
     ticker.tick().await;
-    let mut last_read = tokio::time::Instant::now();
+    let mut silence = SilenceClock::new(heartbeat, tokio::time::Instant::now());
     let mut pending_commands: Vec<SessionCommand> = Vec::new();
 
     let closing: Option<ConnectionError> = loop {
         let paused = connection.reading_paused();
+        // A client that was told it is blocked, or that we do not read, may
+        // be silent for as long as that lasts.
+        silence.set_suspended(
+            paused || connection.client_told_blocked(),
+            tokio::time::Instant::now(),
+        );
         let step: Result<Next, ConnectionError> = tokio::select! {
             // Producer flow control: a blocked connection that spent its
             // overdraft is not read (TCP back-pressure) until unblocked.
@@ -249,28 +257,24 @@ async fn serve_connection(
                 Some(Err(FrameError::Io(_))) => break None,
                 Some(Err(error)) => Err(frame_error(error)),
                 Some(Ok(frame)) => {
-                    last_read = tokio::time::Instant::now();
+                    silence.heard(tokio::time::Instant::now());
                     connection.on_frame(frame, &mut out, &mut pending_commands)
                 }
             },
             event = events.recv() => match event {
-                None => Err(ConnectionError::new(codes::CONNECTION_FORCED, "engine session ended")),
+                None => Err(ConnectionError::new(reply_code::CONNECTION_FORCED, "engine session ended")),
                 Some(event) => handle_events(&mut connection, event, &mut events, &mut out, &mut pending_commands)
                     .map(|()| Next::Continue),
             },
             _ = ticker.tick(), if heartbeat > 0 => {
-                if paused {
-                    // Unread is not silent: its heartbeats wait in the socket.
-                    last_read = tokio::time::Instant::now();
-                }
-                if last_read.elapsed() > Duration::from_secs(u64::from(heartbeat) * 2) {
+                if silence.expired(tokio::time::Instant::now()) {
                     tracing::info!(%peer, "missed heartbeats from client, closing");
                     break None;
                 }
                 out.heartbeat();
                 Ok(Next::Continue)
             },
-            _ = stopped.changed() => Err(ConnectionError::new(codes::CONNECTION_FORCED, "broker shutdown")),
+            _ = stopped.changed() => Err(ConnectionError::new(reply_code::CONNECTION_FORCED, "broker shutdown")),
         };
         for command in pending_commands.drain(..) {
             let counter = metrics.counter_for(&command);
@@ -389,5 +393,5 @@ where
 }
 
 fn frame_error(error: FrameError) -> ConnectionError {
-    ConnectionError::new(codes::FRAME_ERROR, error.to_string())
+    ConnectionError::new(reply_code::FRAME_ERROR, error.to_string())
 }

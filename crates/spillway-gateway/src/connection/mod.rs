@@ -1,0 +1,582 @@
+//! One client connection after the handshake: the connection and channel
+//! state machines that turn frames into engine commands and engine events
+//! into frames. No I/O happens here: frames come in through
+//! [`Connection::on_frame`], events through [`Connection::on_event`], and
+//! outbound frames collect in a [`FrameWriter`] that the I/O loop
+//! (`server.rs`) flushes.
+//!
+//! This module owns the channel table, the requests waiting for the engine,
+//! and producer flow-control state. The parts live beside it:
+//! - [`handshake`]: connection.start … connection.open;
+//! - `commands`: which engine command each channel method becomes;
+//! - `publish`: assembling publish + content header + body into one message;
+//! - `render`: engine events and replies → frames.
+
+mod commands;
+pub mod handshake;
+mod publish;
+mod render;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+use amq_protocol::protocol::{channel as chan, connection as conn, AMQPClass};
+use amq_protocol::types::ShortString;
+use spillway_proto::amqp::{
+    closes_only_the_channel, encode_table, reply_code, reply_text, MethodId,
+};
+use spillway_proto::engine::{self as pb, session_command::Command, SessionCommand};
+
+use crate::codec::{self, FrameWriter, RawFrame};
+use crate::GatewayConfig;
+use commands::Translation;
+pub use handshake::{Capabilities, Handshake, HandshakeStep, Negotiated};
+use publish::PendingPublish;
+
+/// An error that closes the whole connection.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConnectionError {
+    pub code: u16,
+    pub text: String,
+    /// The method that failed ([`MethodId::NONE`] when none did).
+    pub method: MethodId,
+}
+
+impl ConnectionError {
+    pub fn new(code: u16, text: impl Into<String>) -> Self {
+        Self {
+            code,
+            text: text.into(),
+            method: MethodId::NONE,
+        }
+    }
+
+    /// Names the method that failed.
+    pub fn on(mut self, method: MethodId) -> Self {
+        self.method = method;
+        self
+    }
+}
+
+/// What the I/O loop should do after a frame or event.
+#[derive(Debug, PartialEq)]
+pub enum Next {
+    Continue,
+    /// The client asked to close; close-ok is queued: flush and hang up.
+    Closed,
+}
+
+#[derive(PartialEq)]
+enum ChannelPhase {
+    Open,
+    /// We sent channel.close; waiting for the client's close-ok.
+    ClosingByServer,
+    /// The client sent channel.close; waiting for the engine before close-ok.
+    ClosingByClient,
+}
+
+struct Channel {
+    phase: ChannelPhase,
+    publish: Option<PendingPublish>,
+    confirm: bool,
+    confirm_seq: u64,
+}
+
+/// What a request sent to the engine is waiting to answer.
+#[derive(Clone)]
+struct Pending {
+    channel: u16,
+    /// The method that asked, named if the engine refuses it.
+    method: MethodId,
+    nowait: bool,
+    answer: Answer,
+}
+
+/// How to answer the client once the engine replies to a request.
+#[derive(Clone)]
+enum Answer {
+    Session,
+    ChannelOpen,
+    ChannelCloseByClient,
+    /// The engine released a channel we closed; nothing to tell the client.
+    ChannelReleased,
+    ExchangeDeclare,
+    ExchangeDelete,
+    ExchangeBind,
+    ExchangeUnbind,
+    QueueDeclare,
+    QueueBind,
+    QueueUnbind,
+    QueuePurge,
+    QueueDelete,
+    Consume,
+    Cancel(String),
+    Recover,
+    Qos,
+    Get,
+    ConfirmSelect,
+}
+
+pub struct Connection {
+    config: std::sync::Arc<GatewayConfig>,
+    negotiated: Negotiated,
+    peer: SocketAddr,
+    channels: HashMap<u16, Channel>,
+    pending: HashMap<u64, Pending>,
+    next_request: u64,
+    /// Channels whose engine-side release is still under way: events for
+    /// them belong to the closed incarnation and are dropped.
+    releasing: HashMap<u16, u32>,
+    /// Deliveries written into `out` since the last flush (engine credit).
+    pub deliveries: u32,
+    /// Producer flow control: why the engine blocks this connection, and
+    /// since when.
+    flow_blocked: Option<(String, std::time::Instant)>,
+    /// Body bytes the client may still publish while blocked before the
+    /// gateway stops reading its socket.
+    overdraft_left: u64,
+}
+
+impl Connection {
+    pub fn new(
+        config: std::sync::Arc<GatewayConfig>,
+        negotiated: Negotiated,
+        peer: SocketAddr,
+    ) -> Self {
+        Self {
+            config,
+            negotiated,
+            peer,
+            channels: HashMap::new(),
+            pending: HashMap::new(),
+            next_request: 1,
+            releasing: HashMap::new(),
+            deliveries: 0,
+            flow_blocked: None,
+            overdraft_left: 0,
+        }
+    }
+
+    /// Blocked by producer flow control and out of overdraft: stop reading
+    /// the socket (TCP back-pressure) until unblocked.
+    pub fn reading_paused(&self) -> bool {
+        self.flow_blocked.is_some() && self.overdraft_left == 0
+    }
+
+    /// Since when, and why, the connection is blocked.
+    pub fn blocked(&self) -> Option<(&str, std::time::Instant)> {
+        self.flow_blocked
+            .as_ref()
+            .map(|(reason, since)| (reason.as_str(), *since))
+    }
+
+    /// The client was sent connection.blocked and not yet connection.unblocked.
+    /// Clients such as lapin then send nothing at all, heartbeats included.
+    pub fn client_told_blocked(&self) -> bool {
+        self.flow_blocked.is_some() && self.negotiated.capabilities.connection_blocked
+    }
+
+    fn on_flow_control(&mut self, flow: pb::FlowControl, out: &mut FrameWriter) {
+        let tell = self.negotiated.capabilities.connection_blocked;
+        match (flow.blocked, self.flow_blocked.is_some()) {
+            (true, false) => {
+                tracing::debug!(peer = %self.peer, reason = %flow.reason, "connection blocked");
+                self.overdraft_left = self.config.blocked_overdraft;
+                if tell {
+                    out.method(
+                        0,
+                        AMQPClass::Connection(conn::AMQPMethod::Blocked(conn::Blocked {
+                            reason: short(&flow.reason),
+                        })),
+                    );
+                }
+                self.flow_blocked = Some((flow.reason, std::time::Instant::now()));
+            }
+            (false, true) => {
+                tracing::debug!(peer = %self.peer, "connection unblocked");
+                if tell {
+                    out.method(
+                        0,
+                        AMQPClass::Connection(conn::AMQPMethod::Unblocked(conn::Unblocked {})),
+                    );
+                }
+                self.flow_blocked = None;
+            }
+            _ => {}
+        }
+    }
+
+    pub fn frame_max(&self) -> u32 {
+        self.negotiated.frame_max
+    }
+
+    pub fn heartbeat(&self) -> u16 {
+        self.negotiated.heartbeat
+    }
+
+    /// Channels open on this connection, including ones being closed.
+    pub fn channel_count(&self) -> usize {
+        self.channels.len()
+    }
+
+    /// The first command of the session.
+    pub fn open_session(&mut self) -> SessionCommand {
+        let request_id = self.track(0, MethodId::CONNECTION_OPEN, false, Answer::Session);
+        command(Command::Open(pb::OpenSession {
+            request_id,
+            vhost: self.negotiated.vhost.clone(),
+            user: self.negotiated.user.clone(),
+            client_address: self.peer.to_string(),
+            client_properties: encode_table(&self.negotiated.client_properties),
+        }))
+    }
+
+    /// Records a request about to be sent; returns its id.
+    fn track(&mut self, channel: u16, method: MethodId, nowait: bool, answer: Answer) -> u64 {
+        let request_id = self.next_request;
+        self.next_request += 1;
+        self.pending.insert(
+            request_id,
+            Pending {
+                channel,
+                method,
+                nowait,
+                answer,
+            },
+        );
+        request_id
+    }
+
+    /// Handles one inbound frame; returns the commands for the engine.
+    pub fn on_frame(
+        &mut self,
+        frame: RawFrame,
+        out: &mut FrameWriter,
+        commands: &mut Vec<SessionCommand>,
+    ) -> Result<Next, ConnectionError> {
+        match frame.kind {
+            codec::FRAME_HEARTBEAT => {
+                if frame.channel != 0 {
+                    return Err(ConnectionError::new(
+                        reply_code::FRAME_ERROR,
+                        "heartbeat frame on a non-zero channel",
+                    ));
+                }
+                Ok(Next::Continue)
+            }
+            codec::FRAME_METHOD => {
+                let Some(method) = codec::parse_method(&frame.payload) else {
+                    return Err(unparsable_method(&frame.payload));
+                };
+                if frame.channel == 0 {
+                    return self.on_connection_method(method, out);
+                }
+                self.on_channel_method(frame.channel, method, out, commands)?;
+                Ok(Next::Continue)
+            }
+            codec::FRAME_HEADER => {
+                self.on_content_header(frame, out, commands)?;
+                Ok(Next::Continue)
+            }
+            codec::FRAME_BODY => {
+                self.on_content_body(frame, out, commands)?;
+                Ok(Next::Continue)
+            }
+            other => Err(ConnectionError::new(
+                reply_code::FRAME_ERROR,
+                format!("unknown frame type {other}"),
+            )),
+        }
+    }
+
+    fn on_connection_method(
+        &mut self,
+        method: AMQPClass,
+        out: &mut FrameWriter,
+    ) -> Result<Next, ConnectionError> {
+        let id = method_id(&method);
+        match method {
+            AMQPClass::Connection(conn::AMQPMethod::Close(close)) => {
+                tracing::debug!(peer = %self.peer, code = close.reply_code, text = %close.reply_text, "client closed the connection");
+                out.method(
+                    0,
+                    AMQPClass::Connection(conn::AMQPMethod::CloseOk(conn::CloseOk {})),
+                );
+                Ok(Next::Closed)
+            }
+            AMQPClass::Connection(conn::AMQPMethod::CloseOk(_)) => Ok(Next::Closed),
+            AMQPClass::Connection(
+                conn::AMQPMethod::Blocked(_) | conn::AMQPMethod::Unblocked(_),
+            ) => Ok(Next::Continue),
+            AMQPClass::Connection(conn::AMQPMethod::UpdateSecret(_)) => Err(ConnectionError::new(
+                reply_code::NOT_IMPLEMENTED,
+                "connection.update-secret is not supported",
+            )
+            .on(id)),
+            AMQPClass::Connection(_) => Err(ConnectionError::new(
+                reply_code::COMMAND_INVALID,
+                "connection method not allowed after the handshake",
+            )
+            .on(id)),
+            _ => Err(ConnectionError::new(
+                reply_code::COMMAND_INVALID,
+                "only connection methods may use channel 0",
+            )
+            .on(id)),
+        }
+    }
+
+    fn on_channel_method(
+        &mut self,
+        channel_id: u16,
+        method: AMQPClass,
+        out: &mut FrameWriter,
+        commands: &mut Vec<SessionCommand>,
+    ) -> Result<(), ConnectionError> {
+        let id = method_id(&method);
+        if let AMQPClass::Connection(_) = method {
+            return Err(ConnectionError::new(
+                reply_code::COMMAND_INVALID,
+                "connection methods must use channel 0",
+            )
+            .on(id));
+        }
+        let Some(channel) = self.channels.get_mut(&channel_id) else {
+            if let AMQPClass::Channel(chan::AMQPMethod::Open(_)) = method {
+                return self.open_channel(channel_id, commands);
+            }
+            return Err(ConnectionError::new(
+                reply_code::CHANNEL_ERROR,
+                format!("expected 'channel.open' on channel {channel_id}"),
+            )
+            .on(id));
+        };
+        match channel.phase {
+            ChannelPhase::ClosingByServer => {
+                match method {
+                    AMQPClass::Channel(chan::AMQPMethod::CloseOk(_)) => {
+                        self.channels.remove(&channel_id);
+                    }
+                    AMQPClass::Channel(chan::AMQPMethod::Close(_)) => {
+                        // Both sides closed at once: answer and forget the channel.
+                        out.method(
+                            channel_id,
+                            AMQPClass::Channel(chan::AMQPMethod::CloseOk(chan::CloseOk {})),
+                        );
+                        self.channels.remove(&channel_id);
+                    }
+                    _ => {}
+                }
+                return Ok(());
+            }
+            ChannelPhase::ClosingByClient => return Ok(()),
+            ChannelPhase::Open => {}
+        }
+        if channel.publish.is_some() {
+            return Err(ConnectionError::new(
+                reply_code::UNEXPECTED_FRAME,
+                format!("expected content header or body on channel {channel_id}, got a method"),
+            )
+            .on(id));
+        }
+        // The id the command carries if it is a request; taken only then.
+        let request_id = self.next_request;
+        match commands::translate(method, channel_id, request_id)? {
+            Translation::Request {
+                command: cmd,
+                answer,
+                nowait,
+            } => {
+                match answer {
+                    Answer::ChannelCloseByClient => {
+                        channel.phase = ChannelPhase::ClosingByClient;
+                        *self.releasing.entry(channel_id).or_default() += 1;
+                    }
+                    Answer::ConfirmSelect => channel.confirm = true,
+                    _ => {}
+                }
+                let tracked = self.track(channel_id, id, nowait, answer);
+                debug_assert_eq!(tracked, request_id, "the command carries its own id");
+                commands.push(command(cmd));
+            }
+            Translation::Notify(cmd) => commands.push(command(cmd)),
+            Translation::Reply(reply) => out.method(channel_id, reply),
+            Translation::Publish(publish) => channel.publish = Some(publish),
+            Translation::Ignore => {}
+        }
+        Ok(())
+    }
+
+    fn open_channel(
+        &mut self,
+        channel_id: u16,
+        commands: &mut Vec<SessionCommand>,
+    ) -> Result<(), ConnectionError> {
+        if channel_id > self.negotiated.channel_max {
+            return Err(ConnectionError::new(
+                reply_code::CHANNEL_ERROR,
+                format!(
+                    "channel {channel_id} above channel_max {}",
+                    self.negotiated.channel_max
+                ),
+            )
+            .on(MethodId::CHANNEL_OPEN));
+        }
+        self.channels.insert(
+            channel_id,
+            Channel {
+                phase: ChannelPhase::Open,
+                publish: None,
+                confirm: false,
+                confirm_seq: 0,
+            },
+        );
+        let request_id = self.track(
+            channel_id,
+            MethodId::CHANNEL_OPEN,
+            false,
+            Answer::ChannelOpen,
+        );
+        commands.push(command(Command::ChannelOpen(pb::ChannelOpen {
+            request_id,
+            channel: u32::from(channel_id),
+        })));
+        Ok(())
+    }
+
+    /// Server-initiated channel close: tell the client, release the channel
+    /// in the engine (its unacked messages are requeued).
+    fn close_channel(
+        &mut self,
+        channel_id: u16,
+        code: u16,
+        text: &str,
+        failed: MethodId,
+        out: &mut FrameWriter,
+        commands: &mut Vec<SessionCommand>,
+    ) {
+        let Some(channel) = self.channels.get_mut(&channel_id) else {
+            return;
+        };
+        if channel.phase != ChannelPhase::Open {
+            return;
+        }
+        channel.phase = ChannelPhase::ClosingByServer;
+        channel.publish = None;
+        tracing::debug!(peer = %self.peer, channel = channel_id, code, text, "closing channel");
+        out.method(
+            channel_id,
+            AMQPClass::Channel(chan::AMQPMethod::Close(chan::Close {
+                reply_code: code,
+                reply_text: short(&reply_text(code, text)),
+                class_id: failed.class_id,
+                method_id: failed.method_id,
+            })),
+        );
+        let request_id = self.track(
+            channel_id,
+            MethodId::CHANNEL_CLOSE,
+            true,
+            Answer::ChannelReleased,
+        );
+        *self.releasing.entry(channel_id).or_default() += 1;
+        commands.push(command(Command::ChannelClose(pb::ChannelClose {
+            request_id,
+            channel: u32::from(channel_id),
+        })));
+    }
+
+    /// The engine finished releasing one incarnation of `channel_id`.
+    fn released(&mut self, channel_id: u16) {
+        let Some(count) = self.releasing.get_mut(&channel_id) else {
+            return;
+        };
+        debug_assert!(*count > 0, "a release counted below zero");
+        *count -= 1;
+        if *count == 0 {
+            self.releasing.remove(&channel_id);
+        }
+    }
+
+    /// An engine error for a channel: channel-level codes close the channel,
+    /// the rest close the connection.
+    fn raise(
+        &mut self,
+        channel_id: u16,
+        error: pb::AmqpError,
+        failed: MethodId,
+        out: &mut FrameWriter,
+        commands: &mut Vec<SessionCommand>,
+    ) -> Result<(), ConnectionError> {
+        let code = error.reply_code();
+        if closes_only_the_channel(code) {
+            self.close_channel(channel_id, code, &error.text, failed, out, commands);
+            return Ok(());
+        }
+        Err(ConnectionError::new(code, error.text).on(failed))
+    }
+
+    fn is_live(&self, channel_id: u16) -> bool {
+        !self.releasing.contains_key(&channel_id)
+            && self
+                .channels
+                .get(&channel_id)
+                .is_some_and(|c| c.phase == ChannelPhase::Open)
+    }
+}
+
+/// The connection.close frame for a fatal error.
+pub fn write_connection_close(error: &ConnectionError, out: &mut FrameWriter) {
+    out.method(
+        0,
+        AMQPClass::Connection(conn::AMQPMethod::Close(conn::Close {
+            reply_code: error.code,
+            reply_text: short(&reply_text(error.code, &error.text)),
+            class_id: error.method.class_id,
+            method_id: error.method.method_id,
+        })),
+    );
+}
+
+fn method_id(method: &AMQPClass) -> MethodId {
+    MethodId::new(method.get_amqp_class_id(), method.get_amqp_method_id())
+}
+
+/// Text from the engine may exceed a short string; cut it at a char boundary.
+fn short(text: &str) -> ShortString {
+    let mut end = text.len().min(255);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    ShortString::from(&text[..end])
+}
+
+/// The error for a method frame amq-protocol cannot parse: a known class is
+/// a malformed frame, an unknown one an invalid command.
+fn unparsable_method(payload: &[u8]) -> ConnectionError {
+    let failed = MethodId::from_payload(payload).unwrap_or_else(|| {
+        // Fewer than four bytes: the class, if there is one, and no method.
+        let class_id = match payload {
+            [c0, c1, ..] => u16::from_be_bytes([*c0, *c1]),
+            _ => 0,
+        };
+        MethodId::new(class_id, 0)
+    });
+    if failed.is_known_class() {
+        return ConnectionError::new(reply_code::SYNTAX_ERROR, "malformed method frame").on(failed);
+    }
+    ConnectionError::new(
+        reply_code::COMMAND_INVALID,
+        format!("unknown class {}", failed.class_id),
+    )
+    .on(failed)
+}
+
+fn command(command: Command) -> SessionCommand {
+    SessionCommand {
+        command: Some(command),
+    }
+}

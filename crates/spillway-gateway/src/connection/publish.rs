@@ -1,0 +1,233 @@
+//! Publish assembly: a basic.publish method, then its content header, then
+//! body frames, become one engine `Publish` command. Here the gateway
+//! enforces the largest message size, checks the `user_id` property against
+//! the authenticated user, numbers publisher confirms, and spends the
+//! overdraft a connection blocked by producer flow control has left.
+
+use amq_protocol::protocol::basic;
+use bytes::{Bytes, BytesMut};
+use spillway_proto::amqp::{reply_code, MethodId};
+use spillway_proto::engine::{self as pb, session_command::Command, SessionCommand};
+
+use super::{command, Channel, ChannelPhase, Connection, ConnectionError};
+use crate::codec::{self, FrameWriter, RawFrame};
+
+/// The class id content headers carry for basic (the only class with content).
+const BASIC_CLASS: u16 = MethodId::BASIC_PUBLISH.class_id;
+
+/// A publish waiting for its content header and body.
+pub(super) struct PendingPublish {
+    exchange: String,
+    routing_key: String,
+    mandatory: bool,
+    header: Option<codec::ContentHeader>,
+    body: BytesMut,
+}
+
+impl PendingPublish {
+    pub(super) fn new(method: basic::Publish) -> Self {
+        Self {
+            exchange: method.exchange.to_string(),
+            routing_key: method.routing_key.to_string(),
+            mandatory: method.mandatory,
+            header: None,
+            body: BytesMut::new(),
+        }
+    }
+}
+
+impl Connection {
+    pub(super) fn on_content_header(
+        &mut self,
+        frame: RawFrame,
+        out: &mut FrameWriter,
+        commands: &mut Vec<SessionCommand>,
+    ) -> Result<(), ConnectionError> {
+        let channel_id = frame.channel;
+        let max_message_size = self.config.max_message_size;
+        let Some(channel) = self.content_channel(channel_id)? else {
+            return Ok(());
+        };
+        let Some(publish) = channel.publish.as_mut() else {
+            return Err(ConnectionError::new(
+                reply_code::UNEXPECTED_FRAME,
+                format!("content header on channel {channel_id} without a basic.publish"),
+            ));
+        };
+        if publish.header.is_some() {
+            return Err(ConnectionError::new(
+                reply_code::UNEXPECTED_FRAME,
+                format!("second content header on channel {channel_id}"),
+            ));
+        }
+        let Some(header) = codec::parse_content_header(&frame.payload) else {
+            return Err(ConnectionError::new(
+                reply_code::FRAME_ERROR,
+                "malformed content header",
+            ));
+        };
+        if header.class_id != BASIC_CLASS {
+            return Err(ConnectionError::new(
+                reply_code::FRAME_ERROR,
+                "content header for a class other than basic",
+            ));
+        }
+        if header.body_size > max_message_size {
+            let text = format!(
+                "message size {} is larger than configured max size {}",
+                header.body_size, max_message_size
+            );
+            channel.publish = None;
+            self.close_channel(
+                channel_id,
+                reply_code::PRECONDITION_FAILED,
+                &text,
+                MethodId::BASIC_PUBLISH,
+                out,
+                commands,
+            );
+            return Ok(());
+        }
+        // Bounded by max_message_size above; reserve lazily for huge bodies.
+        publish
+            .body
+            .reserve((header.body_size as usize).min(1 << 20));
+        let complete = header.body_size == 0;
+        publish.header = Some(header);
+        if complete {
+            self.finish_publish(channel_id, out, commands)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn on_content_body(
+        &mut self,
+        frame: RawFrame,
+        out: &mut FrameWriter,
+        commands: &mut Vec<SessionCommand>,
+    ) -> Result<(), ConnectionError> {
+        let channel_id = frame.channel;
+        let Some(channel) = self.content_channel(channel_id)? else {
+            return Ok(());
+        };
+        let Some(PendingPublish {
+            header: Some(header),
+            body,
+            ..
+        }) = channel.publish.as_mut()
+        else {
+            return Err(ConnectionError::new(
+                reply_code::UNEXPECTED_FRAME,
+                format!("content body on channel {channel_id} without a content header"),
+            ));
+        };
+        if (body.len() + frame.payload.len()) as u64 > header.body_size {
+            return Err(ConnectionError::new(
+                reply_code::FRAME_ERROR,
+                format!("content body on channel {channel_id} longer than its header's size"),
+            ));
+        }
+        body.extend_from_slice(&frame.payload);
+        if body.len() as u64 == header.body_size {
+            self.finish_publish(channel_id, out, commands)?;
+        }
+        Ok(())
+    }
+
+    /// The channel a content frame belongs to; None when the frame is to be
+    /// discarded (the channel is closing).
+    fn content_channel(
+        &mut self,
+        channel_id: u16,
+    ) -> Result<Option<&mut Channel>, ConnectionError> {
+        match self.channels.get_mut(&channel_id) {
+            None => Err(ConnectionError::new(
+                reply_code::CHANNEL_ERROR,
+                format!("content frame on channel {channel_id}, which is not open"),
+            )),
+            Some(channel) if channel.phase != ChannelPhase::Open => Ok(None),
+            Some(channel) => Ok(Some(channel)),
+        }
+    }
+
+    /// The whole message is in: check it and hand it to the engine.
+    fn finish_publish(
+        &mut self,
+        channel_id: u16,
+        out: &mut FrameWriter,
+        commands: &mut Vec<SessionCommand>,
+    ) -> Result<(), ConnectionError> {
+        let Some(channel) = self.channels.get_mut(&channel_id) else {
+            return Ok(());
+        };
+        let Some(PendingPublish {
+            exchange,
+            routing_key,
+            mandatory,
+            header: Some(header),
+            body,
+        }) = channel.publish.take()
+        else {
+            return Ok(());
+        };
+        if self.flow_blocked.is_some() {
+            self.overdraft_left = self.overdraft_left.saturating_sub(header.body_size.max(1));
+        }
+        let properties = match basic::parse_properties(&header.properties[..]) {
+            Ok(([], properties)) => properties,
+            _ => {
+                self.close_channel(
+                    channel_id,
+                    reply_code::SYNTAX_ERROR,
+                    "malformed message properties",
+                    MethodId::BASIC_PUBLISH,
+                    out,
+                    commands,
+                );
+                return Ok(());
+            }
+        };
+        if let Some(user_id) = properties.user_id() {
+            if user_id.as_str() != self.negotiated.user {
+                let text = format!(
+                    "user_id property set to '{}' but authenticated user was '{}'",
+                    user_id, self.negotiated.user
+                );
+                self.close_channel(
+                    channel_id,
+                    reply_code::PRECONDITION_FAILED,
+                    &text,
+                    MethodId::BASIC_PUBLISH,
+                    out,
+                    commands,
+                );
+                return Ok(());
+            }
+        }
+        let Some(channel) = self.channels.get_mut(&channel_id) else {
+            return Ok(());
+        };
+        let confirm_seq = if channel.confirm {
+            channel.confirm_seq += 1;
+            channel.confirm_seq
+        } else {
+            0
+        };
+        let span = tracing::trace_span!(target: spillway_proto::trace::TARGET, "publish",
+            exchange = %exchange, routing_key = %routing_key);
+        commands.push(command(Command::Publish(pb::Publish {
+            trace_context: spillway_proto::trace::carrier(&span),
+            channel: u32::from(channel_id),
+            exchange,
+            routing_key,
+            mandatory,
+            // The header's properties are a slice of the socket's read
+            // buffer: copied, so a queued message does not keep it alive.
+            properties: Bytes::copy_from_slice(&header.properties),
+            body: body.freeze(),
+            confirm_seq,
+            persistent: properties.delivery_mode() == &Some(2),
+        })));
+        Ok(())
+    }
+}

@@ -1,0 +1,284 @@
+//! Engine event → frames: deliveries, publisher confirms, returned messages,
+//! consumer cancellations, and the answers to requests (declare-ok, get-ok,
+//! …) as the [`Answer`] recorded when the request was sent says. Events for a
+//! channel that is closing are dropped here; errors go back to the
+//! connection, which closes the channel or itself.
+
+use amq_protocol::protocol::{
+    basic, channel as chan, confirm, connection as conn, exchange, queue, AMQPClass,
+};
+use spillway_proto::amqp::{reply_code, MethodId};
+use spillway_proto::engine::{self as pb, reply, session_event::Event};
+use spillway_proto::engine::{SessionCommand, SessionEvent};
+
+use super::{short, Answer, Connection, ConnectionError};
+use crate::codec::FrameWriter;
+
+impl Connection {
+    /// Handles one engine event. `Err` closes the connection.
+    pub fn on_event(
+        &mut self,
+        event: SessionEvent,
+        out: &mut FrameWriter,
+        commands: &mut Vec<SessionCommand>,
+    ) -> Result<(), ConnectionError> {
+        let Some(event) = event.event else {
+            return Ok(());
+        };
+        match event {
+            Event::Reply(reply) => self.on_reply(reply, out, commands),
+            Event::FlowControl(flow) => {
+                self.on_flow_control(flow, out);
+                Ok(())
+            }
+            // Batches exist only on the gRPC stream between a remote engine
+            // and the gateway; `RemoteEngine` unpacks them before they get
+            // here, and the in-process engine never makes one.
+            Event::Batch(_) => {
+                debug_assert!(false, "an event batch reached the connection");
+                tracing::error!(peer = %self.peer, "an event batch reached the connection");
+                Err(ConnectionError::new(
+                    reply_code::CONNECTION_FORCED,
+                    "internal error",
+                ))
+            }
+            Event::Deliver(deliver) => {
+                let span = tracing::trace_span!(target: spillway_proto::trace::TARGET, "deliver",
+                    consumer_tag = %deliver.consumer_tag);
+                spillway_proto::trace::set_parent(&span, &deliver.trace_context);
+                let _entered = span.enter();
+                let channel_id = deliver.channel as u16;
+                if !self.is_live(channel_id) {
+                    // The engine requeues it when it releases the channel.
+                    return Ok(());
+                }
+                out.method(
+                    channel_id,
+                    AMQPClass::Basic(basic::AMQPMethod::Deliver(basic::Deliver {
+                        consumer_tag: short(&deliver.consumer_tag),
+                        delivery_tag: deliver.delivery_tag,
+                        redelivered: deliver.redelivered,
+                        exchange: short(&deliver.exchange),
+                        routing_key: short(&deliver.routing_key),
+                    })),
+                );
+                out.content(
+                    channel_id,
+                    &deliver.properties,
+                    &deliver.body,
+                    self.negotiated.frame_max as usize,
+                );
+                self.deliveries += 1;
+                Ok(())
+            }
+            Event::Confirm(confirm) => {
+                let channel_id = confirm.channel as u16;
+                if !self.is_live(channel_id) {
+                    return Ok(());
+                }
+                let method = if confirm.ack {
+                    basic::AMQPMethod::Ack(basic::Ack {
+                        delivery_tag: confirm.seq,
+                        multiple: false,
+                    })
+                } else {
+                    basic::AMQPMethod::Nack(basic::Nack {
+                        delivery_tag: confirm.seq,
+                        multiple: false,
+                        requeue: false,
+                    })
+                };
+                out.method(channel_id, AMQPClass::Basic(method));
+                Ok(())
+            }
+            Event::Returned(returned) => {
+                let channel_id = returned.channel as u16;
+                if !self.is_live(channel_id) {
+                    return Ok(());
+                }
+                out.method(
+                    channel_id,
+                    AMQPClass::Basic(basic::AMQPMethod::Return(basic::Return {
+                        reply_code: returned.reply_code as u16,
+                        reply_text: short(&returned.reply_text),
+                        exchange: short(&returned.exchange),
+                        routing_key: short(&returned.routing_key),
+                    })),
+                );
+                out.content(
+                    channel_id,
+                    &returned.properties,
+                    &returned.body,
+                    self.negotiated.frame_max as usize,
+                );
+                Ok(())
+            }
+            Event::ConsumerCancelled(cancelled) => {
+                let channel_id = cancelled.channel as u16;
+                if self.is_live(channel_id) && self.negotiated.capabilities.consumer_cancel_notify {
+                    out.method(
+                        channel_id,
+                        AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel {
+                            consumer_tag: short(&cancelled.consumer_tag),
+                            nowait: true,
+                        })),
+                    );
+                }
+                Ok(())
+            }
+            Event::ChannelError(channel_error) => {
+                let channel_id = channel_error.channel as u16;
+                if !self.is_live(channel_id) {
+                    return Ok(());
+                }
+                let error = channel_error.error.unwrap_or_default();
+                let method = MethodId::new(
+                    u16::try_from(error.class_id).unwrap_or_default(),
+                    u16::try_from(error.method_id).unwrap_or_default(),
+                );
+                self.raise(channel_id, error, method, out, commands)
+            }
+            // The broker closes the connection (management, vhost deleted).
+            Event::ConnectionClose(close) => Err(ConnectionError::new(
+                reply_code::CONNECTION_FORCED,
+                close.reason,
+            )),
+        }
+    }
+
+    /// The engine answered a request: reply to the client as recorded when
+    /// the request was sent.
+    fn on_reply(
+        &mut self,
+        reply: pb::Reply,
+        out: &mut FrameWriter,
+        commands: &mut Vec<SessionCommand>,
+    ) -> Result<(), ConnectionError> {
+        let Some(pending) = self.pending.remove(&reply.request_id) else {
+            tracing::warn!(request = reply.request_id, "reply to an unknown request");
+            return Ok(());
+        };
+        let channel_id = pending.channel;
+        if matches!(
+            pending.answer,
+            Answer::ChannelReleased | Answer::ChannelCloseByClient
+        ) {
+            self.released(channel_id);
+        }
+        let result = reply.result.unwrap_or(reply::Result::Ok(pb::Empty {}));
+        if let reply::Result::Error(error) = result {
+            if let Answer::Session = pending.answer {
+                return Err(ConnectionError::new(error.reply_code(), error.text).on(pending.method));
+            }
+            if !self.is_live(channel_id) {
+                return Ok(());
+            }
+            return self.raise(channel_id, error, pending.method, out, commands);
+        }
+        let answer = match pending.answer {
+            Answer::Session => {
+                out.method(
+                    0,
+                    AMQPClass::Connection(conn::AMQPMethod::OpenOk(conn::OpenOk {})),
+                );
+                return Ok(());
+            }
+            Answer::ChannelReleased => return Ok(()),
+            Answer::ChannelCloseByClient => {
+                self.channels.remove(&channel_id);
+                out.method(
+                    channel_id,
+                    AMQPClass::Channel(chan::AMQPMethod::CloseOk(chan::CloseOk {})),
+                );
+                return Ok(());
+            }
+            _ if !self.is_live(channel_id) => return Ok(()),
+            _ if pending.nowait => return Ok(()),
+            answer => answer,
+        };
+        let method = match (answer, result) {
+            (Answer::ChannelOpen, _) => {
+                AMQPClass::Channel(chan::AMQPMethod::OpenOk(chan::OpenOk {}))
+            }
+            (Answer::ExchangeDeclare, _) => {
+                AMQPClass::Exchange(exchange::AMQPMethod::DeclareOk(exchange::DeclareOk {}))
+            }
+            (Answer::ExchangeDelete, _) => {
+                AMQPClass::Exchange(exchange::AMQPMethod::DeleteOk(exchange::DeleteOk {}))
+            }
+            (Answer::ExchangeBind, _) => {
+                AMQPClass::Exchange(exchange::AMQPMethod::BindOk(exchange::BindOk {}))
+            }
+            (Answer::ExchangeUnbind, _) => {
+                AMQPClass::Exchange(exchange::AMQPMethod::UnbindOk(exchange::UnbindOk {}))
+            }
+            (Answer::QueueDeclare, reply::Result::QueueDeclareOk(ok)) => {
+                AMQPClass::Queue(queue::AMQPMethod::DeclareOk(queue::DeclareOk {
+                    queue: short(&ok.queue),
+                    message_count: ok.message_count,
+                    consumer_count: ok.consumer_count,
+                }))
+            }
+            (Answer::QueueBind, _) => AMQPClass::Queue(queue::AMQPMethod::BindOk(queue::BindOk {})),
+            (Answer::QueueUnbind, _) => {
+                AMQPClass::Queue(queue::AMQPMethod::UnbindOk(queue::UnbindOk {}))
+            }
+            (Answer::QueuePurge, reply::Result::CountOk(ok)) => {
+                AMQPClass::Queue(queue::AMQPMethod::PurgeOk(queue::PurgeOk {
+                    message_count: ok.message_count,
+                }))
+            }
+            (Answer::QueueDelete, reply::Result::CountOk(ok)) => {
+                AMQPClass::Queue(queue::AMQPMethod::DeleteOk(queue::DeleteOk {
+                    message_count: ok.message_count,
+                }))
+            }
+            (Answer::Consume, reply::Result::ConsumeOk(ok)) => {
+                AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk {
+                    consumer_tag: short(&ok.consumer_tag),
+                }))
+            }
+            (Answer::Cancel(tag), _) => {
+                AMQPClass::Basic(basic::AMQPMethod::CancelOk(basic::CancelOk {
+                    consumer_tag: short(&tag),
+                }))
+            }
+            (Answer::Recover, _) => {
+                AMQPClass::Basic(basic::AMQPMethod::RecoverOk(basic::RecoverOk {}))
+            }
+            (Answer::Qos, _) => AMQPClass::Basic(basic::AMQPMethod::QosOk(basic::QosOk {})),
+            (Answer::Get, reply::Result::GetOk(ok)) => {
+                out.method(
+                    channel_id,
+                    AMQPClass::Basic(basic::AMQPMethod::GetOk(basic::GetOk {
+                        delivery_tag: ok.delivery_tag,
+                        redelivered: ok.redelivered,
+                        exchange: short(&ok.exchange),
+                        routing_key: short(&ok.routing_key),
+                        message_count: ok.message_count,
+                    })),
+                );
+                out.content(
+                    channel_id,
+                    &ok.properties,
+                    &ok.body,
+                    self.negotiated.frame_max as usize,
+                );
+                return Ok(());
+            }
+            (Answer::Get, _) => AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {})),
+            (Answer::ConfirmSelect, _) => {
+                AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(confirm::SelectOk {}))
+            }
+            (_, other) => {
+                tracing::error!(?other, "engine answered with an unexpected reply");
+                return Err(ConnectionError::new(
+                    reply_code::CONNECTION_FORCED,
+                    "internal error",
+                ));
+            }
+        };
+        out.method(channel_id, method);
+        Ok(())
+    }
+}

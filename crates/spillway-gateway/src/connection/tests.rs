@@ -1,0 +1,323 @@
+//! The connection state machines driven with frames, as the I/O loop drives
+//! them, without a socket or an engine: frames are built and read back with
+//! the codec (amq-protocol underneath).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use amq_protocol::protocol::{basic, channel as chan, connection as conn, AMQPClass};
+use amq_protocol::types::FieldTable;
+use bytes::BytesMut;
+use spillway_proto::amqp::{reply_code, MethodId};
+use spillway_proto::engine::{self as pb, reply, session_command::Command, session_event::Event};
+use spillway_proto::engine::{SessionCommand, SessionEvent};
+use tokio_util::codec::Decoder;
+
+use super::*;
+use crate::codec::{FrameDecoder, FRAME_BODY, FRAME_HEADER, FRAME_METHOD};
+
+fn peer() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 5672))
+}
+
+/// Everything written so far, split back into frames.
+fn written(out: &mut FrameWriter) -> Vec<RawFrame> {
+    let mut decoder = FrameDecoder { frame_max: 1 << 20 };
+    let mut bytes = BytesMut::from(&out.take()[..]);
+    let mut frames = Vec::new();
+    while let Ok(Some(frame)) = decoder.decode(&mut bytes) {
+        frames.push(frame);
+    }
+    assert!(bytes.is_empty(), "trailing bytes that are not a frame");
+    frames
+}
+
+/// The methods among `frames`, parsed.
+fn methods(frames: &[RawFrame]) -> Vec<(u16, AMQPClass)> {
+    frames
+        .iter()
+        .filter(|frame| frame.kind == FRAME_METHOD)
+        .filter_map(|frame| Some((frame.channel, codec::parse_method(&frame.payload)?)))
+        .collect()
+}
+
+fn method_frame(channel: u16, method: AMQPClass) -> RawFrame {
+    let mut out = FrameWriter::default();
+    out.method(channel, method);
+    let mut frames = written(&mut out);
+    assert_eq!(frames.len(), 1);
+    frames.remove(0)
+}
+
+fn start_ok(user: &str, password: &str) -> RawFrame {
+    method_frame(
+        0,
+        AMQPClass::Connection(conn::AMQPMethod::StartOk(conn::StartOk {
+            client_properties: FieldTable::default(),
+            mechanism: "PLAIN".into(),
+            response: format!("\0{user}\0{password}").into(),
+            locale: "en_US".into(),
+        })),
+    )
+}
+
+/// Runs the handshake as a client would, up to connection.open.
+fn negotiate(config: &GatewayConfig) -> Negotiated {
+    let mut out = FrameWriter::default();
+    let mut handshake = Handshake::new(config, peer());
+    handshake.start(&mut out);
+    let sent = methods(&written(&mut out));
+    assert!(matches!(
+        sent.as_slice(),
+        [(0, AMQPClass::Connection(conn::AMQPMethod::Start(_)))]
+    ));
+
+    let step = handshake.on_frame(start_ok("guest", "guest"), &mut out);
+    assert!(matches!(step, Ok(HandshakeStep::Continue)));
+    let sent = methods(&written(&mut out));
+    let [(0, AMQPClass::Connection(conn::AMQPMethod::Tune(tune)))] = sent.as_slice() else {
+        panic!("expected connection.tune, got {sent:?}");
+    };
+    assert_eq!(tune.frame_max, config.frame_max);
+
+    let tune_ok = method_frame(
+        0,
+        AMQPClass::Connection(conn::AMQPMethod::TuneOk(conn::TuneOk {
+            channel_max: 0,
+            frame_max: 8192,
+            heartbeat: 30,
+        })),
+    );
+    assert!(matches!(
+        handshake.on_frame(tune_ok, &mut out),
+        Ok(HandshakeStep::Continue)
+    ));
+    let open = method_frame(
+        0,
+        AMQPClass::Connection(conn::AMQPMethod::Open(conn::Open {
+            virtual_host: "/".into(),
+        })),
+    );
+    match handshake.on_frame(open, &mut out) {
+        Ok(HandshakeStep::Open(negotiated)) => negotiated,
+        Ok(HandshakeStep::Continue) => panic!("connection.open did not finish the handshake"),
+        Err(error) => panic!("handshake failed: {error:?}"),
+    }
+}
+
+/// The request ids of the commands that carry one, in order.
+fn request_id(command: &SessionCommand) -> u64 {
+    match &command.command {
+        Some(Command::Open(open)) => open.request_id,
+        Some(Command::ChannelOpen(open)) => open.request_id,
+        other => panic!("not a request this test expects: {other:?}"),
+    }
+}
+
+fn ok_reply(request_id: u64) -> SessionEvent {
+    SessionEvent {
+        event: Some(Event::Reply(pb::Reply {
+            request_id,
+            result: Some(reply::Result::Ok(pb::Empty {})),
+        })),
+    }
+}
+
+/// A connection through the handshake, with its session open and channel 1
+/// open, and nothing left to read in `out`.
+fn open_connection(config: GatewayConfig) -> (Connection, FrameWriter) {
+    let config = Arc::new(config);
+    let negotiated = negotiate(&config);
+    assert_eq!(negotiated.user, "guest");
+    assert_eq!(negotiated.vhost, "/");
+    assert_eq!(negotiated.frame_max, 8192);
+    assert_eq!(negotiated.heartbeat, 30);
+    let mut connection = Connection::new(config, negotiated, peer());
+    let mut out = FrameWriter::default();
+    let mut commands = Vec::new();
+
+    let open = connection.open_session();
+    connection
+        .on_event(ok_reply(request_id(&open)), &mut out, &mut commands)
+        .expect("session opened");
+    let sent = methods(&written(&mut out));
+    assert!(matches!(
+        sent.as_slice(),
+        [(0, AMQPClass::Connection(conn::AMQPMethod::OpenOk(_)))]
+    ));
+
+    let channel_open = method_frame(1, AMQPClass::Channel(chan::AMQPMethod::Open(chan::Open {})));
+    assert_eq!(
+        connection.on_frame(channel_open, &mut out, &mut commands),
+        Ok(Next::Continue)
+    );
+    let [command] = commands.as_slice() else {
+        panic!("expected one channel.open command, got {commands:?}");
+    };
+    let reply = ok_reply(request_id(command));
+    commands.clear();
+    connection
+        .on_event(reply, &mut out, &mut commands)
+        .expect("channel opened");
+    let sent = methods(&written(&mut out));
+    assert!(matches!(
+        sent.as_slice(),
+        [(1, AMQPClass::Channel(chan::AMQPMethod::OpenOk(_)))]
+    ));
+    assert!(commands.is_empty());
+    (connection, out)
+}
+
+#[test]
+fn the_handshake_and_channel_open_reach_open_ok() {
+    let (connection, _) = open_connection(GatewayConfig::default());
+    assert_eq!(connection.channel_count(), 1);
+}
+
+#[test]
+fn a_refused_login_names_access_refused_once() {
+    let config = GatewayConfig::default();
+    let mut out = FrameWriter::default();
+    let mut handshake = Handshake::new(&config, peer());
+    let Err(error) = handshake.on_frame(start_ok("guest", "wrong"), &mut out) else {
+        panic!("a wrong password was accepted");
+    };
+    assert_eq!(error.code, reply_code::ACCESS_REFUSED);
+    assert_eq!(error.method, MethodId::CONNECTION_START_OK);
+    write_connection_close(&error, &mut out);
+    let sent = methods(&written(&mut out));
+    let [(0, AMQPClass::Connection(conn::AMQPMethod::Close(close)))] = sent.as_slice() else {
+        panic!("expected connection.close, got {sent:?}");
+    };
+    assert_eq!(
+        close.reply_text.as_str(),
+        "ACCESS_REFUSED - user 'guest' - invalid credentials"
+    );
+    assert_eq!((close.class_id, close.method_id), (10, 11));
+}
+
+#[test]
+fn a_publish_over_method_header_and_two_body_frames_is_one_command() {
+    let (mut connection, mut out) = open_connection(GatewayConfig::default());
+    let mut commands = Vec::new();
+    let body = b"hello, world";
+    let mut frames = FrameWriter::default();
+    frames.method(
+        1,
+        AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
+            exchange: "x".into(),
+            routing_key: "k".into(),
+            mandatory: true,
+            ..Default::default()
+        })),
+    );
+    let properties = basic::AMQPProperties::default().with_delivery_mode(2);
+    let context = amq_protocol::frame::WriteContext::from(Vec::new());
+    let raw_properties = basic::gen_properties(&properties)(context)
+        .expect("encode properties")
+        .write;
+    // Body frames of at most 8 bytes: two of them for 12 bytes.
+    frames.content(1, &raw_properties, body, codec::FRAME_OVERHEAD + 8);
+    let frames = written(&mut frames);
+    let kinds: Vec<u8> = frames.iter().map(|frame| frame.kind).collect();
+    assert_eq!(kinds, [FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_BODY]);
+
+    for frame in frames {
+        assert!(commands.is_empty(), "a command before the last body frame");
+        assert_eq!(
+            connection.on_frame(frame, &mut out, &mut commands),
+            Ok(Next::Continue)
+        );
+    }
+    let [SessionCommand {
+        command: Some(Command::Publish(publish)),
+    }] = commands.as_slice()
+    else {
+        panic!("expected one publish, got {commands:?}");
+    };
+    assert_eq!(publish.channel, 1);
+    assert_eq!(publish.exchange, "x");
+    assert_eq!(publish.routing_key, "k");
+    assert!(publish.mandatory);
+    assert!(publish.persistent);
+    assert_eq!(publish.confirm_seq, 0, "no confirms selected");
+    assert_eq!(&publish.body[..], body);
+    assert_eq!(&publish.properties[..], &raw_properties[..]);
+    assert!(out.is_empty(), "nothing to tell the client");
+}
+
+#[test]
+fn a_method_on_an_unopened_channel_is_a_channel_error() {
+    let (mut connection, mut out) = open_connection(GatewayConfig::default());
+    let mut commands = Vec::new();
+    let qos = method_frame(
+        7,
+        AMQPClass::Basic(basic::AMQPMethod::Qos(basic::Qos {
+            prefetch_count: 10,
+            ..Default::default()
+        })),
+    );
+    let Err(error) = connection.on_frame(qos, &mut out, &mut commands) else {
+        panic!("a method on channel 7 was accepted");
+    };
+    assert_eq!(error.code, reply_code::CHANNEL_ERROR);
+    assert_eq!(error.method, MethodId::BASIC_QOS);
+    assert!(commands.is_empty());
+}
+
+#[test]
+fn a_delivery_is_rendered_as_deliver_header_and_body_frames() {
+    let (mut connection, mut out) = open_connection(GatewayConfig::default());
+    let mut commands = Vec::new();
+    // Larger than one frame (frame_max 8192): two body frames.
+    let body = vec![7u8; 10_000];
+    let deliver = SessionEvent {
+        event: Some(Event::Deliver(pb::Deliver {
+            channel: 1,
+            consumer_tag: "ctag".into(),
+            delivery_tag: 5,
+            redelivered: true,
+            exchange: "x".into(),
+            routing_key: "k".into(),
+            properties: bytes::Bytes::from_static(&[0, 0]),
+            body: body.clone().into(),
+            ..Default::default()
+        })),
+    };
+    connection
+        .on_event(deliver, &mut out, &mut commands)
+        .expect("delivered");
+    assert_eq!(connection.deliveries, 1);
+    let frames = written(&mut out);
+    let kinds: Vec<u8> = frames.iter().map(|frame| frame.kind).collect();
+    assert_eq!(kinds, [FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_BODY]);
+    let sent = methods(&frames);
+    let [(1, AMQPClass::Basic(basic::AMQPMethod::Deliver(deliver)))] = sent.as_slice() else {
+        panic!("expected basic.deliver, got {sent:?}");
+    };
+    assert_eq!(deliver.consumer_tag.as_str(), "ctag");
+    assert_eq!(deliver.delivery_tag, 5);
+    assert!(deliver.redelivered);
+    let header = codec::parse_content_header(&frames[1].payload).expect("content header");
+    assert_eq!(header.body_size, body.len() as u64);
+    assert_eq!(&header.properties[..], &[0, 0]);
+    let received: Vec<u8> = frames[2..]
+        .iter()
+        .flat_map(|frame| frame.payload.iter().copied())
+        .collect();
+    assert_eq!(received, body);
+    assert!(commands.is_empty());
+}
+
+#[test]
+fn an_unparsable_method_names_its_class() {
+    let known = unparsable_method(&[0, 60, 0, 40, 1]);
+    assert_eq!(known.code, reply_code::SYNTAX_ERROR);
+    assert_eq!(known.method, MethodId::BASIC_PUBLISH);
+    let unknown = unparsable_method(&[0, 99, 0, 1]);
+    assert_eq!(unknown.code, reply_code::COMMAND_INVALID);
+    assert_eq!(unknown.method, MethodId::new(99, 1));
+    let short = unparsable_method(&[0, 60]);
+    assert_eq!(short.code, reply_code::SYNTAX_ERROR);
+    assert_eq!(short.method, MethodId::new(60, 0));
+}
