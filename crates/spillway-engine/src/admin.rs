@@ -5,7 +5,7 @@
 //! Declarations, deletions, bindings and purges go through the broker's own
 //! session operations on a short-lived internal session (user `management`)
 //! opened and closed under one lock, so validation and persistence live in
-//! one place (`broker.rs`). Peek and move are the only code here that reads
+//! one place (`broker/`). Peek and move are the only code here that reads
 //! or moves messages themselves; they are kept together at the end of the
 //! file (section "messages").
 //!
