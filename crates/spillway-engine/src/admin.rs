@@ -5,7 +5,7 @@
 //! Declarations, deletions, bindings and purges go through the broker's own
 //! session operations on a short-lived internal session (user `management`)
 //! opened and closed under one lock, so validation and persistence live in
-//! one place (`broker.rs`). Peek and move are the only code here that reads
+//! one place (`broker/`). Peek and move are the only code here that reads
 //! or moves messages themselves; they are kept together at the end of the
 //! file (section "messages").
 //!
@@ -18,19 +18,19 @@ use std::sync::atomic::Ordering;
 use amq_protocol_types::{AMQPValue, FieldTable, ShortString};
 use async_trait::async_trait;
 use bytes::Bytes;
+use spillway_proto::amqp;
 use spillway_proto::engine::engine_admin_server::{EngineAdmin, EngineAdminServer};
-use spillway_proto::engine::{self as pb, session_event::Event, AmqpError};
+use spillway_proto::engine::{self as pb, session_event::Event, AmqpError, ErrorKind};
 use spillway_proto::management::{self as m, argument_value};
 use spillway_proto::storage::{self as store, write_op, WriteOp};
 use spillway_proto::{EngineAdminApi, ServiceError};
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
 
-use crate::broker::{event, Broker, OpResult};
-use crate::errors::{self, codes};
+use crate::broker::{event, Broker, OpResult, RUNTIME_ARGUMENTS};
+use crate::engine::Engine;
 use crate::model::{Destination, Queue, QueuedMessage, SessionId, VHost};
 use crate::routing::as_integer;
-use crate::session::Engine;
 use crate::QueueStats;
 
 /// The user name management's internal sessions run as. They are opened and
@@ -45,20 +45,17 @@ const MAX_PEEK: u32 = 10_000;
 
 // ------------------------------------------------------------ error mapping
 
-/// An AMQP error from a broker operation as a gRPC-mappable service error.
+/// An AMQP error from a broker operation as a gRPC-mappable service error,
+/// by what failed (its kind), never by its text.
 fn service_error(error: AmqpError) -> ServiceError {
+    let kind = error.effective_kind();
     let text = error.text;
-    match u16::try_from(error.code).unwrap_or_default() {
-        codes::NOT_FOUND | codes::NOT_ALLOWED => ServiceError::NotFound(text),
-        codes::ACCESS_REFUSED => ServiceError::PermissionDenied(text),
-        codes::PRECONDITION_FAILED if text.starts_with("invalid arg") => {
-            ServiceError::InvalidArgument(text)
-        }
-        codes::RESOURCE_LOCKED | codes::PRECONDITION_FAILED => {
-            ServiceError::FailedPrecondition(text)
-        }
-        codes::SYNTAX_ERROR | codes::COMMAND_INVALID => ServiceError::InvalidArgument(text),
-        _ => ServiceError::Internal(text),
+    match kind {
+        ErrorKind::NotFound => ServiceError::NotFound(text),
+        ErrorKind::AccessRefused => ServiceError::PermissionDenied(text),
+        ErrorKind::InvalidArgument => ServiceError::InvalidArgument(text),
+        ErrorKind::FailedPrecondition => ServiceError::FailedPrecondition(text),
+        ErrorKind::Internal | ErrorKind::Unspecified => ServiceError::Internal(text),
     }
 }
 
@@ -111,14 +108,7 @@ fn encode_arguments(arguments: &HashMap<String, m::ArgumentValue>) -> Result<Byt
         };
         table.insert(ShortString::from(key.as_str()), value);
     }
-    let context = amq_protocol::frame::WriteContext::from(Vec::new());
-    let encoded = amq_protocol_types::generation::gen_field_table(&table)(context);
-    match encoded {
-        Ok(context) => Ok(context.write.into()),
-        Err(error) => Err(ServiceError::InvalidArgument(format!(
-            "cannot encode the arguments: {error}"
-        ))),
-    }
+    Ok(amqp::encode_table(&table))
 }
 
 fn argument_value(value: &AMQPValue) -> m::ArgumentValue {
@@ -139,18 +129,19 @@ fn argument_value(value: &AMQPValue) -> m::ArgumentValue {
     m::ArgumentValue { value: Some(value) }
 }
 
+/// An AMQP-encoded table as management shows it (client properties).
+fn decoded_map(bytes: &[u8]) -> HashMap<String, m::ArgumentValue> {
+    amqp::decode_table(bytes)
+        .map(|table| argument_map(&table))
+        .unwrap_or_default()
+}
+
 fn argument_map(table: &FieldTable) -> HashMap<String, m::ArgumentValue> {
     table
         .inner()
         .iter()
         .map(|(key, value)| (key.as_str().to_string(), argument_value(value)))
         .collect()
-}
-
-fn decoded_map(bytes: &[u8]) -> HashMap<String, m::ArgumentValue> {
-    errors::decode_table(bytes)
-        .map(|table| argument_map(&table))
-        .unwrap_or_default()
 }
 
 // ------------------------------------------------------------ views
@@ -163,7 +154,7 @@ fn exchange_view(vhost: &str, exchange: &crate::model::Exchange) -> m::Exchange 
         durable: exchange.durable,
         auto_delete: exchange.auto_delete,
         internal: exchange.internal,
-        arguments: decoded_map(&exchange.arguments),
+        arguments: argument_map(&exchange.arguments),
         builtin: exchange.is_builtin(),
     }
 }
@@ -175,7 +166,7 @@ fn queue_view(vhost: &str, queue: &Queue, stats: Option<&QueueStats>) -> m::Queu
         durable: queue.durable,
         auto_delete: queue.auto_delete,
         exclusive: queue.exclusive_owner.is_some(),
-        arguments: argument_map(&queue.argument_table),
+        arguments: argument_map(&queue.arguments),
         status: Some(m::QueueStatus {
             messages: queue.messages.len() as u64,
             unacked: stats.map(|s| s.unacked).unwrap_or_default(),
@@ -201,7 +192,7 @@ fn binding_views(vhost: &VHost) -> Vec<m::Binding> {
                 destination: binding.destination.name().to_string(),
                 destination_is_exchange: matches!(binding.destination, Destination::Exchange(_)),
                 routing_key: binding.routing_key.clone(),
-                arguments: argument_map(&binding.argument_table),
+                arguments: argument_map(&binding.arguments),
             })
         })
         .collect();
@@ -405,14 +396,7 @@ impl EngineAdminApi for Engine {
                     internal: request.internal,
                     arguments,
                 },
-            ))
-            .map_err(|error| match error {
-                // An unknown type is the caller's mistake, not a missing thing.
-                ServiceError::NotFound(text) if text.contains("type") => {
-                    ServiceError::InvalidArgument(text)
-                }
-                other => other,
-            })?;
+            ))?;
             let vhost = vhost(broker, &request.vhost)?;
             let exchange = vhost
                 .exchanges
@@ -614,7 +598,7 @@ impl EngineAdminApi for Engine {
         request: m::DeleteBindingRequest,
     ) -> Result<m::DeleteBindingResponse, ServiceError> {
         let (binding, arguments) = binding_request(request.binding)?;
-        let table = errors::decode_table(&arguments).map_err(service_error)?;
+        let table = amqp::decode_table(&arguments).map_err(service_error)?;
         self.with_session(&binding.vhost, |broker, session| {
             let destination = if binding.destination_is_exchange {
                 Destination::Exchange(binding.destination.clone())
@@ -628,7 +612,7 @@ impl EngineAdminApi for Engine {
                     x.bindings.iter().any(|b| {
                         b.destination == destination
                             && b.routing_key == binding.routing_key
-                            && b.argument_table == table
+                            && b.arguments == table
                     })
                 });
             if !exists {
@@ -885,15 +869,8 @@ mod runtime {
         }
         queue.limits = limits;
         let mut table = FieldTable::default();
-        for (key, value) in queue.argument_table.inner() {
-            let flow_key = [
-                "x-qpid-capacity",
-                "qpid.max_size",
-                "x-qpid-flow-resume-capacity",
-                "qpid.max_count",
-            ]
-            .contains(&key.as_str());
-            if !flow_key {
+        for (key, value) in queue.arguments.inner() {
+            if !RUNTIME_ARGUMENTS.contains(&key.as_str()) {
                 table.insert(key.clone(), value.clone());
             }
         }
@@ -907,20 +884,13 @@ mod runtime {
         if let Some(max_count) = limits.max_count {
             table.insert("qpid.max_count".into(), long(max_count));
         }
-        queue.argument_table = table;
-        let context = amq_protocol::frame::WriteContext::from(Vec::new());
-        let encoded =
-            amq_protocol_types::generation::gen_field_table(&queue.argument_table)(context)
-                .map_err(|error| {
-                    ServiceError::Internal(format!("cannot encode the arguments: {error}"))
-                })?;
-        queue.arguments = Bytes::from(encoded.write);
+        queue.arguments = table;
         if queue.stores_messages() {
             let definition = store::QueueDefinition {
                 vhost: request.vhost.clone(),
                 name: request.name.clone(),
                 auto_delete: queue.auto_delete,
-                arguments: queue.arguments.clone(),
+                arguments: amqp::encode_table(&queue.arguments),
             };
             engine
                 .shared
@@ -968,7 +938,7 @@ async fn peek_messages(
         .collect();
     let mut records: HashMap<u64, store::MessageRecord> = HashMap::new();
     if !missing.is_empty() {
-        for record in crate::session::load(&engine.shared, &missing).await {
+        for record in crate::engine::load(&engine.shared, &missing).await {
             records.insert(record.id, record);
         }
     }

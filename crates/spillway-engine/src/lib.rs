@@ -19,8 +19,10 @@
 //! [`Engine`] is the management service's `EngineAdminApi` itself.
 //!
 //! Inside, one lock guards the [`broker::Broker`] state; each client
-//! connection is a session task that applies its commands in order and sends
-//! replies and deliveries back as events.
+//! connection is a session task (`session.rs`) that applies its commands in
+//! order and sends replies and deliveries back as events. `engine.rs` holds
+//! the shared state and its background tasks, `recovery.rs` the start-up
+//! from what the store kept.
 //!
 //! [`StorageApi`]: spillway_proto::StorageApi
 //! [`EngineApi`]: spillway_proto::EngineApi
@@ -28,19 +30,22 @@
 mod admin;
 pub mod broker;
 pub mod budget;
-pub mod errors;
+mod engine;
 mod flow;
 mod model;
 mod persistence;
 mod producer_flow;
+mod recovery;
 pub mod routing;
 mod service;
 mod session;
 mod stats;
+#[cfg(test)]
+mod tests;
 
 pub use admin::EngineAdminService;
+pub use engine::{Engine, EngineConfig, EngineError};
 pub use flow::FlowStatus;
 pub use producer_flow::{thousands, BlockedChannel};
 pub use service::EngineService;
-pub use session::{Engine, EngineConfig, EngineError};
 pub use stats::QueueStats;

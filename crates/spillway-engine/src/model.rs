@@ -179,8 +179,7 @@ pub struct Exchange {
     pub durable: bool,
     pub auto_delete: bool,
     pub internal: bool,
-    /// AMQP-encoded, as declared.
-    pub arguments: Bytes,
+    pub arguments: FieldTable,
     pub bindings: Vec<Binding>,
 }
 
@@ -192,7 +191,7 @@ impl Exchange {
             durable,
             auto_delete: false,
             internal: false,
-            arguments: Bytes::new(),
+            arguments: FieldTable::default(),
             bindings: Vec::new(),
         }
     }
@@ -223,9 +222,9 @@ impl Destination {
 pub struct Binding {
     pub destination: Destination,
     pub routing_key: String,
-    pub arguments: Bytes,
-    /// Decoded `arguments`, for headers exchanges.
-    pub argument_table: FieldTable,
+    /// What a headers exchange matches; part of the binding's identity for
+    /// every kind (a bind with other arguments is another binding).
+    pub arguments: FieldTable,
 }
 
 pub struct Queue {
@@ -235,8 +234,7 @@ pub struct Queue {
     /// Set for exclusive queues: only this session may use the queue, and the
     /// queue goes when the session does.
     pub exclusive_owner: Option<SessionId>,
-    pub arguments: Bytes,
-    pub argument_table: FieldTable,
+    pub arguments: FieldTable,
     pub limits: QueueLimits,
     /// Ready messages, ordered by id. Changed only through the methods below,
     /// which keep `ready_bytes` and `resident_bytes` exact.
@@ -310,8 +308,7 @@ impl Queue {
             durable,
             auto_delete,
             exclusive_owner,
-            arguments: Bytes::new(),
-            argument_table: FieldTable::default(),
+            arguments: FieldTable::default(),
             limits: QueueLimits::default(),
             messages: VecDeque::new(),
             ready_bytes: 0,

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use spillway_proto::backoff::Backoff;
 use spillway_proto::storage::{write_op, Durability, MessageRecord, WriteBatch, WriteOp};
 use spillway_proto::trace::SpanContext;
 use spillway_proto::StorageApi;
@@ -239,15 +240,15 @@ async fn write_until_stored(store: &dyn StorageApi, batch: Arc<WriteBatch>) {
     if batch.ops.is_empty() {
         return;
     }
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
         match store.write(batch.clone()).await {
             Ok(()) => return,
             Err(error) => {
-                tracing::warn!(%error, ops = batch.ops.len(), retry_in_ms = backoff.as_millis() as u64,
+                let delay = backoff.next_delay();
+                tracing::warn!(%error, ops = batch.ops.len(), retry_in_ms = delay.as_millis() as u64,
                     "storage write failed, retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
+                tokio::time::sleep(delay).await;
             }
         }
     }

@@ -1,6 +1,11 @@
-//! Which bindings of an exchange match a published message.
+//! Routing: which queues a published message reaches, and the matchers
+//! behind it (direct keys, topic patterns, headers tables).
 
 use amq_protocol_types::{AMQPValue, FieldTable};
+use spillway_proto::amqp::reply_code;
+use spillway_proto::engine::{self as pb, AmqpError};
+
+use crate::model::{Destination, Exchange, VHost};
 
 /// The exchange types a client may declare.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,6 +34,71 @@ impl ExchangeKind {
             Self::Topic => "topic",
             Self::Headers => "headers",
         }
+    }
+}
+
+/// The queues a message reaches from `exchange`, following exchange-to-
+/// exchange bindings (each exchange visited once, so cycles end).
+pub fn route(
+    vhost: &VHost,
+    exchange: &Exchange,
+    cmd: &pb::Publish,
+) -> Result<Vec<String>, AmqpError> {
+    if exchange.name.is_empty() {
+        return Ok(if vhost.queues.contains_key(&cmd.routing_key) {
+            vec![cmd.routing_key.clone()]
+        } else {
+            Vec::new()
+        });
+    }
+    let mut headers: Option<Option<FieldTable>> = None;
+    let mut targets = Vec::new();
+    let mut visited = vec![exchange.name.as_str()];
+    let mut pending = vec![exchange];
+    while let Some(exchange) = pending.pop() {
+        if exchange.kind == ExchangeKind::Headers && headers.is_none() {
+            headers = Some(message_headers(&cmd.properties)?);
+        }
+        for binding in &exchange.bindings {
+            let matched = match exchange.kind {
+                ExchangeKind::Direct => binding.routing_key == cmd.routing_key,
+                ExchangeKind::Fanout => true,
+                ExchangeKind::Topic => topic_matches(&binding.routing_key, &cmd.routing_key),
+                ExchangeKind::Headers => headers_match(
+                    &binding.arguments,
+                    headers.as_ref().and_then(Option::as_ref),
+                ),
+            };
+            if !matched {
+                continue;
+            }
+            match &binding.destination {
+                Destination::Queue(queue) => targets.push(queue.clone()),
+                Destination::Exchange(next) => {
+                    if visited.contains(&next.as_str()) {
+                        continue;
+                    }
+                    if let Some(next) = vhost.exchanges.get(next) {
+                        visited.push(next.name.as_str());
+                        pending.push(next);
+                    }
+                }
+            }
+        }
+    }
+    targets.sort();
+    targets.dedup();
+    Ok(targets)
+}
+
+/// The `headers` property of a message, for headers-exchange routing.
+fn message_headers(properties: &[u8]) -> Result<Option<FieldTable>, AmqpError> {
+    match amq_protocol::protocol::basic::parse_properties(properties) {
+        Ok((_, parsed)) => Ok(parsed.headers().clone()),
+        Err(_) => Err(AmqpError::new(
+            reply_code::SYNTAX_ERROR,
+            "malformed message properties",
+        )),
     }
 }
 

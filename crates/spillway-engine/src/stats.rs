@@ -12,8 +12,8 @@ use spillway_telemetry::prometheus_client::metrics::gauge::ConstGauge;
 use spillway_telemetry::prometheus_client::metrics::MetricType;
 use spillway_telemetry::Metrics;
 
+use crate::engine::{Engine, Shared};
 use crate::flow::FlowStatus;
-use crate::session::{Engine, Shared};
 
 /// One queue's figures at one moment.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -195,7 +195,7 @@ mod tests {
     use bytes::Bytes;
     use spillway_proto::engine::{self as pb, session_command::Command, session_event::Event};
     use spillway_proto::{EngineApi, SessionStreams};
-    use spillway_storage::RocksStore;
+    use spillway_storage::MemoryStore;
 
     use super::*;
     use crate::EngineConfig;
@@ -246,9 +246,7 @@ mod tests {
 
     #[tokio::test]
     async fn counts_ready_unacked_consumers_and_bytes() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = RocksStore::open(dir.path()).unwrap();
-        let engine = Engine::start(Arc::new(store), EngineConfig::default())
+        let engine = Engine::start(Arc::new(MemoryStore::new()), EngineConfig::default())
             .await
             .unwrap();
         let mut session = engine.open_session().await.unwrap();

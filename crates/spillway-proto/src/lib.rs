@@ -26,6 +26,7 @@ pub mod management {
 }
 
 pub mod amqp;
+pub mod backoff;
 mod boundary;
 mod status;
 

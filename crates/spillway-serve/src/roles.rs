@@ -7,6 +7,7 @@ use anyhow::Context;
 use spillway_engine::{Engine, EngineAdminService, EngineConfig, EngineService};
 use spillway_gateway::{AmqpServer, GatewayMetrics, Server};
 use spillway_management::ManagementService;
+use spillway_proto::backoff::Backoff;
 use spillway_proto::{
     EngineAdminApi, EngineApi, RemoteEngine, RemoteEngineAdmin, RemoteStorage, StorageApi,
 };
@@ -261,16 +262,16 @@ async fn start_engine(storage: Arc<dyn StorageApi>, settings: &Settings) -> anyh
         housekeeping_interval_ms = config.housekeeping_interval.as_millis() as u64,
         "engine memory budget"
     );
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
     let mut waited = Duration::ZERO;
     loop {
         match Engine::start(storage.clone(), config.clone()).await {
             Ok(engine) => return Ok(engine),
             Err(error) if waited < Duration::from_secs(120) => {
                 tracing::warn!(%error, "storage not ready, retrying");
-                tokio::time::sleep(backoff).await;
-                waited += backoff;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
+                let delay = backoff.next_delay();
+                tokio::time::sleep(delay).await;
+                waited += delay;
             }
             Err(error) => return Err(error.into()),
         }

@@ -11,14 +11,18 @@
 //! - [`StorageService`]: the same store served over gRPC for the engine when
 //!   the components run as separate processes.
 //! - [`RocksStore::register_metrics`]: its disk usage on `/metrics`.
+//! - [`MemoryStore`]: the same [`StorageApi`] kept in memory, for tests of
+//!   the engine where RocksDB is not what is being tested.
 //!
 //! [`StorageApi`]: spillway_proto::StorageApi
 
 mod keys;
+mod memory;
 mod metrics;
 mod quota;
 mod service;
 mod store;
 
+pub use memory::MemoryStore;
 pub use service::StorageService;
 pub use store::{RocksStore, StoreError};

@@ -1,0 +1,636 @@
+//! Definitions: declaring and deleting exchanges and queues, binding and
+//! unbinding, purging. Durable definitions reach the store (synced) before
+//! the client hears they happened.
+
+use rand::distr::{Alphanumeric, SampleString};
+use spillway_proto::amqp::{self, reply_code};
+use spillway_proto::engine::{self as pb, session_event::Event, AmqpError};
+use spillway_proto::storage::{self as store, write_op, Durability, WriteOp};
+
+use super::arguments::{first_inequivalent_argument, queue_limits};
+use super::{
+    check_exclusive, event, find_exchange, find_queue, find_queue_mut, op, Broker, OpResult,
+};
+use crate::flow::discard;
+use crate::model::*;
+use crate::routing::ExchangeKind;
+
+impl Broker {
+    pub fn declare_exchange(
+        &mut self,
+        session: SessionId,
+        cmd: &pb::ExchangeDeclare,
+    ) -> OpResult<()> {
+        let vhost_name = self.session_vhost(session)?;
+        if cmd.exchange.is_empty() {
+            return Err(AmqpError::new(
+                reply_code::ACCESS_REFUSED,
+                "operation not permitted on the default exchange",
+            ));
+        }
+        let vhost = self.vhost_mut(&vhost_name)?;
+        if let Some(existing) = vhost.exchanges.get(&cmd.exchange) {
+            if cmd.passive {
+                return Ok(());
+            }
+            if existing.kind.as_str() != cmd.kind {
+                return Err(AmqpError::new(
+                    reply_code::PRECONDITION_FAILED,
+                    format!(
+                        "inequivalent arg 'type' for exchange '{}' in vhost '{}': received '{}' but current is '{}'",
+                        cmd.exchange, vhost_name, cmd.kind, existing.kind.as_str()
+                    ),
+                ));
+            }
+            if existing.durable != cmd.durable && !existing.is_builtin() {
+                return Err(inequivalent(
+                    "durable",
+                    "exchange",
+                    &cmd.exchange,
+                    &vhost_name,
+                    cmd.durable,
+                    existing.durable,
+                ));
+            }
+            if existing.auto_delete != cmd.auto_delete && !existing.is_builtin() {
+                return Err(inequivalent(
+                    "auto_delete",
+                    "exchange",
+                    &cmd.exchange,
+                    &vhost_name,
+                    cmd.auto_delete,
+                    existing.auto_delete,
+                ));
+            }
+            return Ok(());
+        }
+        if cmd.passive {
+            return Err(AmqpError::new(
+                reply_code::NOT_FOUND,
+                format!("no exchange '{}' in vhost '{}'", cmd.exchange, vhost_name),
+            ));
+        }
+        let Some(kind) = ExchangeKind::parse(&cmd.kind) else {
+            return Err(AmqpError::invalid_argument(
+                reply_code::COMMAND_INVALID,
+                format!("invalid exchange type '{}'", cmd.kind),
+            ));
+        };
+        if cmd.exchange.starts_with("amq.") {
+            return Err(AmqpError::new(
+                reply_code::ACCESS_REFUSED,
+                format!(
+                    "exchange name '{}' contains reserved prefix 'amq.*'",
+                    cmd.exchange
+                ),
+            ));
+        }
+        let arguments = amqp::decode_table(&cmd.arguments)?;
+        let exchange = Exchange {
+            name: cmd.exchange.clone(),
+            kind,
+            durable: cmd.durable,
+            auto_delete: cmd.auto_delete,
+            internal: cmd.internal,
+            arguments,
+            bindings: Vec::new(),
+        };
+        if exchange.durable {
+            self.persist.submit_synced(
+                vec![op(write_op::Op::PutExchange(store::ExchangeDefinition {
+                    vhost: vhost_name.clone(),
+                    name: exchange.name.clone(),
+                    kind: cmd.kind.clone(),
+                    auto_delete: exchange.auto_delete,
+                    internal: exchange.internal,
+                    arguments: amqp::encode_table(&exchange.arguments),
+                }))],
+                None,
+            );
+        }
+        let vhost = self.vhost_mut(&vhost_name)?;
+        vhost.exchanges.insert(cmd.exchange.clone(), exchange);
+        Ok(())
+    }
+
+    pub fn delete_exchange(
+        &mut self,
+        session: SessionId,
+        cmd: &pb::ExchangeDelete,
+    ) -> OpResult<()> {
+        let vhost_name = self.session_vhost(session)?;
+        let vhost = self.vhost_mut(&vhost_name)?;
+        let Some(exchange) = vhost.exchanges.get(&cmd.exchange) else {
+            return Ok(());
+        };
+        if exchange.is_builtin() {
+            return Err(AmqpError::new(
+                reply_code::ACCESS_REFUSED,
+                format!("operation not permitted on exchange '{}'", cmd.exchange),
+            ));
+        }
+        if cmd.if_unused && !exchange.bindings.is_empty() {
+            return Err(AmqpError::new(
+                reply_code::PRECONDITION_FAILED,
+                format!(
+                    "exchange '{}' in vhost '{}' in use",
+                    cmd.exchange, vhost_name
+                ),
+            ));
+        }
+        self.remove_exchange(&vhost_name, &cmd.exchange);
+        Ok(())
+    }
+
+    pub(super) fn remove_exchange(&mut self, vhost_name: &str, name: &str) {
+        let Some(vhost) = self.vhosts.get_mut(vhost_name) else {
+            return;
+        };
+        let Some(exchange) = vhost.exchanges.remove(name) else {
+            return;
+        };
+        let mut ops: Vec<WriteOp> = Vec::new();
+        if exchange.durable {
+            ops.extend(exchange.bindings.iter().map(|b| {
+                op(write_op::Op::DeleteBinding(binding_definition(
+                    vhost_name, name, b,
+                )))
+            }));
+            ops.push(op(write_op::Op::DeleteExchange(store::ExchangeKey {
+                vhost: vhost_name.to_string(),
+                name: name.to_string(),
+            })));
+        }
+        // Bindings from other exchanges to this one go with it.
+        let target = Destination::Exchange(name.to_string());
+        for source in vhost.exchanges.values_mut() {
+            let source_name = source.name.clone();
+            let source_durable = source.durable;
+            source.bindings.retain(|b| {
+                let keep = b.destination != target;
+                if !keep && source_durable && exchange.durable {
+                    ops.push(op(write_op::Op::DeleteBinding(binding_definition(
+                        vhost_name,
+                        &source_name,
+                        b,
+                    ))));
+                }
+                keep
+            });
+        }
+        self.persist.submit_synced(ops, None);
+    }
+
+    // --------------------------------------------------------------- queues
+
+    pub fn declare_queue(
+        &mut self,
+        session: SessionId,
+        cmd: &pb::QueueDeclare,
+    ) -> OpResult<pb::QueueDeclareOk> {
+        let vhost_name = self.session_vhost(session)?;
+        let vhost = self.vhost_mut(&vhost_name)?;
+        let name = if cmd.queue.is_empty() {
+            if cmd.passive {
+                return Err(AmqpError::new(
+                    reply_code::NOT_FOUND,
+                    "no queue named '' (passive declare)",
+                ));
+            }
+            format!(
+                "amq.gen-{}",
+                Alphanumeric.sample_string(&mut rand::rng(), 22)
+            )
+        } else {
+            cmd.queue.clone()
+        };
+        if let Some(existing) = vhost.queues.get(&name) {
+            check_exclusive(existing, session, &vhost_name)?;
+            if !cmd.passive {
+                if existing.durable != cmd.durable {
+                    return Err(inequivalent(
+                        "durable",
+                        "queue",
+                        &name,
+                        &vhost_name,
+                        cmd.durable,
+                        existing.durable,
+                    ));
+                }
+                if existing.exclusive_owner.is_some() != cmd.exclusive {
+                    return Err(inequivalent(
+                        "exclusive",
+                        "queue",
+                        &name,
+                        &vhost_name,
+                        cmd.exclusive,
+                        existing.exclusive_owner.is_some(),
+                    ));
+                }
+                if existing.auto_delete != cmd.auto_delete {
+                    return Err(inequivalent(
+                        "auto_delete",
+                        "queue",
+                        &name,
+                        &vhost_name,
+                        cmd.auto_delete,
+                        existing.auto_delete,
+                    ));
+                }
+                let arguments = amqp::decode_table(&cmd.arguments)?;
+                if let Some(key) = first_inequivalent_argument(&existing.arguments, &arguments) {
+                    return Err(AmqpError::new(
+                        reply_code::PRECONDITION_FAILED,
+                        format!(
+                            "inequivalent arg '{key}' for queue '{name}' in vhost '{vhost_name}'"
+                        ),
+                    ));
+                }
+            }
+            return Ok(pb::QueueDeclareOk {
+                queue: name,
+                message_count: existing.messages.len() as u32,
+                consumer_count: existing.consumers.len() as u32,
+            });
+        }
+        if cmd.passive {
+            return Err(AmqpError::new(
+                reply_code::NOT_FOUND,
+                format!("no queue '{name}' in vhost '{vhost_name}'"),
+            ));
+        }
+        if name.starts_with("amq.") && !cmd.queue.is_empty() {
+            return Err(AmqpError::new(
+                reply_code::ACCESS_REFUSED,
+                format!("queue name '{name}' contains reserved prefix 'amq.*'"),
+            ));
+        }
+        let arguments = amqp::decode_table(&cmd.arguments)?;
+        let limits = queue_limits(&arguments, &name, &vhost_name)?;
+        let mut queue = Queue::new(
+            name.clone(),
+            cmd.durable,
+            cmd.auto_delete,
+            cmd.exclusive.then_some(session),
+        );
+        queue.arguments = arguments;
+        queue.limits = limits;
+        if queue.stores_messages() {
+            self.persist.submit_synced(
+                vec![op(write_op::Op::PutQueue(store::QueueDefinition {
+                    vhost: vhost_name.clone(),
+                    name: name.clone(),
+                    auto_delete: queue.auto_delete,
+                    arguments: amqp::encode_table(&queue.arguments),
+                }))],
+                None,
+            );
+        }
+        let vhost = self.vhost_mut(&vhost_name)?;
+        vhost.queues.insert(name.clone(), queue);
+        // Every queue is bound to the default exchange by its name.
+        Ok(pb::QueueDeclareOk {
+            queue: name,
+            message_count: 0,
+            consumer_count: 0,
+        })
+    }
+
+    pub fn bind_queue(&mut self, session: SessionId, cmd: &pb::QueueBind) -> OpResult<()> {
+        let target = Destination::Queue(cmd.queue.clone());
+        self.bind(
+            session,
+            target,
+            &cmd.exchange,
+            &cmd.routing_key,
+            &cmd.arguments,
+        )
+    }
+
+    pub fn unbind_queue(&mut self, session: SessionId, cmd: &pb::QueueBind) -> OpResult<()> {
+        let target = Destination::Queue(cmd.queue.clone());
+        self.unbind(
+            session,
+            target,
+            &cmd.exchange,
+            &cmd.routing_key,
+            &cmd.arguments,
+        )
+    }
+
+    pub fn bind_exchange(&mut self, session: SessionId, cmd: &pb::ExchangeBind) -> OpResult<()> {
+        let target = Destination::Exchange(cmd.destination.clone());
+        self.bind(
+            session,
+            target,
+            &cmd.source,
+            &cmd.routing_key,
+            &cmd.arguments,
+        )
+    }
+
+    pub fn unbind_exchange(&mut self, session: SessionId, cmd: &pb::ExchangeBind) -> OpResult<()> {
+        let target = Destination::Exchange(cmd.destination.clone());
+        self.unbind(
+            session,
+            target,
+            &cmd.source,
+            &cmd.routing_key,
+            &cmd.arguments,
+        )
+    }
+
+    /// Checks that a binding's destination exists and may be used; returns
+    /// whether it is durable (the binding is stored when both ends are).
+    pub(super) fn check_destination(
+        vhost: &VHost,
+        destination: &Destination,
+        session: SessionId,
+        vhost_name: &str,
+    ) -> OpResult<bool> {
+        match destination {
+            Destination::Queue(name) => {
+                let queue = find_queue(vhost, name, vhost_name)?;
+                check_exclusive(queue, session, vhost_name)?;
+                Ok(queue.stores_messages())
+            }
+            Destination::Exchange(name) => {
+                let exchange = find_exchange(vhost, name, vhost_name)?;
+                if exchange.name.is_empty() {
+                    return Err(default_exchange_refused());
+                }
+                Ok(exchange.durable)
+            }
+        }
+    }
+
+    /// Checks a bind/unbind request (both ends exist and may be used, the
+    /// source is not the default exchange) and builds the binding it names.
+    /// Returns the vhost, the binding, and whether it is stored (both ends
+    /// durable).
+    pub(super) fn binding_request(
+        &mut self,
+        session: SessionId,
+        destination: Destination,
+        source: &str,
+        routing_key: &str,
+        arguments: &bytes::Bytes,
+    ) -> OpResult<(String, Binding, bool)> {
+        let vhost_name = self.session_vhost(session)?;
+        let arguments = amqp::decode_table(arguments)?;
+        let vhost = self.vhost_mut(&vhost_name)?;
+        let destination_durable =
+            Self::check_destination(vhost, &destination, session, &vhost_name)?;
+        let exchange = find_exchange(vhost, source, &vhost_name)?;
+        if exchange.name.is_empty() {
+            return Err(default_exchange_refused());
+        }
+        let durable = exchange.durable && destination_durable;
+        let binding = Binding {
+            destination,
+            routing_key: routing_key.to_string(),
+            arguments,
+        };
+        Ok((vhost_name, binding, durable))
+    }
+
+    pub(super) fn bind(
+        &mut self,
+        session: SessionId,
+        destination: Destination,
+        source: &str,
+        routing_key: &str,
+        arguments: &bytes::Bytes,
+    ) -> OpResult<()> {
+        let (vhost_name, binding, durable) =
+            self.binding_request(session, destination, source, routing_key, arguments)?;
+        let vhost = self.vhost_mut(&vhost_name)?;
+        let exists = vhost
+            .exchanges
+            .get(source)
+            .is_some_and(|x| x.bindings.iter().any(|b| same_binding(b, &binding)));
+        if exists {
+            return Ok(());
+        }
+        if durable {
+            self.persist.submit_synced(
+                vec![op(write_op::Op::PutBinding(binding_definition(
+                    &vhost_name,
+                    source,
+                    &binding,
+                )))],
+                None,
+            );
+        }
+        let vhost = self.vhost_mut(&vhost_name)?;
+        if let Some(exchange) = vhost.exchanges.get_mut(source) {
+            exchange.bindings.push(binding);
+        }
+        Ok(())
+    }
+
+    pub(super) fn unbind(
+        &mut self,
+        session: SessionId,
+        destination: Destination,
+        source: &str,
+        routing_key: &str,
+        arguments: &bytes::Bytes,
+    ) -> OpResult<()> {
+        let (vhost_name, probe, durable) =
+            self.binding_request(session, destination, source, routing_key, arguments)?;
+        let vhost = self.vhost_mut(&vhost_name)?;
+        let Some(exchange) = vhost.exchanges.get_mut(source) else {
+            return Ok(());
+        };
+        let Some(position) = exchange
+            .bindings
+            .iter()
+            .position(|b| same_binding(b, &probe))
+        else {
+            return Ok(());
+        };
+        let removed = exchange.bindings.remove(position);
+        let now_unused = exchange.auto_delete && exchange.bindings.is_empty();
+        if durable {
+            self.persist.submit_synced(
+                vec![op(write_op::Op::DeleteBinding(binding_definition(
+                    &vhost_name,
+                    source,
+                    &removed,
+                )))],
+                None,
+            );
+        }
+        if now_unused {
+            self.remove_exchange(&vhost_name, source);
+        }
+        Ok(())
+    }
+
+    pub fn purge_queue(&mut self, session: SessionId, cmd: &pb::QueuePurge) -> OpResult<u32> {
+        let vhost_name = self.session_vhost(session)?;
+        let vhost = self.vhost_mut(&vhost_name)?;
+        let queue = find_queue_mut(vhost, &cmd.queue, &vhost_name)?;
+        check_exclusive(queue, session, &vhost_name)?;
+        let purged = queue.purge();
+        let stores = queue.stores_messages();
+        let mut ops = Vec::new();
+        for entry in &purged {
+            discard(
+                &mut self.shared_refs,
+                &vhost_name,
+                &cmd.queue,
+                stores,
+                entry,
+                &mut ops,
+            );
+        }
+        self.persist.submit(ops, Durability::Logged, None);
+        self.check_underfull(&vhost_name, &cmd.queue);
+        Ok(purged.len() as u32)
+    }
+
+    pub fn delete_queue(&mut self, session: SessionId, cmd: &pb::QueueDelete) -> OpResult<u32> {
+        let vhost_name = self.session_vhost(session)?;
+        let vhost = self.vhost_mut(&vhost_name)?;
+        let Some(queue) = vhost.queues.get(&cmd.queue) else {
+            return Ok(0);
+        };
+        check_exclusive(queue, session, &vhost_name)?;
+        if cmd.if_unused && !queue.consumers.is_empty() {
+            return Err(AmqpError::new(
+                reply_code::PRECONDITION_FAILED,
+                format!("queue '{}' in vhost '{}' in use", cmd.queue, vhost_name),
+            ));
+        }
+        if cmd.if_empty && !queue.messages.is_empty() {
+            return Err(AmqpError::new(
+                reply_code::PRECONDITION_FAILED,
+                format!(
+                    "queue '{}' in vhost '{}' is not empty",
+                    cmd.queue, vhost_name
+                ),
+            ));
+        }
+        let count = queue.messages.len() as u32;
+        self.remove_queue(&vhost_name, &cmd.queue);
+        Ok(count)
+    }
+
+    /// Deletes a queue: its consumers are cancelled (clients told), its
+    /// bindings removed, its stored messages dropped.
+    pub(super) fn remove_queue(&mut self, vhost_name: &str, name: &str) {
+        let Some(vhost) = self.vhosts.get_mut(vhost_name) else {
+            return;
+        };
+        let Some(queue) = vhost.queues.remove(name) else {
+            return;
+        };
+        let mut ops = Vec::new();
+        let mut emptied_auto_delete = Vec::new();
+        for exchange in vhost.exchanges.values_mut() {
+            let before = exchange.bindings.len();
+            let durable = exchange.durable;
+            let exchange_name = exchange.name.clone();
+            exchange.bindings.retain(|b| {
+                let keep = b.destination != Destination::Queue(name.to_string());
+                if !keep && durable && queue.stores_messages() {
+                    ops.push(op(write_op::Op::DeleteBinding(binding_definition(
+                        vhost_name,
+                        &exchange_name,
+                        b,
+                    ))));
+                }
+                keep
+            });
+            if before > 0 && exchange.bindings.is_empty() && exchange.auto_delete {
+                emptied_auto_delete.push(exchange_name);
+            }
+        }
+        if queue.stores_messages() {
+            ops.push(op(write_op::Op::DeleteQueue(store::QueueKey {
+                vhost: vhost_name.to_string(),
+                name: name.to_string(),
+            })));
+        }
+        // The queue's entries went with DeleteQueue; the records of messages
+        // no other queue holds go one by one.
+        for entry in &queue.messages {
+            discard(
+                &mut self.shared_refs,
+                vhost_name,
+                name,
+                false,
+                entry,
+                &mut ops,
+            );
+        }
+        self.persist.submit_synced(ops, None);
+        self.release(vhost_name, name, queue.blocked_channels.clone());
+        for consumer in &queue.consumers {
+            if let Some(session) = self.sessions.get_mut(&consumer.session) {
+                if let Some(channel) = session.channels.get_mut(&consumer.channel) {
+                    channel.consumers.remove(&consumer.tag);
+                }
+                let _ =
+                    session
+                        .events
+                        .send(event(Event::ConsumerCancelled(pb::ConsumerCancelled {
+                            channel: consumer.channel,
+                            consumer_tag: consumer.tag.clone(),
+                        })));
+            }
+        }
+        for exchange in emptied_auto_delete {
+            self.remove_exchange(vhost_name, &exchange);
+        }
+    }
+
+    pub(super) fn auto_delete_if_unused(&mut self, vhost_name: &str, name: &str) {
+        let unused = self
+            .queue_mut_opt(vhost_name, name)
+            .is_some_and(|q| q.auto_delete && q.consumers.is_empty());
+        if unused {
+            self.remove_queue(vhost_name, name);
+        }
+    }
+}
+
+fn inequivalent(
+    arg: &str,
+    kind: &str,
+    name: &str,
+    vhost: &str,
+    received: bool,
+    current: bool,
+) -> AmqpError {
+    AmqpError::new(
+        reply_code::PRECONDITION_FAILED,
+        format!(
+            "inequivalent arg '{arg}' for {kind} '{name}' in vhost '{vhost}': received '{received}' but current is '{current}'"
+        ),
+    )
+}
+
+fn default_exchange_refused() -> AmqpError {
+    AmqpError::new(
+        reply_code::ACCESS_REFUSED,
+        "operation not permitted on the default exchange",
+    )
+}
+
+fn same_binding(a: &Binding, b: &Binding) -> bool {
+    a.destination == b.destination && a.routing_key == b.routing_key && a.arguments == b.arguments
+}
+
+fn binding_definition(vhost: &str, exchange: &str, binding: &Binding) -> store::BindingDefinition {
+    store::BindingDefinition {
+        vhost: vhost.to_string(),
+        exchange: exchange.to_string(),
+        queue: binding.destination.name().to_string(),
+        routing_key: binding.routing_key.clone(),
+        arguments: amqp::encode_table(&binding.arguments),
+        to_exchange: matches!(binding.destination, Destination::Exchange(_)),
+    }
+}

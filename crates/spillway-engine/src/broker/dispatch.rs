@@ -1,0 +1,345 @@
+//! Consumers and deliveries: consume, cancel and qos, handing ready messages
+//! to consumers with room (round robin, within the gateway's credit), the
+//! gateway's report of deliveries written, and basic.get.
+
+use rand::distr::{Alphanumeric, SampleString};
+use spillway_proto::amqp::{self, reply_code};
+use spillway_proto::engine::{self as pb, session_event::Event, AmqpError};
+use spillway_proto::storage::Durability;
+use tokio::sync::oneshot;
+
+use super::{check_exclusive, event, find_queue_mut, Broker, OpResult};
+use crate::flow::discard;
+use crate::model::*;
+
+/// What basic.get found.
+pub enum GetOutcome {
+    Got(pb::GetOk),
+    Empty,
+    /// The head's payload is being read back from the store: ask again once
+    /// this fires.
+    Wait(oneshot::Receiver<()>),
+}
+
+impl Broker {
+    pub fn consume(&mut self, session: SessionId, cmd: &pb::Consume) -> OpResult<String> {
+        let vhost_name = self.session_vhost(session)?;
+        amqp::decode_table(&cmd.arguments)?;
+        let tag = if cmd.consumer_tag.is_empty() {
+            format!(
+                "amq.ctag-{}",
+                Alphanumeric.sample_string(&mut rand::rng(), 22)
+            )
+        } else {
+            cmd.consumer_tag.clone()
+        };
+        let channel = self.channel_mut(session, cmd.channel)?;
+        if channel.consumers.contains_key(&tag) {
+            return Err(AmqpError::new(
+                reply_code::NOT_ALLOWED,
+                format!("attempt to reuse consumer tag '{tag}'"),
+            ));
+        }
+        let prefetch = channel.consumer_prefetch;
+        let vhost = self.vhost_mut(&vhost_name)?;
+        let queue = find_queue_mut(vhost, &cmd.queue, &vhost_name)?;
+        check_exclusive(queue, session, &vhost_name)?;
+        if queue.exclusive_consumer || (cmd.exclusive && !queue.consumers.is_empty()) {
+            return Err(AmqpError::new(
+                reply_code::ACCESS_REFUSED,
+                format!(
+                    "queue '{}' in vhost '{}' in exclusive use",
+                    cmd.queue, vhost_name
+                ),
+            ));
+        }
+        queue.exclusive_consumer = cmd.exclusive;
+        queue.consumers.push(ConsumerRef {
+            session,
+            channel: cmd.channel,
+            tag: tag.clone(),
+        });
+        let channel = self.channel_mut(session, cmd.channel)?;
+        channel.consumers.insert(
+            tag.clone(),
+            Consumer {
+                queue: cmd.queue.clone(),
+                no_ack: cmd.no_ack,
+                prefetch,
+                unacked: 0,
+            },
+        );
+        Ok(tag)
+    }
+
+    pub fn cancel(&mut self, session: SessionId, cmd: &pb::Cancel) -> OpResult<()> {
+        let vhost_name = self.session_vhost(session)?;
+        let channel = self.channel_mut(session, cmd.channel)?;
+        let Some(consumer) = channel.consumers.remove(&cmd.consumer_tag) else {
+            return Ok(());
+        };
+        self.detach_consumer(
+            &vhost_name,
+            &consumer.queue,
+            session,
+            cmd.channel,
+            &cmd.consumer_tag,
+        );
+        self.auto_delete_if_unused(&vhost_name, &consumer.queue);
+        Ok(())
+    }
+
+    pub(super) fn detach_consumer(
+        &mut self,
+        vhost: &str,
+        queue: &str,
+        session: SessionId,
+        channel: ChannelId,
+        tag: &str,
+    ) {
+        if let Some(queue) = self.queue_mut_opt(vhost, queue) {
+            queue
+                .consumers
+                .retain(|c| !(c.session == session && c.channel == channel && c.tag == tag));
+            if queue.consumers.is_empty() {
+                queue.exclusive_consumer = false;
+            }
+        }
+    }
+
+    pub fn qos(&mut self, session: SessionId, cmd: &pb::Qos) -> OpResult<()> {
+        let vhost = self.session_vhost(session)?;
+        let channel = self.channel_mut(session, cmd.channel)?;
+        if cmd.global {
+            channel.channel_prefetch = cmd.prefetch_count;
+        } else {
+            channel.consumer_prefetch = cmd.prefetch_count;
+        }
+        let queues: Vec<String> = channel
+            .consumers
+            .values()
+            .map(|c| c.queue.clone())
+            .collect();
+        for queue in queues {
+            self.dispatch(&vhost, &queue);
+        }
+        Ok(())
+    }
+
+    pub fn get(&mut self, session: SessionId, cmd: &pb::Get) -> OpResult<GetOutcome> {
+        let vhost_name = self.session_vhost(session)?;
+        self.channel_mut(session, cmd.channel)?;
+        let vhost = self.vhost_mut(&vhost_name)?;
+        let queue = find_queue_mut(vhost, &cmd.queue, &vhost_name)?;
+        check_exclusive(queue, session, &vhost_name)?;
+        let Some(head) = queue.messages.front() else {
+            return Ok(GetOutcome::Empty);
+        };
+        if head.message.is_none() {
+            let (waiter, wait) = oneshot::channel();
+            queue.get_waiters.push(waiter);
+            self.read_ahead(&vhost_name, &cmd.queue);
+            return Ok(GetOutcome::Wait(wait));
+        }
+        let Some(entry) = queue.dequeue() else {
+            return Ok(GetOutcome::Empty);
+        };
+        let Some(message) = entry.message.clone() else {
+            return Ok(GetOutcome::Empty);
+        };
+        let message_count = queue.messages.len() as u32;
+        let stores = queue.stores_messages();
+        let channel = self.channel_mut(session, cmd.channel)?;
+        let delivery_tag = channel.take_delivery_tag();
+        let get_ok = pb::GetOk {
+            delivery_tag,
+            redelivered: entry.redelivered,
+            exchange: message.exchange.clone(),
+            routing_key: message.routing_key.clone(),
+            message_count,
+            properties: message.properties.clone(),
+            body: message.body.clone(),
+        };
+        if cmd.no_ack {
+            let mut ops = Vec::new();
+            discard(
+                &mut self.shared_refs,
+                &vhost_name,
+                &cmd.queue,
+                stores,
+                &entry,
+                &mut ops,
+            );
+            self.persist.submit(ops, Durability::Logged, None);
+        } else {
+            channel.unacked.insert(
+                delivery_tag,
+                Unacked {
+                    queue: cmd.queue.clone(),
+                    message: entry,
+                    consumer_tag: None,
+                },
+            );
+        }
+        self.read_ahead(&vhost_name, &cmd.queue);
+        self.check_underfull(&vhost_name, &cmd.queue);
+        Ok(GetOutcome::Got(get_ok))
+    }
+
+    /// Dispatches the given queues of the session's vhost.
+    pub fn dispatch_queues(&mut self, session: SessionId, queues: Vec<String>) {
+        if let Ok(vhost) = self.session_vhost(session) {
+            self.dispatch_all(&vhost, queues);
+        }
+    }
+
+    /// The gateway wrote `count` deliveries to its socket.
+    pub fn deliveries_written(&mut self, session: SessionId, count: u32) {
+        let Some(state) = self.sessions.get_mut(&session) else {
+            return;
+        };
+        let was_starved = state.credit == 0;
+        state.credit = state.credit.saturating_add(count).min(self.session_credit);
+        if !was_starved {
+            return;
+        }
+        let vhost = state.vhost.clone();
+        let queues: Vec<String> = state
+            .channels
+            .values()
+            .flat_map(|c| c.consumers.values().map(|consumer| consumer.queue.clone()))
+            .collect();
+        self.dispatch_all(&vhost, queues);
+    }
+
+    pub(super) fn dispatch_all(&mut self, vhost: &str, mut queues: Vec<String>) {
+        queues.sort();
+        queues.dedup();
+        for queue in &queues {
+            self.dispatch(vhost, queue);
+        }
+    }
+
+    /// Hands ready messages to consumers with room, round robin. Stops at a
+    /// message whose payload is still in the store: read-ahead brings it
+    /// back and dispatches again.
+    pub fn dispatch(&mut self, vhost_name: &str, queue_name: &str) {
+        let Self {
+            vhosts,
+            sessions,
+            persist,
+            shared_refs,
+            ..
+        } = self;
+        let Some(queue) = vhosts
+            .get_mut(vhost_name)
+            .and_then(|v| v.queues.get_mut(queue_name))
+        else {
+            return;
+        };
+        if queue.consumers.is_empty() {
+            return;
+        }
+        let mut ops = Vec::new();
+        while queue.messages.front().is_some_and(|m| m.message.is_some()) {
+            let count = queue.consumers.len();
+            let mut chosen = None;
+            for step in 0..count {
+                let index = (queue.next_consumer + step) % count;
+                let consumer_ref = &queue.consumers[index];
+                let Some(session) = sessions.get(&consumer_ref.session) else {
+                    continue;
+                };
+                if session.credit == 0 {
+                    continue;
+                }
+                let Some(channel) = session.channels.get(&consumer_ref.channel) else {
+                    continue;
+                };
+                let Some(consumer) = channel.consumers.get(&consumer_ref.tag) else {
+                    continue;
+                };
+                if channel.has_room(consumer) {
+                    chosen = Some(index);
+                    break;
+                }
+            }
+            let Some(index) = chosen else {
+                break;
+            };
+            queue.next_consumer = (index + 1) % count;
+            let consumer_ref = queue.consumers[index].clone();
+            let Some(entry) = queue.dequeue() else {
+                break;
+            };
+            let Some(message) = entry.message.as_ref() else {
+                break;
+            };
+            let Some(session) = sessions.get_mut(&consumer_ref.session) else {
+                break;
+            };
+            session.credit -= 1;
+            let Some(channel) = session.channels.get_mut(&consumer_ref.channel) else {
+                break;
+            };
+            let delivery_tag = channel.take_delivery_tag();
+            let no_ack = channel
+                .consumers
+                .get(&consumer_ref.tag)
+                .is_none_or(|consumer| consumer.no_ack);
+            let trace_context = message
+                .trace
+                .as_deref()
+                .map(deliver_trace_context)
+                .unwrap_or_default();
+            let deliver = pb::Deliver {
+                trace_context,
+                channel: consumer_ref.channel,
+                consumer_tag: consumer_ref.tag.clone(),
+                delivery_tag,
+                redelivered: entry.redelivered,
+                exchange: message.exchange.clone(),
+                routing_key: message.routing_key.clone(),
+                properties: message.properties.clone(),
+                body: message.body.clone(),
+            };
+            if no_ack {
+                let stores = queue.stores_messages();
+                discard(
+                    shared_refs,
+                    vhost_name,
+                    queue_name,
+                    stores,
+                    &entry,
+                    &mut ops,
+                );
+            } else {
+                if let Some(consumer) = channel.consumers.get_mut(&consumer_ref.tag) {
+                    consumer.unacked += 1;
+                }
+                channel.unacked.insert(
+                    delivery_tag,
+                    Unacked {
+                        queue: queue_name.to_string(),
+                        message: entry,
+                        consumer_tag: Some(consumer_ref.tag.clone()),
+                    },
+                );
+            }
+            let _ = session.events.send(event(Event::Deliver(deliver)));
+        }
+        persist.submit(ops, Durability::Logged, None);
+        self.read_ahead(vhost_name, queue_name);
+        self.check_underfull(vhost_name, queue_name);
+    }
+}
+
+/// The engine's `deliver` span (in the trace of the message's publish) as it
+/// hands a message to a consumer, and its context for the gateway.
+fn deliver_trace_context(
+    publish: &spillway_proto::trace::SpanContext,
+) -> spillway_proto::trace::Carrier {
+    let span = tracing::trace_span!(target: spillway_proto::trace::TARGET, "deliver");
+    spillway_proto::trace::set_parent_and_links(&span, publish, &[]);
+    spillway_proto::trace::carrier(&span)
+}

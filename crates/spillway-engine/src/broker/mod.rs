@@ -1,0 +1,312 @@
+//! The broker: every operation a session can perform, as methods on the state
+//! behind the engine's one lock. Methods never wait: what must reach the disk
+//! is handed to the [`StoreWriter`] in order, what must reach a client is sent
+//! on its session's event channel.
+//!
+//! This file holds the [`Broker`] itself, sessions and channels, and the
+//! small lookups every operation shares. The operations live beside it, one
+//! file per concern, each an `impl Broker` block:
+//!
+//! - `definitions`: declare and delete exchanges and queues, bind, unbind, purge;
+//! - `publish`: basic.publish, from routing to the store writes;
+//! - `settle`: ack, nack, reject, recover, and putting deliveries back;
+//! - `dispatch`: consumers (consume, cancel, qos), handing messages to them,
+//!   the gateway's written-deliveries credit, basic.get;
+//! - `arguments`: what `x-*` queue arguments mean and when two agree.
+//!
+//! Flow to disk (`crate::flow`) and producer flow control
+//! (`crate::producer_flow`) are `impl Broker` blocks of their own.
+
+mod arguments;
+mod definitions;
+mod dispatch;
+mod publish;
+mod settle;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use spillway_proto::amqp::reply_code;
+use spillway_proto::engine::{self as pb, session_event::Event, AmqpError, SessionEvent};
+use spillway_proto::storage::{write_op, Durability, WriteOp};
+use tokio::sync::mpsc;
+
+use crate::budget::MemoryBudget;
+use crate::flow::LoadRequest;
+use crate::model::*;
+use crate::persistence::StoreWriter;
+
+pub(crate) use arguments::{recovered_limits, RUNTIME_ARGUMENTS};
+pub use dispatch::GetOutcome;
+pub use publish::PublishOutcome;
+
+pub type OpResult<T> = Result<T, AmqpError>;
+
+pub struct Broker {
+    pub vhosts: HashMap<String, VHost>,
+    pub sessions: HashMap<SessionId, SessionState>,
+    next_message_id: u64,
+    pub(crate) persist: StoreWriter,
+    /// Deliveries in flight to one gateway session before it must report
+    /// them written.
+    session_credit: u32,
+    pub(crate) budget: Arc<MemoryBudget>,
+    /// Whether flow to disk is on (see [`crate::flow`]).
+    pub(crate) flow_active: bool,
+    /// Holders of each message routed to more than one queue; a message
+    /// held by one queue is not listed.
+    pub(crate) shared_refs: HashMap<u64, u32>,
+    /// To the loader task: payloads to read back from the store.
+    pub(crate) loads: mpsc::UnboundedSender<LoadRequest>,
+    /// The storage node is over its disk quota: every producer is blocked.
+    pub(crate) store_overfull: bool,
+    pub(crate) store_overfull_since: Option<std::time::Instant>,
+}
+
+/// What the broker needs from the engine around it.
+pub struct BrokerContext {
+    pub persist: StoreWriter,
+    pub session_credit: u32,
+    pub budget: Arc<MemoryBudget>,
+    pub loads: mpsc::UnboundedSender<LoadRequest>,
+}
+
+impl Broker {
+    pub fn new(context: BrokerContext) -> Self {
+        let mut vhosts = HashMap::new();
+        vhosts.insert("/".to_string(), VHost::new("/"));
+        Self {
+            vhosts,
+            sessions: HashMap::new(),
+            next_message_id: 1,
+            persist: context.persist,
+            session_credit: context.session_credit.max(1),
+            budget: context.budget,
+            flow_active: false,
+            shared_refs: HashMap::new(),
+            loads: context.loads,
+            store_overfull: false,
+            store_overfull_since: None,
+        }
+    }
+
+    pub fn set_next_message_id(&mut self, next: u64) {
+        self.next_message_id = self.next_message_id.max(next);
+    }
+
+    /// Reserves `count` consecutive message ids (management's move);
+    /// returns the first.
+    pub(crate) fn reserve_message_ids(&mut self, count: u64) -> u64 {
+        let first = self.next_message_id;
+        self.next_message_id += count;
+        first
+    }
+
+    // ------------------------------------------------------------ sessions
+
+    pub fn open_session(
+        &mut self,
+        id: SessionId,
+        open: &pb::OpenSession,
+        events: tokio::sync::mpsc::UnboundedSender<SessionEvent>,
+    ) -> OpResult<()> {
+        if !self.vhosts.contains_key(&open.vhost) {
+            return Err(AmqpError::new(
+                reply_code::NOT_ALLOWED,
+                format!("vhost '{}' not found", open.vhost),
+            ));
+        }
+        self.sessions.insert(
+            id,
+            SessionState {
+                vhost: open.vhost.clone(),
+                user: open.user.clone(),
+                client_address: open.client_address.clone(),
+                client_properties: open.client_properties.clone(),
+                published: 0,
+                delivered: 0,
+                events,
+                channels: HashMap::new(),
+                credit: self.session_credit,
+                flow_blocked: None,
+                has_published: false,
+            },
+        );
+        tracing::debug!(session = id, vhost = %open.vhost, user = %open.user, "session opened");
+        // Told at once when the store is over its quota.
+        self.update_session_flow(id);
+        Ok(())
+    }
+
+    pub fn close_session(&mut self, id: SessionId) {
+        let Some(session) = self.sessions.get(&id) else {
+            return;
+        };
+        let channels: Vec<ChannelId> = session.channels.keys().copied().collect();
+        let vhost = session.vhost.clone();
+        for channel in channels {
+            self.close_channel(id, channel);
+        }
+        let exclusive: Vec<String> = self
+            .vhosts
+            .get(&vhost)
+            .map(|v| {
+                v.queues
+                    .values()
+                    .filter(|q| q.exclusive_owner == Some(id))
+                    .map(|q| q.name.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        for queue in exclusive {
+            self.remove_queue(&vhost, &queue);
+        }
+        self.sessions.remove(&id);
+    }
+
+    pub fn open_channel(&mut self, session: SessionId, channel: ChannelId) -> OpResult<()> {
+        let state = self.session_mut(session)?;
+        if state.channels.contains_key(&channel) {
+            return Err(AmqpError::new(
+                reply_code::CHANNEL_ERROR,
+                format!("channel {channel} already open"),
+            ));
+        }
+        state.channels.insert(channel, ChannelState::default());
+        Ok(())
+    }
+
+    /// Cancels the channel's consumers and requeues its unacked deliveries.
+    pub fn close_channel(&mut self, session: SessionId, channel: ChannelId) {
+        let Some(state) = self.sessions.get_mut(&session) else {
+            return;
+        };
+        let vhost = state.vhost.clone();
+        let Some(channel_state) = state.channels.remove(&channel) else {
+            return;
+        };
+        if !channel_state.blocked_on.is_empty() {
+            self.forget_blocked_channel(session, channel, &vhost, &channel_state.blocked_on);
+        }
+        let mut touched = Vec::new();
+        for (tag, consumer) in &channel_state.consumers {
+            self.detach_consumer(&vhost, &consumer.queue, session, channel, tag);
+            touched.push(consumer.queue.clone());
+        }
+        let mut ops = Vec::new();
+        for (_, unacked) in channel_state.unacked.into_iter().rev() {
+            self.requeue_or_discard(&vhost, unacked, &mut ops, &mut touched);
+        }
+        self.persist.submit(ops, Durability::Logged, None);
+        touched.sort();
+        touched.dedup();
+        for queue in &touched {
+            self.auto_delete_if_unused(&vhost, queue);
+            self.dispatch(&vhost, queue);
+        }
+    }
+
+    pub fn confirm_select(&mut self, session: SessionId, channel: ChannelId) -> OpResult<()> {
+        self.channel_mut(session, channel)?.confirm = true;
+        Ok(())
+    }
+
+    // -------------------------------------------------------------- helpers
+
+    fn send(&self, session: SessionId, event_body: Event) {
+        if let Some(state) = self.sessions.get(&session) {
+            let _ = state.events.send(event(event_body));
+        }
+    }
+
+    fn session_mut(&mut self, session: SessionId) -> OpResult<&mut SessionState> {
+        self.sessions
+            .get_mut(&session)
+            .ok_or_else(|| AmqpError::new(reply_code::CHANNEL_ERROR, "session not open"))
+    }
+
+    fn session_vhost(&self, session: SessionId) -> OpResult<String> {
+        self.sessions
+            .get(&session)
+            .map(|s| s.vhost.clone())
+            .ok_or_else(|| AmqpError::new(reply_code::CHANNEL_ERROR, "session not open"))
+    }
+
+    fn channel_mut(
+        &mut self,
+        session: SessionId,
+        channel: ChannelId,
+    ) -> OpResult<&mut ChannelState> {
+        self.session_mut(session)?
+            .channels
+            .get_mut(&channel)
+            .ok_or_else(|| {
+                AmqpError::new(
+                    reply_code::CHANNEL_ERROR,
+                    format!("expected 'channel.open' on channel {channel}"),
+                )
+            })
+    }
+
+    fn vhost_mut(&mut self, name: &str) -> OpResult<&mut VHost> {
+        self.vhosts.get_mut(name).ok_or_else(|| {
+            AmqpError::new(reply_code::NOT_ALLOWED, format!("vhost '{name}' not found"))
+        })
+    }
+
+    pub(crate) fn queue_mut_opt(&mut self, vhost: &str, queue: &str) -> Option<&mut Queue> {
+        self.vhosts.get_mut(vhost)?.queues.get_mut(queue)
+    }
+}
+
+fn find_queue<'a>(vhost: &'a VHost, name: &str, vhost_name: &str) -> OpResult<&'a Queue> {
+    vhost.queues.get(name).ok_or_else(|| {
+        AmqpError::new(
+            reply_code::NOT_FOUND,
+            format!("no queue '{name}' in vhost '{vhost_name}'"),
+        )
+    })
+}
+
+fn find_queue_mut<'a>(
+    vhost: &'a mut VHost,
+    name: &str,
+    vhost_name: &str,
+) -> OpResult<&'a mut Queue> {
+    vhost.queues.get_mut(name).ok_or_else(|| {
+        AmqpError::new(
+            reply_code::NOT_FOUND,
+            format!("no queue '{name}' in vhost '{vhost_name}'"),
+        )
+    })
+}
+
+fn find_exchange<'a>(vhost: &'a VHost, name: &str, vhost_name: &str) -> OpResult<&'a Exchange> {
+    vhost.exchanges.get(name).ok_or_else(|| {
+        AmqpError::new(
+            reply_code::NOT_FOUND,
+            format!("no exchange '{name}' in vhost '{vhost_name}'"),
+        )
+    })
+}
+
+fn check_exclusive(queue: &Queue, session: SessionId, vhost_name: &str) -> OpResult<()> {
+    match queue.exclusive_owner {
+        Some(owner) if owner != session => Err(AmqpError::new(
+            reply_code::RESOURCE_LOCKED,
+            format!(
+                "cannot obtain exclusive access to locked queue '{}' in vhost '{}'",
+                queue.name, vhost_name
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn op(op: write_op::Op) -> WriteOp {
+    WriteOp { op: Some(op) }
+}
+
+pub fn event(event: Event) -> SessionEvent {
+    SessionEvent { event: Some(event) }
+}

@@ -1,0 +1,280 @@
+//! The [`Engine`]: the state every session shares (the broker behind its
+//! lock, the store writer, the memory budget), its start-up (recovery, in
+//! `recovery.rs`), and the background tasks that live as long as it does:
+//! the store quota watch, housekeeping (flow to disk), and the loader that
+//! reads payloads back. Each client connection is a session task
+//! (`session.rs`), opened through [`EngineApi`].
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use parking_lot::Mutex;
+use spillway_proto::backoff::Backoff;
+use spillway_proto::{EngineApi, ServiceError, SessionStreams, StorageApi, SESSION_COMMAND_BUFFER};
+use tokio::sync::{mpsc, Notify, Semaphore};
+
+use crate::broker::{Broker, BrokerContext};
+use crate::budget::{self, MemoryBudget};
+use crate::flow::{FlowStatus, LoadRequest};
+use crate::persistence::StoreWriter;
+use crate::recovery;
+use crate::session::run_session;
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Deliveries one gateway session may have in flight (not yet written to
+    /// the client's socket) before the engine pauses its consumers.
+    pub session_credit: u32,
+    /// Message bytes the engine keeps in memory before payloads flow to
+    /// disk (`broker.flow_to_disk_threshold`).
+    pub flow_to_disk_threshold: u64,
+    /// How often flow to disk is re-evaluated (`broker.housekeeping_interval`).
+    pub housekeeping_interval: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            session_credit: 2048,
+            flow_to_disk_threshold: budget::default_threshold(),
+            housekeeping_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Payload reads in flight to the store at once.
+const CONCURRENT_LOADS: usize = 4;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("cannot recover durable state from the store: {0}")]
+    Recovery(#[from] ServiceError),
+}
+
+/// The queue engine. Cheap to clone; all clones share one broker.
+#[derive(Clone)]
+pub struct Engine {
+    pub(crate) shared: Arc<Shared>,
+}
+
+pub(crate) struct Shared {
+    pub(crate) broker: Mutex<Broker>,
+    pub(crate) next_session: AtomicU64,
+    pub(crate) writer: StoreWriter,
+    pub(crate) budget: Arc<MemoryBudget>,
+    housekeeping_kick: Arc<Notify>,
+    /// For reading payloads back; taken at shutdown so the store is
+    /// released even while clones of the engine linger.
+    store: Mutex<Option<Arc<dyn StorageApi>>>,
+}
+
+impl Shared {
+    pub(crate) fn store(&self) -> Option<Arc<dyn StorageApi>> {
+        self.store.lock().clone()
+    }
+}
+
+impl Engine {
+    /// Starts the engine on a store, recovering durable exchanges, queues,
+    /// bindings and persistent messages before it accepts any session.
+    pub async fn start(
+        store: Arc<dyn StorageApi>,
+        config: EngineConfig,
+    ) -> Result<Self, EngineError> {
+        let stored = recovery::read(store.as_ref()).await?;
+        let budget = Arc::new(MemoryBudget::new(config.flow_to_disk_threshold));
+        let writer = StoreWriter::start(store.clone(), budget.clone());
+        let (loads, load_requests) = mpsc::unbounded_channel();
+        let housekeeping_kick = Arc::new(Notify::new());
+        let mut broker = Broker::new(BrokerContext {
+            persist: writer.clone(),
+            session_credit: config.session_credit,
+            budget: budget.clone(),
+            loads,
+        });
+        recovery::install(&mut broker, stored);
+        let shared = Arc::new(Shared {
+            broker: Mutex::new(broker),
+            next_session: AtomicU64::new(1),
+            writer,
+            budget,
+            housekeeping_kick,
+            store: Mutex::new(Some(store.clone())),
+        });
+        tokio::spawn(run_quota_watch(Arc::downgrade(&shared)));
+        tokio::spawn(run_loader(Arc::downgrade(&shared), load_requests));
+        tokio::spawn(run_housekeeping(
+            Arc::downgrade(&shared),
+            config.housekeeping_interval,
+        ));
+        Ok(Self { shared })
+    }
+}
+
+impl Engine {
+    /// Flushes pending writes and releases the store. Call after the
+    /// gateways have stopped; later writes are refused (and logged).
+    pub async fn shutdown(&self) {
+        self.shared.writer.stop().await;
+        self.shared.store.lock().take();
+    }
+
+    /// The channels producer flow control holds back right now.
+    pub fn blocked_channels(&self) -> Vec<crate::BlockedChannel> {
+        self.shared.broker.lock().blocked_channels()
+    }
+
+    /// Flow to disk at this moment: on or off, the threshold, resident and
+    /// spilled bytes.
+    pub fn flow_status(&self) -> FlowStatus {
+        self.shared.broker.lock().flow_status()
+    }
+
+    /// Changes the flow-to-disk threshold at once (management's runtime
+    /// setting): housekeeping runs straight away with it.
+    pub fn set_flow_to_disk_threshold(&self, bytes: u64) {
+        let previous = self.shared.budget.threshold();
+        self.shared.budget.set_threshold(bytes);
+        tracing::info!(
+            setting = "broker.flow_to_disk_threshold",
+            previous,
+            value = bytes,
+            "runtime setting changed"
+        );
+        self.shared.housekeeping_kick.notify_one();
+    }
+}
+
+/// Follows the storage node's disk quota state for as long as the engine
+/// lives, watching again whenever the stream breaks (the storage node
+/// restarted): it sends the current state first, so nothing is missed. The
+/// last state known holds meanwhile.
+async fn run_quota_watch(shared: std::sync::Weak<Shared>) {
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+    loop {
+        // The store only for the call: the stream does not keep it open.
+        let Some(store) = shared.upgrade().and_then(|engine| engine.store()) else {
+            return;
+        };
+        let watching = store.watch_quota().await;
+        drop(store);
+        match watching {
+            Ok(mut states) => {
+                while let Some(state) = states.next().await {
+                    let Ok(state) = state else { break };
+                    let Some(engine) = shared.upgrade() else {
+                        return;
+                    };
+                    engine.broker.lock().set_store_overfull(state.overfull);
+                    backoff.reset();
+                }
+            }
+            Err(error) => {
+                tracing::debug!(%error, "cannot watch the store quota yet, retrying");
+            }
+        }
+        backoff.wait().await;
+    }
+}
+
+/// Every `interval`, or when a publish takes memory over the threshold,
+/// re-evaluates flow to disk. Ends with the engine.
+async fn run_housekeeping(shared: std::sync::Weak<Shared>, interval: Duration) {
+    let interval = interval.max(Duration::from_millis(10));
+    loop {
+        let kick = match shared.upgrade() {
+            Some(shared) => shared.housekeeping_kick.clone(),
+            None => return,
+        };
+        tokio::select! {
+            () = tokio::time::sleep(interval) => {}
+            () = kick.notified() => {}
+        }
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        shared.broker.lock().housekeeping();
+    }
+}
+
+/// Reads payloads back from the store for read-ahead and basic.get, a few
+/// batches at a time, and installs them under the broker lock.
+async fn run_loader(
+    shared: std::sync::Weak<Shared>,
+    mut requests: mpsc::UnboundedReceiver<LoadRequest>,
+) {
+    let permits = Arc::new(Semaphore::new(CONCURRENT_LOADS));
+    while let Some(request) = requests.recv().await {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(engine) = shared.upgrade() else {
+            return;
+        };
+        tokio::spawn(async move {
+            let records = load(&engine, &request.ids).await;
+            engine.broker.lock().install_loaded(
+                &request.vhost,
+                &request.queue,
+                &request.ids,
+                records,
+            );
+            drop(permit);
+        });
+    }
+}
+
+/// The records of `ids`: from the store writer when still on their way to
+/// the store, else from the store, retrying until it answers.
+pub(crate) async fn load(
+    engine: &Shared,
+    ids: &[u64],
+) -> Vec<spillway_proto::storage::MessageRecord> {
+    let Some(store) = engine.store() else {
+        // Shutting down: nothing to install the payloads into any more.
+        return Vec::new();
+    };
+    let mut records = Vec::with_capacity(ids.len());
+    let mut missing = Vec::new();
+    for id in ids {
+        match engine.writer.pending_record(*id) {
+            Some(record) => records.push(record),
+            None => missing.push(*id),
+        }
+    }
+    if missing.is_empty() {
+        return records;
+    }
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+    loop {
+        match store.read_messages(missing.clone()).await {
+            Ok(read) => {
+                records.extend(read);
+                return records;
+            }
+            Err(error) => {
+                let delay = backoff.next_delay();
+                tracing::warn!(%error, messages = missing.len(), retry_in_ms = delay.as_millis() as u64,
+                    "reading payloads back from the store failed, retrying");
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl EngineApi for Engine {
+    async fn open_session(&self) -> Result<SessionStreams, ServiceError> {
+        let (command_tx, command_rx) = mpsc::channel(SESSION_COMMAND_BUFFER);
+        let (event_tx, event_rx) = mpsc::unbounded_channel();
+        let id = self.shared.next_session.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(run_session(self.shared.clone(), id, command_rx, event_tx));
+        Ok(SessionStreams {
+            commands: command_tx,
+            events: event_rx,
+        })
+    }
+}
