@@ -297,6 +297,23 @@ class SpillwayBroker(Broker):
 
 # -- small AMQP helpers ------------------------------------------------------------------
 
+def wait_until(probe, timeout: float = 3.0, conn=None, interval: float = 0.05):
+    """Call ``probe()`` until it returns something truthy or ``timeout`` seconds pass;
+    returns its last answer (falsy on timeout), so ``assert wait_until(...)`` fails
+    with what was last seen. Between calls it serves ``conn``'s events (a blocking pika
+    connection must, or it misses heartbeats and callbacks), else it sleeps.
+    Use it instead of a fixed sleep before an assertion."""
+    deadline = time.monotonic() + timeout
+    while True:
+        answer = probe()
+        if answer or time.monotonic() > deadline:
+            return answer
+        if conn is not None:
+            conn.process_data_events(time_limit=interval)
+        else:
+            time.sleep(interval)
+
+
 def drain(ch, queue: str, n: int | None = None, timeout: float = 5.0, ack: bool = True):
     """basic.get messages from ``queue`` until it is empty (or ``n`` were got).
     Returns a list of (method, properties, body). Waits up to ``timeout`` for ``n``."""

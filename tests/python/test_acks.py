@@ -6,7 +6,7 @@ import pika
 import pytest
 from kombu import Consumer, Producer, Queue
 
-from spillway_testlib import collect, drain
+from spillway_testlib import collect, drain, wait_until
 
 
 def fill(ch, q, n, prefix="m"):
@@ -23,21 +23,29 @@ def message_count(conn, q):
 
 
 def wait_count(conn, q, want, timeout=3.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        n = message_count(conn, q)
-        if n == want or time.monotonic() > deadline:
-            return n
-        time.sleep(0.05)
+    """The queue's message count once it is ``want``, or the last count after ``timeout``."""
+    counts = []
+
+    def reached():
+        counts.append(message_count(conn, q))
+        return counts[-1] == want
+
+    wait_until(reached, timeout)
+    return counts[-1]
 
 
 def get(ch, q):
-    for _ in range(100):
+    """basic.get the next message of ``q``, waiting up to 2 s for one."""
+    got = []
+
+    def one():
         m, p, b = ch.basic_get(q)
         if m is not None:
-            return m, p, b
-        time.sleep(0.02)
-    raise AssertionError(f"no message in {q}")
+            got.append((m, p, b))
+        return got
+
+    assert wait_until(one, timeout=2.0, interval=0.02), f"no message in {q}"
+    return got[0]
 
 
 # -- basic.get ---------------------------------------------------------------------------

@@ -62,6 +62,8 @@ def test_heartbeat_disabled_connection_stays_open(broker):
     c = broker.connect(heartbeat=0)
     try:
         assert c._impl._heartbeat_checker is None
+        # Idle on purpose, longer than a heartbeat interval would be: staying open is
+        # the behaviour, there is no condition to wait for.
         time.sleep(2)
         c.process_data_events(time_limit=0.1)
         c.channel().queue_declare("", exclusive=True)

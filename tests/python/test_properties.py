@@ -12,7 +12,7 @@ import pytest
 from kombu import Consumer, Producer, Queue
 
 from raw_amqp import RawAMQP, all_field_types_table, raw_basic_properties
-from spillway_testlib import assert_same, collect, drain
+from spillway_testlib import assert_same, collect, drain, wait_until
 
 HEADERS = {
     "str": "hello",
@@ -267,9 +267,8 @@ def test_kombu_simple_queue(kconn, names):
     with kconn.SimpleQueue(qname, serializer="json") as sq:
         sq.put({"a": 1})
         sq.put(["b", 2.5], headers={"h": "v"})
-        deadline = time.monotonic() + 5  # put() and qsize() may use different channels
-        while sq.qsize() < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # put() and qsize() may use different channels
+        wait_until(lambda: sq.qsize() >= 2, timeout=5)
         assert sq.qsize() == 2
         m1 = sq.get(block=True, timeout=5)
         assert m1.payload == {"a": 1}

@@ -7,19 +7,7 @@ import pika.exceptions as pe
 import pytest
 from kombu import Consumer, Exchange, Producer, Queue
 
-from spillway_testlib import drain, queue_exists
-
-
-def wait_until(pred, timeout=3.0, conn=None):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            return False
-        if conn is not None:
-            conn.process_data_events(time_limit=0.05)
-        else:
-            time.sleep(0.05)
-    return True
+from spillway_testlib import drain, queue_exists, wait_until
 
 
 def test_server_named_queue(conn, ch):
@@ -99,6 +87,8 @@ def test_auto_delete_queue_without_consumers_stays(conn, ch, names):
     q = names.queue()
     ch.queue_declare(q, auto_delete=True)
     ch.close()
+    # Staying is the behaviour: give a wrong deletion time to happen (no condition to
+    # wait for), then check.
     time.sleep(0.2)
     assert queue_exists(conn, q)
 

@@ -16,6 +16,9 @@
 //! Every process serves `/metrics` and `/healthz` on an ephemeral port too:
 //! [`Sandbox::metrics_addr`] tells where, [`http_get`] fetches them.
 //!
+//! [`harness`] runs a case in both wirings ([`both_wirings!`]) and waits for
+//! conditions with a deadline ([`eventually`]).
+//!
 //! Child processes need the release binary (`cargo build --release -p
 //! spillway`; the Makefile builds it before the tests): `SPILLWAY_BIN`
 //! overrides where it is looked for.
@@ -33,6 +36,10 @@ use spillway_proto::storage::StoreStatus;
 use spillway_proto::{RemoteStorage, StorageApi};
 use spillway_serve::{Role, Running, Settings};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+pub mod harness;
+
+pub use harness::{eventually, run_case, run_wiring_case, CaseFuture, ProbeOutcome};
 
 /// The management bearer token every sandbox configures.
 pub const MANAGEMENT_TOKEN: &str = "sandbox-management-token";

@@ -9,43 +9,10 @@ use futures::StreamExt;
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ExchangeKind};
-use spillway_integration_tests::{Sandbox, Wiring};
-
-/// Runs a case against each wiring, as its own test.
-macro_rules! both_wirings {
-    ($($case:ident),* $(,)?) => {
-        mod in_process {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::run(super::Wiring::InProcess, |sandbox| Box::pin(super::$case(sandbox))).await;
-                }
-            )*
-        }
-        mod separate_processes {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::run(super::Wiring::Separate, |sandbox| Box::pin(super::$case(sandbox))).await;
-                }
-            )*
-        }
-    };
-}
-
-type CaseFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + 'a>>;
-
-async fn run(wiring: Wiring, case: impl for<'a> FnOnce(&'a mut Sandbox) -> CaseFuture<'a>) {
-    let mut sandbox = Sandbox::start(wiring).await.expect("sandbox starts");
-    let result = tokio::time::timeout(Duration::from_secs(60), case(&mut sandbox)).await;
-    match result {
-        Ok(Ok(())) => {}
-        Ok(Err(error)) => panic!("{error:#}\n{}", sandbox.logs()),
-        Err(_) => panic!("timed out\n{}", sandbox.logs()),
-    }
-}
+use spillway_integration_tests::{both_wirings, eventually, Sandbox};
 
 both_wirings!(
+    timeout_secs = 60;
     publish_consume_keeps_properties_and_order,
     direct_fanout_topic_headers_exchanges_route,
     exchange_to_exchange_bindings_route,
@@ -643,27 +610,56 @@ async fn channel_errors_carry_rabbitmq_codes(sb: &mut Sandbox) -> anyhow::Result
 
     let ch = channel(&conn).await?;
     ch.basic_ack(999, BasicAckOptions::default()).await?;
-    // The 406 closes the channel asynchronously; the next call sees it closed.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(
-        !ch.status().connected(),
-        "unknown delivery tag closes the channel"
-    );
+    // The 406 closes the channel asynchronously.
+    eventually(Duration::from_secs(10), || async {
+        !ch.status().connected()
+    })
+    .await
+    .map_err(|error| error.context("unknown delivery tag closes the channel"))?;
 
+    // A publish to a missing exchange (no confirms: nothing answers the
+    // publish itself) closes the channel with 404. lapin tells a channel's
+    // consumers why it was closed, so a consumer is the witness.
     let ch = channel(&conn).await?;
-    let error = publish(
+    let witness = ch
+        .queue_declare(
+            s(""),
+            QueueDeclareOptions {
+                exclusive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    let mut witness = ch
+        .basic_consume(
+            witness.name().clone(),
+            s("witness"),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    publish(
         &ch,
         "no-such-exchange",
         "k",
         b"x",
         BasicProperties::default(),
     )
-    .await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(
-        error.is_err() || !ch.status().connected(),
-        "publish to a missing exchange closes the channel"
-    );
+    .await?;
+    let closed = tokio::time::timeout(Duration::from_secs(10), witness.next())
+        .await
+        .map_err(|_| anyhow::anyhow!("publish to a missing exchange did not close the channel"))?;
+    let error = match closed {
+        Some(Err(error)) => error,
+        other => panic!("the channel's consumer saw {other:?}, not the channel's close"),
+    };
+    assert_eq!(amqp_code(&error), Some(404), "{error}");
+    eventually(Duration::from_secs(10), || async {
+        !ch.status().connected()
+    })
+    .await
+    .map_err(|error| error.context("publish to a missing exchange closes the channel"))?;
 
     // The connection survived every channel error.
     let ch = channel(&conn).await?;
@@ -684,8 +680,11 @@ async fn invalid_exchange_type_closes_connection(sb: &mut Sandbox) -> anyhow::Re
         .await
         .unwrap_err();
     assert_eq!(amqp_code(&error), Some(503), "{error}");
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!conn.status().connected(), "503 is a connection error");
+    eventually(Duration::from_secs(10), || async {
+        !conn.status().connected()
+    })
+    .await
+    .map_err(|error| error.context("503 is a connection error"))?;
     Ok(())
 }
 

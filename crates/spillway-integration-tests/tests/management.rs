@@ -13,46 +13,16 @@ use futures::StreamExt;
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::BasicProperties;
-use spillway_integration_tests::{spillctl_bin, Sandbox, Wiring, MANAGEMENT_TOKEN};
+use spillway_integration_tests::{
+    both_wirings, eventually, spillctl_bin, Sandbox, Wiring, MANAGEMENT_TOKEN,
+};
 use spillway_proto::management::management_client::ManagementClient;
 use spillway_proto::management::{self as m, argument_value};
 use tonic::transport::Channel;
 use tonic::Code;
 
-macro_rules! both_wirings {
-    ($($case:ident),* $(,)?) => {
-        mod in_process {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::run(super::Wiring::InProcess, |sandbox| Box::pin(super::$case(sandbox))).await;
-                }
-            )*
-        }
-        mod separate_processes {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::run(super::Wiring::Separate, |sandbox| Box::pin(super::$case(sandbox))).await;
-                }
-            )*
-        }
-    };
-}
-
-type CaseFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + 'a>>;
-
-async fn run(wiring: Wiring, case: impl for<'a> FnOnce(&'a mut Sandbox) -> CaseFuture<'a>) {
-    let mut sandbox = Sandbox::start(wiring).await.expect("sandbox starts");
-    let result = tokio::time::timeout(Duration::from_secs(90), case(&mut sandbox)).await;
-    match result {
-        Ok(Ok(())) => {}
-        Ok(Err(error)) => panic!("{error:#}\n{}", sandbox.logs()),
-        Err(_) => panic!("timed out\n{}", sandbox.logs()),
-    }
-}
-
 both_wirings!(
+    timeout_secs = 90;
     definitions_lifecycle,
     not_found_and_invalid_argument,
     refused_credentials,
@@ -63,8 +33,25 @@ both_wirings!(
     spillctl_end_to_end,
 );
 
-type AddCredentials =
-    Box<dyn FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send>;
+/// Adds `authorization` (when given) to every call. Cloneable, so probes of
+/// `eventually` can each take a clone of a client.
+#[derive(Clone)]
+struct AddCredentials(Option<String>);
+
+impl tonic::service::Interceptor for AddCredentials {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            let value = value
+                .parse()
+                .map_err(|_| tonic::Status::internal("unprintable authorization"))?;
+            request.metadata_mut().insert("authorization", value);
+        }
+        Ok(request)
+    }
+}
 
 type Client =
     ManagementClient<tonic::service::interceptor::InterceptedService<Channel, AddCredentials>>;
@@ -73,15 +60,10 @@ async fn client_with(sb: &Sandbox, authorization: Option<String>) -> anyhow::Res
     let channel = Channel::from_shared(format!("http://{}", sb.management_addr()))?
         .connect()
         .await?;
-    let interceptor: AddCredentials = Box::new(move |mut request: tonic::Request<()>| {
-        if let Some(value) = &authorization {
-            request
-                .metadata_mut()
-                .insert("authorization", value.parse().unwrap());
-        }
-        Ok(request)
-    });
-    Ok(ManagementClient::with_interceptor(channel, interceptor))
+    Ok(ManagementClient::with_interceptor(
+        channel,
+        AddCredentials(authorization),
+    ))
 }
 
 async fn client(sb: &Sandbox) -> anyhow::Result<Client> {
@@ -651,18 +633,23 @@ async fn connections_listed_and_closed(sb: &mut Sandbox) -> anyhow::Result<()> {
         .await?;
 
     // The gateway reports deliveries written a moment after writing them.
-    let mut connections = Vec::new();
-    for _ in 0..100 {
-        connections = c
-            .list_connections(m::ListConnectionsRequest::default())
-            .await?
-            .into_inner()
-            .connections;
-        if connections.iter().all(|c| c.messages_delivered == 1) {
-            break;
+    let connections = eventually(Duration::from_secs(10), || {
+        let mut c = c.clone();
+        async move {
+            let connections = c
+                .list_connections(m::ListConnectionsRequest::default())
+                .await?
+                .into_inner()
+                .connections;
+            if connections.iter().all(|c| c.messages_delivered == 1) {
+                return Ok(connections);
+            }
+            Err(anyhow::anyhow!(
+                "not every delivery counted yet: {connections:?}"
+            ))
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await?;
     assert_eq!(connections.len(), 1, "{connections:?}");
     let listed = &connections[0];
     assert_eq!(
@@ -726,13 +713,20 @@ async fn connections_listed_and_closed(sb: &mut Sandbox) -> anyhow::Result<()> {
         other => panic!("not a protocol error: {other:?}"),
     }
     assert!(!conn.status().connected());
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let left = c
-        .list_connections(m::ListConnectionsRequest::default())
-        .await?
-        .into_inner()
-        .connections;
-    assert!(left.is_empty(), "{left:?}");
+    eventually(Duration::from_secs(10), || {
+        let mut c = c.clone();
+        async move {
+            let left = c
+                .list_connections(m::ListConnectionsRequest::default())
+                .await?
+                .into_inner()
+                .connections;
+            anyhow::ensure!(left.is_empty(), "still listed: {left:?}");
+            Ok(())
+        }
+    })
+    .await
+    .map_err(|error| error.context("the closed connection is no longer listed"))?;
     Ok(())
 }
 
@@ -918,20 +912,22 @@ async fn runtime_settings_take_effect(sb: &mut Sandbox) -> anyhow::Result<()> {
         flow_to_disk_threshold: Some(1 << 20),
     })
     .await?;
-    let mut spilled = None;
-    for _ in 0..50 {
-        let status = c
-            .get_broker_status(m::GetBrokerStatusRequest {})
-            .await?
-            .into_inner();
-        let settled = status.resident_message_bytes.unwrap_or(u64::MAX) <= 2 << 20;
-        if status.flow_to_disk_active == Some(true) && status.spilled_messages > 0 && settled {
-            spilled = Some(status);
-            break;
+    let spilled = eventually(Duration::from_secs(5), || {
+        let mut c = c.clone();
+        async move {
+            let status = c
+                .get_broker_status(m::GetBrokerStatusRequest {})
+                .await?
+                .into_inner();
+            let settled = status.resident_message_bytes.unwrap_or(u64::MAX) <= 2 << 20;
+            if status.flow_to_disk_active == Some(true) && status.spilled_messages > 0 && settled {
+                return Ok(status);
+            }
+            Err(anyhow::anyhow!("last status: {status:?}"))
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let spilled = spilled.expect("flow to disk did not start after lowering the threshold");
+    })
+    .await
+    .map_err(|error| error.context("flow to disk did not start after lowering the threshold"))?;
     assert_eq!(spilled.flow_to_disk_threshold, Some(1 << 20));
     assert!(
         spilled.resident_message_bytes.unwrap_or(u64::MAX) <= 2 << 20,
@@ -953,22 +949,22 @@ async fn runtime_settings_take_effect(sb: &mut Sandbox) -> anyhow::Result<()> {
         flow_to_disk_threshold: Some(1 << 30),
     })
     .await?;
-    let mut inactive = false;
-    for _ in 0..50 {
-        let status = c
-            .get_broker_status(m::GetBrokerStatusRequest {})
-            .await?
-            .into_inner();
-        if status.flow_to_disk_active == Some(false) {
-            inactive = true;
-            break;
+    eventually(Duration::from_secs(5), || {
+        let mut c = c.clone();
+        async move {
+            let status = c
+                .get_broker_status(m::GetBrokerStatusRequest {})
+                .await?
+                .into_inner();
+            anyhow::ensure!(
+                status.flow_to_disk_active == Some(false),
+                "last status: {status:?}"
+            );
+            Ok(())
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(
-        inactive,
-        "flow to disk stayed active after raising the threshold"
-    );
+    })
+    .await
+    .map_err(|error| error.context("flow to disk stayed active after raising the threshold"))?;
     if sb.wiring() == Wiring::Separate {
         let logs = sb.logs();
         assert!(

@@ -6,37 +6,19 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use lapin::options::*;
 use lapin::types::FieldTable;
 use lapin::BasicProperties;
-use spillway_integration_tests::{http_get, Component, Sandbox, Wiring};
+use spillway_integration_tests::{both_wirings, eventually, http_get, Component, Sandbox, Wiring};
 
 const QUEUE: &str = "metrics-q";
 const PUBLISHED: usize = 7;
 const CONSUMED: usize = 3;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn in_process() {
-    run(Wiring::InProcess).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn separate_processes() {
-    run(Wiring::Separate).await;
-}
-
-async fn run(wiring: Wiring) {
-    let sandbox = Sandbox::start(wiring).await.expect("sandbox starts");
-    let result = tokio::time::timeout(Duration::from_secs(60), case(&sandbox)).await;
-    match result {
-        Ok(Ok(())) => {}
-        Ok(Err(error)) => panic!("{error:#}\n{}", sandbox.logs()),
-        Err(_) => panic!("timed out\n{}", sandbox.logs()),
-    }
-}
+both_wirings!(timeout_secs = 60; counters_and_gauges_are_served);
 
 /// One sample of the text format: name, labels, value.
 #[derive(Debug)]
@@ -129,32 +111,28 @@ async fn scrape(sandbox: &Sandbox, component: Component) -> anyhow::Result<Vec<S
 /// Scrapes until `check` passes (figures can trail the client by a moment:
 /// a delivery is counted once the gateway's write returns), or fails with
 /// the last scrape.
-async fn eventually(
+async fn scrape_until(
     sandbox: &Sandbox,
     component: Component,
     what: &str,
     check: impl Fn(&[Sample]) -> bool,
 ) -> anyhow::Result<Vec<Sample>> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    eventually(Duration::from_secs(10), || async {
         let samples = scrape(sandbox, component).await?;
         if check(&samples) {
             return Ok(samples);
         }
-        if Instant::now() > deadline {
-            anyhow::bail!(
-                "{what}: not seen on {component:?}'s /metrics; last scrape:\n{samples:#?}"
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        Err(anyhow::anyhow!("last scrape:\n{samples:#?}"))
+    })
+    .await
+    .map_err(|error| error.context(format!("{what}: not seen on {component:?}'s /metrics")))
 }
 
 fn queue_value(samples: &[Sample], name: &str) -> Option<f64> {
     value(samples, name, &[("vhost", "/"), ("queue", QUEUE)])
 }
 
-async fn case(sandbox: &Sandbox) -> anyhow::Result<()> {
+async fn counters_and_gauges_are_served(sandbox: &mut Sandbox) -> anyhow::Result<()> {
     let separate = sandbox.wiring() == Wiring::Separate;
     for component in [Component::Gateway, Component::Engine, Component::Storage] {
         let addr = sandbox.metrics_addr(component)?;
@@ -252,7 +230,7 @@ async fn case(sandbox: &Sandbox) -> anyhow::Result<()> {
             .ok_or_else(|| anyhow::anyhow!("consumer ended"))??;
         deliveries.push(delivery);
     }
-    eventually(
+    scrape_until(
         sandbox,
         Component::Engine,
         "3 unacked, 4 ready, 1 consumer",
@@ -263,7 +241,7 @@ async fn case(sandbox: &Sandbox) -> anyhow::Result<()> {
         },
     )
     .await?;
-    eventually(sandbox, Component::Gateway, "3 delivered", |s| {
+    scrape_until(sandbox, Component::Gateway, "3 delivered", |s| {
         value(s, "spillway_messages_delivered_total", &[]).is_some_and(|n| n >= CONSUMED as f64)
     })
     .await?;
@@ -275,7 +253,7 @@ async fn case(sandbox: &Sandbox) -> anyhow::Result<()> {
     for delivery in &deliveries {
         delivery.ack(BasicAckOptions::default()).await?;
     }
-    let engine = eventually(sandbox, Component::Engine, "4 ready, none unacked", |s| {
+    let engine = scrape_until(sandbox, Component::Engine, "4 ready, none unacked", |s| {
         queue_value(s, "spillway_queue_messages") == Some((PUBLISHED - CONSUMED) as f64)
             && queue_value(s, "spillway_queue_unacked_messages") == Some(0.0)
             && queue_value(s, "spillway_queue_consumers") == Some(0.0)
@@ -287,7 +265,7 @@ async fn case(sandbox: &Sandbox) -> anyhow::Result<()> {
         bytes_after * PUBLISHED as f64 == bytes_before * (PUBLISHED - CONSUMED) as f64,
         "spillway_queue_bytes went from {bytes_before} to {bytes_after}"
     );
-    eventually(sandbox, Component::Gateway, "3 acknowledged", |s| {
+    scrape_until(sandbox, Component::Gateway, "3 acknowledged", |s| {
         value(s, "spillway_messages_acknowledged_total", &[]).is_some_and(|n| n >= CONSUMED as f64)
     })
     .await?;
@@ -297,12 +275,12 @@ async fn case(sandbox: &Sandbox) -> anyhow::Result<()> {
     publisher
         .queue_delete(QUEUE.into(), QueueDeleteOptions::default())
         .await?;
-    eventually(sandbox, Component::Engine, "the queue gone", |s| {
+    scrape_until(sandbox, Component::Engine, "the queue gone", |s| {
         queue_value(s, "spillway_queue_messages").is_none()
     })
     .await?;
     conn.close(200, "bye".into()).await?;
-    eventually(sandbox, Component::Gateway, "no connection open", |s| {
+    scrape_until(sandbox, Component::Gateway, "no connection open", |s| {
         value(s, "spillway_connections", &[]) == Some(0.0)
             && value(s, "spillway_channels", &[]) == Some(0.0)
     })

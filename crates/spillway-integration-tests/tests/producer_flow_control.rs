@@ -4,17 +4,31 @@
 //! is lost; a producer to another queue is not slowed; a resume capacity
 //! above the capacity is refused; the store's disk quota blocks everyone
 //! until space is freed.
+//!
+//! A blocked lapin connection writes nothing (not even heartbeats) until it
+//! is unblocked, so a publish in flight when the block lands is held: the
+//! expected state here, not a hang. Producers run as tasks and every wait
+//! has a deadline.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions,
     QueueDeclareOptions, QueuePurgeOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Connection, Event};
-use spillway_integration_tests::{Sandbox, Wiring};
+use lapin::{BasicProperties, Channel, Connection, Event};
+use spillway_integration_tests::{both_wirings, eventually, Sandbox, Wiring};
+
+both_wirings!(
+    own_sandbox, timeout_secs = 120;
+    an_overfull_queue_blocks_its_producer_until_drained,
+    a_resume_capacity_above_the_capacity_is_refused,
+    the_store_quota_blocks_every_producer_until_space_is_freed,
+);
 
 const CAPACITY: i64 = 64 * 1024;
 const RESUME: i64 = 32 * 1024;
@@ -72,21 +86,19 @@ async fn publish_numbered(connection: Connection, queue: String, count: u64) -> 
     Ok(())
 }
 
-/// Waits for a blocked (`true`) or unblocked (`false`) event.
+/// Waits up to `deadline` for a blocked (`true`) or unblocked (`false`)
+/// event; returns the block's reason.
 async fn wait_for(
     events: &mut (impl futures::Stream<Item = Event> + Unpin),
     blocked: bool,
+    deadline: Duration,
 ) -> anyhow::Result<Option<String>> {
-    let deadline = Duration::from_secs(20);
+    let wanted = if blocked { "blocked" } else { "unblocked" };
+    let until = tokio::time::Instant::now() + deadline;
     loop {
-        let event = tokio::time::timeout(deadline, events.next())
+        let event = tokio::time::timeout_at(until, events.next())
             .await
-            .map_err(|_| {
-                anyhow::anyhow!(
-                    "no connection.{} within {deadline:?}",
-                    if blocked { "blocked" } else { "unblocked" }
-                )
-            })?
+            .map_err(|_| anyhow::anyhow!("no connection.{wanted} within {deadline:?}"))?
             .ok_or_else(|| anyhow::anyhow!("event stream ended"))?;
         match event {
             Event::ConnectionBlocked(reason) if blocked => return Ok(Some(reason)),
@@ -104,14 +116,17 @@ async fn an_overfull_queue_blocks_its_producer_until_drained(wiring: Wiring) -> 
 
     let producer = sandbox.connect().await?;
     let mut events = Box::pin(producer.events_listener());
-    let publishing = tokio::spawn(publish_numbered(producer, "capped".into(), MESSAGES));
+    // Spawned: once blocked it is held (lapin stops writing), the expected
+    // state until a consumer drains the queue.
+    let mut publishing = tokio::spawn(publish_numbered(producer, "capped".into(), MESSAGES));
 
-    let reason = wait_for(&mut events, true).await?;
+    let reason = wait_for(&mut events, true, Duration::from_secs(20)).await?;
     let reason = reason.unwrap_or_default();
     anyhow::ensure!(reason.contains("capped"), "blocked for '{reason}'");
-    // Held: it cannot have finished 400 KiB into a 64 KiB queue.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    anyhow::ensure!(!publishing.is_finished(), "the blocked producer finished");
+    // Held: it cannot finish 400 KiB into a 64 KiB queue, however long it is
+    // given (here 300 ms).
+    let held = tokio::time::timeout(Duration::from_millis(300), &mut publishing).await;
+    anyhow::ensure!(held.is_err(), "the blocked producer finished: {held:?}");
 
     // Another producer, to another queue, is not held.
     let other = sandbox.connect().await?;
@@ -158,7 +173,7 @@ async fn an_overfull_queue_blocks_its_producer_until_drained(wiring: Wiring) -> 
         .await
         .map_err(|_| anyhow::anyhow!("the producer never finished"))???;
     if !saw_unblocked {
-        wait_for(&mut events, false).await?;
+        wait_for(&mut events, false, Duration::from_secs(20)).await?;
     }
     let extra = tokio::time::timeout(Duration::from_millis(300), deliveries.next()).await;
     anyhow::ensure!(extra.is_err(), "more delivered than published");
@@ -178,18 +193,6 @@ async fn an_overfull_queue_blocks_its_producer_until_drained(wiring: Wiring) -> 
     }
     println!("{wiring:?}: unrelated producer published 200 confirmed in {unrelated:?} while the other was blocked");
     Ok(())
-}
-
-use futures::FutureExt;
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn in_process_an_overfull_queue_blocks_its_producer_until_drained() -> anyhow::Result<()> {
-    an_overfull_queue_blocks_its_producer_until_drained(Wiring::InProcess).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn separate_an_overfull_queue_blocks_its_producer_until_drained() -> anyhow::Result<()> {
-    an_overfull_queue_blocks_its_producer_until_drained(Wiring::Separate).await
 }
 
 async fn a_resume_capacity_above_the_capacity_is_refused(wiring: Wiring) -> anyhow::Result<()> {
@@ -212,14 +215,67 @@ async fn a_resume_capacity_above_the_capacity_is_refused(wiring: Wiring) -> anyh
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn in_process_a_resume_capacity_above_the_capacity_is_refused() -> anyhow::Result<()> {
-    a_resume_capacity_above_the_capacity_is_refused(Wiring::InProcess).await
+/// The store quota the test configures: small, so 64 KiB messages fill it
+/// quickly.
+const STORE_QUOTA: &str = "[store]\noverfull_size = \"4MiB\"\nunderfull_size = \"3MiB\"\n";
+/// Most messages of 64 KiB published before the quota must have blocked.
+const FILL_LIMIT: u64 = 2000;
+
+/// 64 KiB of pseudo-random bytes per call (xorshift from a fixed seed).
+fn noise() -> impl FnMut() -> Vec<u8> + Send {
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    move || {
+        (0..64 * 1024)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed as u8
+            })
+            .collect()
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn separate_a_resume_capacity_above_the_capacity_is_refused() -> anyhow::Result<()> {
-    a_resume_capacity_above_the_capacity_is_refused(Wiring::Separate).await
+/// Publishes persistent 64 KiB messages to `durable`, each confirmed before
+/// the next, until `stop` is set; returns how many it published.
+///
+/// Once the broker blocks the connection, lapin writes nothing more (not
+/// even heartbeats), so the publish in flight is held until the connection
+/// is unblocked: run this as a task and expect it to be held, never await it
+/// without a deadline. It owns `connection` so the connection lives as long
+/// as it publishes.
+async fn fill_until_stopped(
+    connection: Connection,
+    channel: Channel,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<u64> {
+    let mut noise = noise();
+    let persistent = BasicProperties::default().with_delivery_mode(2);
+    let mut published = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        anyhow::ensure!(
+            published < FILL_LIMIT,
+            "no block after {published} messages of 64 KiB"
+        );
+        let confirm = channel
+            .basic_publish(
+                "".into(),
+                "durable".into(),
+                BasicPublishOptions::default(),
+                &noise(),
+                persistent.clone(),
+            )
+            .await?;
+        confirm.await?;
+        published += 1;
+        if published.is_multiple_of(16) {
+            // Pacing, not a wait for a condition: bursts of 1 MiB leave the
+            // store's quota check time to see the disk fill.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    drop(connection);
+    Ok(published)
 }
 
 /// A small disk quota: persistent messages fill it, every producer is
@@ -227,14 +283,16 @@ async fn separate_a_resume_capacity_above_the_capacity_is_refused() -> anyhow::R
 /// a purge frees the space (the store flushes and compacts while overfull)
 /// and releases them. Bodies are pseudo-random: compression alone cannot
 /// bring the store back under its quota.
+///
+/// A blocked producer is held by design (see [`fill_until_stopped`]), so
+/// both producers run as tasks and the test only ever waits with a deadline.
 async fn the_store_quota_blocks_every_producer_until_space_is_freed(
     wiring: Wiring,
 ) -> anyhow::Result<()> {
-    let config = "[store]\noverfull_size = \"4MiB\"\nunderfull_size = \"3MiB\"\n";
-    let sandbox = Sandbox::start_with_config(wiring, config).await?;
-    let connection = sandbox.connect().await?;
-    let mut events = Box::pin(connection.events_listener());
-    let channel = connection.create_channel().await?;
+    let sandbox = Sandbox::start_with_config(wiring, STORE_QUOTA).await?;
+    let filler = sandbox.connect().await?;
+    let mut events = Box::pin(filler.events_listener());
+    let channel = filler.create_channel().await?;
     channel
         .queue_declare(
             "durable".into(),
@@ -248,65 +306,39 @@ async fn the_store_quota_blocks_every_producer_until_space_is_freed(
     channel
         .confirm_select(ConfirmSelectOptions::default())
         .await?;
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut noise = move || {
-        (0..64 * 1024)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                seed as u8
-            })
-            .collect::<Vec<u8>>()
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut filling = tokio::spawn(fill_until_stopped(filler, channel, stop.clone()));
+
+    let blocked = tokio::select! {
+        blocked = wait_for(&mut events, true, Duration::from_secs(60)) => blocked?,
+        ended = &mut filling => anyhow::bail!("the producer ended before it was blocked: {ended:?}"),
     };
-    let persistent = BasicProperties::default().with_delivery_mode(2);
-    let mut published = 0u64;
-    let blocked = loop {
-        if let Some(Some(Event::ConnectionBlocked(reason))) = events.next().now_or_never() {
-            break reason;
-        }
-        anyhow::ensure!(
-            published < 2000,
-            "no block after {published} messages of 64 KiB"
-        );
-        let body = noise();
-        let confirm = channel
-            .basic_publish(
-                "".into(),
-                "durable".into(),
-                BasicPublishOptions::default(),
-                &body,
-                persistent.clone(),
-            )
-            .await?;
-        confirm.await?;
-        published += 1;
-        if published.is_multiple_of(16) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
+    // Held now, or at its next publish: it stops after the one it is on.
+    stop.store(true, Ordering::SeqCst);
+    let blocked = blocked.unwrap_or_default();
     anyhow::ensure!(blocked.contains("store"), "blocked for '{blocked}'");
+
     // Every producer is blocked, not only the one that filled the disk: one
     // that publishes now is told as soon as it does.
     let other = sandbox.connect().await?;
     let other_channel = other.create_channel().await?;
-    other_channel
-        .basic_publish(
-            "".into(),
-            "durable".into(),
-            BasicPublishOptions::default(),
-            b"one",
-            BasicProperties::default(),
-        )
-        .await?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !other.status().blocked() {
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "a second producer was not blocked"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let other_publish = tokio::spawn(async move {
+        other_channel
+            .basic_publish(
+                "".into(),
+                "durable".into(),
+                BasicPublishOptions::default(),
+                b"one",
+                BasicProperties::default(),
+            )
+            .await
+    });
+    eventually(Duration::from_secs(10), || async {
+        other.status().blocked()
+    })
+    .await
+    .map_err(|error| error.context("a second producer was not blocked"))?;
+
     // A connection that only consumes is not blocked: it purges, which
     // frees the space and releases both producers.
     let consumer = sandbox.connect().await?;
@@ -315,10 +347,25 @@ async fn the_store_quota_blocks_every_producer_until_space_is_freed(
         !consumer.status().blocked(),
         "a consumer-only connection was blocked"
     );
-    admin
-        .queue_purge("durable".into(), QueuePurgeOptions::default())
-        .await?;
-    wait_for(&mut events, false).await?;
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        admin.queue_purge("durable".into(), QueuePurgeOptions::default()),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("the consumer-only connection's purge was held"))??;
+    wait_for(&mut events, false, Duration::from_secs(30)).await?;
+    eventually(Duration::from_secs(10), || async {
+        !other.status().blocked()
+    })
+    .await
+    .map_err(|error| error.context("the second producer was not released"))?;
+    // Released, both held publishes complete.
+    let published = tokio::time::timeout(Duration::from_secs(20), filling)
+        .await
+        .map_err(|_| anyhow::anyhow!("the released producer's publish did not complete"))???;
+    tokio::time::timeout(Duration::from_secs(10), other_publish)
+        .await
+        .map_err(|_| anyhow::anyhow!("the second producer's publish did not complete"))???;
     if wiring == Wiring::Separate {
         let logs = sandbox.logs();
         for line in [
@@ -330,16 +377,4 @@ async fn the_store_quota_blocks_every_producer_until_space_is_freed(
     }
     println!("{wiring:?}: blocked after {published} persistent messages of 64 KiB");
     Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn in_process_the_store_quota_blocks_every_producer_until_space_is_freed(
-) -> anyhow::Result<()> {
-    the_store_quota_blocks_every_producer_until_space_is_freed(Wiring::InProcess).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn separate_the_store_quota_blocks_every_producer_until_space_is_freed() -> anyhow::Result<()>
-{
-    the_store_quota_blocks_every_producer_until_space_is_freed(Wiring::Separate).await
 }

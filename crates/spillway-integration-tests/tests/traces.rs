@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use lapin::options::*;
@@ -22,7 +22,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
-use spillway_integration_tests::{Sandbox, Wiring};
+use spillway_integration_tests::{eventually, Sandbox, Wiring};
 
 const QUEUE: &str = "traced";
 
@@ -214,16 +214,15 @@ async fn case(
             FieldTable::default(),
         )
         .await?;
-    let delivery = consumer
-        .next()
+    let delivery = tokio::time::timeout(Duration::from_secs(10), consumer.next())
         .await
+        .map_err(|_| anyhow::anyhow!("the published message was not delivered"))?
         .ok_or_else(|| anyhow::anyhow!("consumer ended"))??;
     anyhow::ensure!(delivery.data == b"traced message");
     delivery.ack(BasicAckOptions::default()).await?;
 
     // One trace holding every expected (process, span) pair.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    eventually(Duration::from_secs(30), || async {
         let spans = collector.spans.lock().unwrap().clone();
         let mut traces: BTreeMap<String, BTreeSet<(String, String)>> = BTreeMap::new();
         for span in &spans {
@@ -237,12 +236,11 @@ async fn case(
                 .iter()
                 .all(|(service, name)| found.contains(&(service.to_string(), name.to_string())))
         });
-        if complete {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            anyhow::bail!("no trace holds all of {expected:?}; received {traces:#?}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        anyhow::ensure!(
+            complete,
+            "no trace holds all of {expected:?}; received {traces:#?}"
+        );
+        Ok(())
+    })
+    .await
 }
