@@ -78,6 +78,11 @@ fn parse_plain(response: &[u8]) -> Result<(String, String), AuthError> {
 /// A field table without its length prefix, holding LOGIN and PASSWORD.
 fn parse_amqplain(response: &[u8]) -> Result<(String, String), AuthError> {
     use amq_protocol::types::AMQPValue;
+    use spillway_proto::amqp::nesting;
+    // The table parser recurses: refuse deep nesting before it runs.
+    if nesting::check_table_entries(response, nesting::MAX_NESTING).is_err() {
+        return Err(AuthError::Malformed("AMQPLAIN"));
+    }
     let mut framed = (response.len() as u32).to_be_bytes().to_vec();
     framed.extend_from_slice(response);
     let Ok((_, table)) = amq_protocol::types::parsing::parse_field_table(&framed[..]) else {

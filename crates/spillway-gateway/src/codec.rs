@@ -6,6 +6,7 @@
 use amq_protocol::frame::{gen_frame, AMQPFrame, WriteContext};
 use amq_protocol::protocol::AMQPClass;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use spillway_proto::amqp::nesting::{self, NestingError};
 use tokio_util::codec::Decoder;
 
 pub const FRAME_METHOD: u8 = 1;
@@ -117,11 +118,35 @@ pub fn parse_content_header(payload: &Bytes) -> Option<ContentHeader> {
     })
 }
 
-pub fn parse_method(payload: &[u8]) -> Option<AMQPClass> {
-    match amq_protocol::protocol::parse_class(payload) {
-        Ok((_, class)) => Some(class),
-        Err(_) => None,
+/// Why a method frame could not be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MethodError {
+    /// Its field tables nest deeper than [`nesting::MAX_NESTING`]: refused
+    /// before the (recursive) parser runs, so no stack can overflow.
+    TooDeep,
+    /// Not a method amq-protocol can parse.
+    Unparsable,
+}
+
+pub fn parse_method(payload: &[u8]) -> Result<AMQPClass, MethodError> {
+    match nesting::check_method(payload, nesting::MAX_NESTING) {
+        Ok(()) => {}
+        Err(NestingError::TooDeep { .. }) => return Err(MethodError::TooDeep),
+        Err(NestingError::Malformed) => return Err(MethodError::Unparsable),
     }
+    match amq_protocol::protocol::parse_class(payload) {
+        Ok((_, class)) => Ok(class),
+        Err(_) => Err(MethodError::Unparsable),
+    }
+}
+
+/// The error for field tables nested past the limit, in a method or in a
+/// content header's `headers`.
+pub fn too_deep_text() -> String {
+    NestingError::TooDeep {
+        limit: nesting::MAX_NESTING,
+    }
+    .to_string()
 }
 
 /// Outbound frames accumulate here until the connection flushes them.

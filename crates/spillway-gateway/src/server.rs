@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 use tokio_util::codec::FramedRead;
 use tokio_util::task::TaskTracker;
 
-use crate::codec::{FrameDecoder, FrameError, FrameWriter, PROTOCOL_HEADER};
+use crate::codec::{FrameDecoder, FrameError, FrameWriter, MIN_FRAME_MAX, PROTOCOL_HEADER};
 use crate::connection::{
     write_connection_close, Connection, ConnectionError, Handshake, HandshakeStep, Next,
 };
@@ -169,10 +169,12 @@ async fn serve_connection(
         return Ok(());
     }
     let (read_half, mut write_half) = stream.into_split();
+    // Until tune-ok, frames are held to the spec's minimum frame-max (as
+    // RabbitMQ does): a peer that has not logged in gets no large buffers.
     let mut frames = FramedRead::new(
         read_half,
         FrameDecoder {
-            frame_max: config.frame_max as usize,
+            frame_max: MIN_FRAME_MAX as usize,
         },
     );
     let mut out = FrameWriter::default();
@@ -199,7 +201,8 @@ async fn serve_connection(
             Err(error) => {
                 write_connection_close(&error, &mut out);
                 write_half.write_all(&out.take()).await?;
-                drain_until_close_ok(&mut frames).await;
+                let _ =
+                    tokio::time::timeout(CLOSE_TIMEOUT, drain_until_close_ok(&mut frames)).await;
                 return Ok(());
             }
         }
@@ -383,7 +386,7 @@ where
         if frame.kind != crate::codec::FRAME_METHOD || frame.channel != 0 {
             continue;
         }
-        if let Some(AMQPClass::Connection(
+        if let Ok(AMQPClass::Connection(
             conn::AMQPMethod::CloseOk(_) | conn::AMQPMethod::Close(_),
         )) = crate::codec::parse_method(&frame.payload)
         {

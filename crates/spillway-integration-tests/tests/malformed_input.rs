@@ -13,7 +13,7 @@ use spillway_integration_tests::{both_wirings, Sandbox};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-both_wirings!(timeout_secs = 300; malformed_input);
+both_wirings!(timeout_secs = 300; malformed_input, hostile_nesting);
 
 const HEADER: &[u8] = b"AMQP\x00\x00\x09\x01";
 
@@ -37,6 +37,11 @@ async fn read_frame(socket: &mut TcpStream) -> anyhow::Result<AMQPFrame> {
 
 /// Connects and completes the handshake with frame_max 4096.
 async fn open_connection(sandbox: &Sandbox) -> anyhow::Result<TcpStream> {
+    open_connection_with(sandbox, 4096).await
+}
+
+/// Connects and completes the handshake with the given frame_max.
+async fn open_connection_with(sandbox: &Sandbox, frame_max: u32) -> anyhow::Result<TcpStream> {
     let mut socket = TcpStream::connect(sandbox.amqp_addr()).await?;
     socket.write_all(HEADER).await?;
     let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Start(_))) =
@@ -63,7 +68,7 @@ async fn open_connection(sandbox: &Sandbox) -> anyhow::Result<TcpStream> {
     };
     let tune_ok = connection::TuneOk {
         channel_max: 16,
-        frame_max: 4096,
+        frame_max,
         heartbeat: 0,
     };
     socket
@@ -91,6 +96,11 @@ async fn open_connection(sandbox: &Sandbox) -> anyhow::Result<TcpStream> {
 
 /// Reads until a connection.close arrives; returns its reply code.
 async fn expect_connection_close(socket: &mut TcpStream) -> anyhow::Result<u16> {
+    Ok(expect_connection_close_text(socket).await?.0)
+}
+
+/// Reads until a connection.close arrives; returns its reply code and text.
+async fn expect_connection_close_text(socket: &mut TcpStream) -> anyhow::Result<(u16, String)> {
     loop {
         if let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Close(close))) =
             read_frame(socket).await?
@@ -100,7 +110,7 @@ async fn expect_connection_close(socket: &mut TcpStream) -> anyhow::Result<u16> 
                 AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {})),
             );
             let _ = socket.write_all(&encode(close_ok)).await;
-            return Ok(close.reply_code);
+            return Ok((close.reply_code, close.reply_text.to_string()));
         }
     }
 }
@@ -247,4 +257,124 @@ async fn random_frames(sandbox: &Sandbox) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A field table nested `depth` levels deep (each level one entry "k"
+/// holding the next table), written straight out: amq-protocol's encoder
+/// recurses as its parser does.
+fn deep_table(depth: usize) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(7 * depth);
+    for level in (2..=depth).rev() {
+        bytes.extend_from_slice(&(7 * (level - 1) as u32).to_be_bytes());
+        bytes.extend_from_slice(&[1, b'k', b'F']);
+    }
+    bytes.extend_from_slice(&[0, 0, 0, 0]);
+    bytes
+}
+
+fn raw_frame(kind: u8, channel: u16, payload: &[u8]) -> Vec<u8> {
+    let mut frame = vec![kind];
+    frame.extend_from_slice(&channel.to_be_bytes());
+    frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame.push(0xCE);
+    frame
+}
+
+/// A connection.start-ok whose client properties are `properties`.
+fn start_ok_with(properties: &[u8]) -> Vec<u8> {
+    let mut payload = vec![0, 10, 0, 11];
+    payload.extend_from_slice(properties);
+    payload.extend_from_slice(&[5, b'P', b'L', b'A', b'I', b'N']);
+    let response = b"\0guest\0guest";
+    payload.extend_from_slice(&(response.len() as u32).to_be_bytes());
+    payload.extend_from_slice(response);
+    payload.extend_from_slice(&[5, b'e', b'n', b'_', b'U', b'S']);
+    raw_frame(1, 0, &payload)
+}
+
+async fn await_start(socket: &mut TcpStream) -> anyhow::Result<()> {
+    socket.write_all(HEADER).await?;
+    let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Start(_))) =
+        read_frame(socket).await?
+    else {
+        anyhow::bail!("expected connection.start");
+    };
+    Ok(())
+}
+
+/// Field tables nested thousands deep, where a client can put them, once
+/// aborted the whole broker (the recursive parser overflowed its stack).
+/// Each now closes that one connection with 501, and the broker serves on.
+async fn hostile_nesting(sandbox: &mut Sandbox) -> anyhow::Result<()> {
+    // Before login: 18,000 levels in one 126 KB start-ok. Frames past 4096
+    // bytes are refused until tune-ok.
+    let mut socket = TcpStream::connect(sandbox.amqp_addr()).await?;
+    await_start(&mut socket).await?;
+    let _ = socket.write_all(&start_ok_with(&deep_table(18_000))).await;
+    let (code, text) = expect_connection_close_text(&mut socket).await?;
+    anyhow::ensure!(code == 501 && text.contains("4096"), "{code} {text}");
+    broker_still_serves(sandbox).await?;
+
+    // Before login, within 4096 bytes: 500 levels, refused by depth.
+    let mut socket = TcpStream::connect(sandbox.amqp_addr()).await?;
+    await_start(&mut socket).await?;
+    let _ = socket.write_all(&start_ok_with(&deep_table(500))).await;
+    let (code, text) = expect_connection_close_text(&mut socket).await?;
+    anyhow::ensure!(
+        code == 501 && text.contains("nested deeper than 64"),
+        "{code} {text}"
+    );
+
+    // After login with a 128 KiB frame-max: queue.declare arguments 18,000
+    // levels deep.
+    let mut socket = open_connection_with(sandbox, 131_072).await?;
+    socket
+        .write_all(&encode(AMQPFrame::Method(
+            1,
+            AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+        )))
+        .await?;
+    let AMQPFrame::Method(1, AMQPClass::Channel(channel::AMQPMethod::OpenOk(_))) =
+        read_frame(&mut socket).await?
+    else {
+        anyhow::bail!("expected channel.open-ok");
+    };
+    let mut declare = vec![0, 50, 0, 10, 0, 0, 1, b'q', 0];
+    declare.extend_from_slice(&deep_table(18_000));
+    let _ = socket.write_all(&raw_frame(1, 1, &declare)).await;
+    let (code, text) = expect_connection_close_text(&mut socket).await?;
+    anyhow::ensure!(
+        code == 501 && text.contains("nested deeper than 64"),
+        "{code} {text}"
+    );
+
+    // A publish whose headers property nests 18,000 levels.
+    let mut socket = open_connection_with(sandbox, 131_072).await?;
+    socket
+        .write_all(&encode(AMQPFrame::Method(
+            1,
+            AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+        )))
+        .await?;
+    let AMQPFrame::Method(1, AMQPClass::Channel(channel::AMQPMethod::OpenOk(_))) =
+        read_frame(&mut socket).await?
+    else {
+        anyhow::bail!("expected channel.open-ok");
+    };
+    // basic.publish: reserved short, exchange "", routing key "q", flags.
+    let publish = [0, 60, 0, 40, 0, 0, 0, 1, b'q', 0];
+    // content header: class 60, weight 0, body size 1, flags: headers only.
+    let mut header = vec![0, 60, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0x20, 0x00];
+    header.extend_from_slice(&deep_table(18_000));
+    let mut bytes = raw_frame(1, 1, &publish);
+    bytes.extend(raw_frame(2, 1, &header));
+    let _ = socket.write_all(&bytes).await;
+    let (code, text) = expect_connection_close_text(&mut socket).await?;
+    anyhow::ensure!(
+        code == 501 && text.contains("nested deeper than 64"),
+        "{code} {text}"
+    );
+
+    broker_still_serves(sandbox).await
 }

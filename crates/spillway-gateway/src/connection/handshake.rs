@@ -124,11 +124,15 @@ impl<'a> Handshake<'a> {
                 ))
             }
         }
-        let Some(AMQPClass::Connection(method)) = codec::parse_method(&frame.payload) else {
-            return Err(ConnectionError::new(
-                reply_code::COMMAND_INVALID,
-                "expected a connection method during the handshake",
-            ));
+        let method = match codec::parse_method(&frame.payload) {
+            Ok(AMQPClass::Connection(method)) => method,
+            Err(codec::MethodError::TooDeep) => return Err(super::too_deep(&frame.payload)),
+            _ => {
+                return Err(ConnectionError::new(
+                    reply_code::COMMAND_INVALID,
+                    "expected a connection method during the handshake",
+                ))
+            }
         };
         match (&self.stage, method) {
             (Stage::StartOk, conn::AMQPMethod::StartOk(start_ok)) => {

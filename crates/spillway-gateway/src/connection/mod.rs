@@ -268,8 +268,12 @@ impl Connection {
                 Ok(Next::Continue)
             }
             codec::FRAME_METHOD => {
-                let Some(method) = codec::parse_method(&frame.payload) else {
-                    return Err(unparsable_method(&frame.payload));
+                let method = match codec::parse_method(&frame.payload) {
+                    Ok(method) => method,
+                    Err(codec::MethodError::TooDeep) => return Err(too_deep(&frame.payload)),
+                    Err(codec::MethodError::Unparsable) => {
+                        return Err(unparsable_method(&frame.payload))
+                    }
                 };
                 if frame.channel == 0 {
                     return self.on_connection_method(method, out);
@@ -556,6 +560,13 @@ fn short(text: &str) -> ShortString {
 
 /// The error for a method frame amq-protocol cannot parse: a known class is
 /// a malformed frame, an unknown one an invalid command.
+/// Field tables nested past the limit close the connection: the frame is
+/// hostile, not a mistake a channel can recover from.
+fn too_deep(payload: &[u8]) -> ConnectionError {
+    let failed = MethodId::from_payload(payload).unwrap_or(MethodId::NONE);
+    ConnectionError::new(reply_code::FRAME_ERROR, codec::too_deep_text()).on(failed)
+}
+
 fn unparsable_method(payload: &[u8]) -> ConnectionError {
     let failed = MethodId::from_payload(payload).unwrap_or_else(|| {
         // Fewer than four bytes: the class, if there is one, and no method.

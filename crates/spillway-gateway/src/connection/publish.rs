@@ -6,6 +6,7 @@
 
 use amq_protocol::protocol::basic;
 use bytes::{Bytes, BytesMut};
+use spillway_proto::amqp::nesting::{self, NestingError};
 use spillway_proto::amqp::{reply_code, MethodId};
 use spillway_proto::engine::{self as pb, session_command::Command, SessionCommand};
 
@@ -66,6 +67,14 @@ impl Connection {
                 "malformed content header",
             ));
         };
+        if let Err(NestingError::TooDeep { .. }) =
+            nesting::check_content_header(&frame.payload, nesting::MAX_NESTING)
+        {
+            return Err(ConnectionError::new(
+                reply_code::FRAME_ERROR,
+                codec::too_deep_text(),
+            ));
+        }
         if header.class_id != BASIC_CLASS {
             return Err(ConnectionError::new(
                 reply_code::FRAME_ERROR,

@@ -37,7 +37,7 @@ fn methods(frames: &[RawFrame]) -> Vec<(u16, AMQPClass)> {
     frames
         .iter()
         .filter(|frame| frame.kind == FRAME_METHOD)
-        .filter_map(|frame| Some((frame.channel, codec::parse_method(&frame.payload)?)))
+        .filter_map(|frame| Some((frame.channel, codec::parse_method(&frame.payload).ok()?)))
         .collect()
 }
 
