@@ -1,3 +1,6 @@
+//! `EngineService`: the engine's gRPC face for gateways in other processes.
+//! Each `Engine.Session` stream is one client connection, served by the same
+//! in-process `Engine::open_session` the all-in-one wiring calls directly.
 use std::pin::Pin;
 
 use futures::Stream;

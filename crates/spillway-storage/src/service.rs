@@ -1,3 +1,6 @@
+//! `StorageService`: the storage node's gRPC face. Every call is a thin
+//! translation onto a `StorageApi` (a `RocksStore` in practice), so the
+//! engine sees the same behaviour through either wiring.
 use std::pin::Pin;
 use std::sync::Arc;
 

@@ -1,3 +1,7 @@
+//! `RocksStore`: the `StorageApi` over RocksDB. One write batch per engine
+//! batch (the group commit), with the durability it asks for; the key layout
+//! is in `keys.rs`; start-up checks the layout version, and `remove_orphans`
+//! deletes records no queue entry holds.
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
