@@ -22,6 +22,8 @@ mod metrics;
 mod quota;
 mod service;
 mod store;
+#[cfg(test)]
+mod test_ops;
 
 pub use memory::MemoryStore;
 pub use service::StorageService;

@@ -296,50 +296,21 @@ impl StorageApi for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use spillway_proto::storage::{Durability, MessageId, QueueEntryKey, QueueKey, WriteOp};
-
-    fn op(op: write_op::Op) -> WriteOp {
-        WriteOp { op: Some(op) }
-    }
-
-    fn put_message(id: u64) -> WriteOp {
-        op(write_op::Op::PutMessage(MessageRecord {
-            id,
-            body: vec![id as u8; 3].into(),
-            persistent: true,
-            ..Default::default()
-        }))
-    }
-
-    fn put_entry(queue: &str, id: u64) -> WriteOp {
-        op(write_op::Op::PutQueueEntry(QueueEntry {
-            vhost: "/".into(),
-            queue: queue.into(),
-            id,
-            body_size: 3,
-            redelivered: false,
-        }))
-    }
-
-    fn batch(ops: Vec<WriteOp>) -> WriteBatch {
-        WriteBatch {
-            ops,
-            durability: Durability::Synced.into(),
-        }
-    }
+    use crate::test_ops::{op, put_entry, put_message, synced};
+    use spillway_proto::storage::{MessageId, QueueEntryKey, QueueKey};
 
     #[test]
     fn entries_in_id_order_deletes_apply_and_a_deleted_queue_takes_its_entries(
     ) -> Result<(), ServiceError> {
         let store = MemoryStore::new();
-        store.write_batch(&batch(vec![
+        store.write_batch(&synced(vec![
             put_message(300),
             put_entry("q", 300),
             put_message(2),
             put_entry("q", 2),
             put_entry("q2", 2),
         ]));
-        store.write_batch(&batch(vec![
+        store.write_batch(&synced(vec![
             op(write_op::Op::DeleteQueueEntry(QueueEntryKey {
                 vhost: "/".into(),
                 queue: "q".into(),
@@ -353,7 +324,7 @@ mod tests {
         assert_eq!(ids, vec![2, 7]);
         let read: Vec<u64> = store.read(&[7, 300, 2])?.iter().map(|m| m.id).collect();
         assert_eq!(read, vec![7, 2]);
-        store.write_batch(&batch(vec![op(write_op::Op::DeleteQueue(QueueKey {
+        store.write_batch(&synced(vec![op(write_op::Op::DeleteQueue(QueueKey {
             vhost: "/".into(),
             name: "q".into(),
         }))]));
@@ -365,7 +336,7 @@ mod tests {
     #[test]
     fn orphans_are_the_records_no_entry_holds() -> Result<(), ServiceError> {
         let store = MemoryStore::new();
-        store.write_batch(&batch(vec![
+        store.write_batch(&synced(vec![
             put_message(1),
             put_entry("q", 1),
             put_message(2),
@@ -395,14 +366,14 @@ mod tests {
             arguments: Default::default(),
             to_exchange: false,
         };
-        store.write_batch(&batch(vec![
+        store.write_batch(&synced(vec![
             op(write_op::Op::PutQueue(queue.clone())),
             op(write_op::Op::PutBinding(binding.clone())),
         ]));
         let definitions = store.definitions()?;
         assert_eq!(definitions.queues, vec![queue]);
         assert_eq!(definitions.bindings, vec![binding.clone()]);
-        store.write_batch(&batch(vec![op(write_op::Op::DeleteBinding(binding))]));
+        store.write_batch(&synced(vec![op(write_op::Op::DeleteBinding(binding))]));
         assert!(store.definitions()?.bindings.is_empty());
         Ok(())
     }

@@ -451,37 +451,8 @@ impl StorageApi for RocksStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use spillway_proto::storage::{MessageId, QueueEntryKey, QueueKey, WriteOp};
-
-    fn op(op: write_op::Op) -> WriteOp {
-        WriteOp { op: Some(op) }
-    }
-
-    fn put_message(id: u64) -> WriteOp {
-        op(write_op::Op::PutMessage(MessageRecord {
-            id,
-            body: vec![id as u8; 3].into(),
-            persistent: true,
-            ..Default::default()
-        }))
-    }
-
-    fn put_entry(queue: &str, id: u64) -> WriteOp {
-        op(write_op::Op::PutQueueEntry(QueueEntry {
-            vhost: "/".into(),
-            queue: queue.into(),
-            id,
-            body_size: 3,
-            redelivered: false,
-        }))
-    }
-
-    fn synced(ops: Vec<WriteOp>) -> WriteBatch {
-        WriteBatch {
-            ops,
-            durability: Durability::Synced.into(),
-        }
-    }
+    use crate::test_ops::{op, put_entry, put_message, synced};
+    use spillway_proto::storage::{MessageId, QueueEntryKey, QueueKey};
 
     #[test]
     fn entries_survive_reopen_in_id_order_and_deletes_apply() -> Result<(), StoreError> {
