@@ -43,6 +43,9 @@ pub struct GatewayConfig {
     /// Body bytes a connection blocked by producer flow control may still
     /// publish before the gateway stops reading its socket.
     pub blocked_overdraft: u64,
+    /// How long a client has from connecting to `connection.open-ok`
+    /// (RabbitMQ's default, 10 s); then it is closed, logged in or not.
+    pub handshake_timeout: std::time::Duration,
 }
 
 impl Default for GatewayConfig {
@@ -54,6 +57,7 @@ impl Default for GatewayConfig {
             max_message_size: 128 * 1024 * 1024,
             users: vec![User::guest()],
             blocked_overdraft: 1024 * 1024,
+            handshake_timeout: std::time::Duration::from_secs(10),
         }
     }
 }

@@ -33,8 +33,15 @@ use crate::heartbeat::SilenceClock;
 use crate::metrics::GatewayMetrics;
 use crate::GatewayConfig;
 
-/// How long a client has to send its protocol header and finish the handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// TCP keepalive on client sockets: a peer that vanished without a FIN (a
+/// cable pulled, a host gone) is found after about 60 s of silence plus six
+/// unanswered probes 10 s apart, even with heartbeats off or suspended.
+fn keepalive() -> socket2::TcpKeepalive {
+    socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(60))
+        .with_interval(Duration::from_secs(10))
+        .with_retries(6)
+}
 /// How long we wait for close-ok after closing a connection on an error.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(3);
 /// Engine events handled before outbound bytes are flushed.
@@ -127,6 +134,9 @@ async fn accept_loop(
                     }
                 };
                 let _ = stream.set_nodelay(true);
+                if let Err(error) = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive()) {
+                    tracing::debug!(%peer, %error, "could not turn on tcp keepalive");
+                }
                 let engine = engine.clone();
                 let config = config.clone();
                 let stopped = stopped.clone();
@@ -155,11 +165,17 @@ async fn serve_connection(
     mut stopped: watch::Receiver<bool>,
     metrics: GatewayMetrics,
 ) -> std::io::Result<()> {
+    // One deadline from accept to open-ok, whatever the client does or
+    // fails to do meanwhile (RabbitMQ's handshake_timeout).
+    let deadline = tokio::time::sleep(config.handshake_timeout);
+    tokio::pin!(deadline);
     let mut header = [0u8; 8];
-    match tokio::time::timeout(HANDSHAKE_TIMEOUT, stream.read_exact(&mut header)).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(error)) => return Err(error),
-        Err(_) => return Ok(()),
+    tokio::select! {
+        _ = &mut deadline => {
+            tracing::debug!(%peer, "no protocol header before the handshake timeout");
+            return Ok(());
+        }
+        read = stream.read_exact(&mut header) => { read?; }
     }
     if &header != PROTOCOL_HEADER {
         // Spec 4.2.2: answer with the protocol we speak, then close.
@@ -183,11 +199,12 @@ async fn serve_connection(
     let mut handshake = Handshake::new(&config, peer);
     handshake.start(&mut out);
     write_half.write_all(&out.take()).await?;
-    let deadline = tokio::time::sleep(HANDSHAKE_TIMEOUT);
-    tokio::pin!(deadline);
     let negotiated = loop {
         let frame = tokio::select! {
-            _ = &mut deadline => return Ok(()),
+            _ = &mut deadline => {
+                tracing::info!(%peer, timeout = ?config.handshake_timeout, "handshake not finished in time, closing");
+                return Ok(());
+            }
             frame = frames.next() => frame,
         };
         let step = match frame {

@@ -9,11 +9,28 @@ use std::time::Duration;
 use amq_protocol::frame::{gen_frame, parse_frame, AMQPFrame, WriteContext};
 use amq_protocol::protocol::{channel, connection, queue, AMQPClass};
 use amq_protocol::types::FieldTable;
-use spillway_integration_tests::{both_wirings, Sandbox};
+use spillway_integration_tests::{both_wirings, run_wiring_case, Sandbox, Wiring};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 both_wirings!(timeout_secs = 300; malformed_input, hostile_nesting);
+
+// One `both_wirings!` per file: these two need their own configured sandbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_process_silent_clients_are_closed_at_the_handshake_timeout() {
+    run_wiring_case(Wiring::InProcess, Duration::from_secs(60), |wiring| {
+        silent_clients_are_closed_at_the_handshake_timeout(wiring)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn separate_processes_silent_clients_are_closed_at_the_handshake_timeout() {
+    run_wiring_case(Wiring::Separate, Duration::from_secs(60), |wiring| {
+        silent_clients_are_closed_at_the_handshake_timeout(wiring)
+    })
+    .await
+}
 
 const HEADER: &[u8] = b"AMQP\x00\x00\x09\x01";
 
@@ -377,4 +394,34 @@ async fn hostile_nesting(sandbox: &mut Sandbox) -> anyhow::Result<()> {
     );
 
     broker_still_serves(sandbox).await
+}
+
+/// Reads until the broker closes the socket; returns when that was.
+async fn closed_at(socket: &mut TcpStream, limit: Duration) -> anyhow::Result<std::time::Instant> {
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut sink = [0u8; 512];
+    loop {
+        match tokio::time::timeout_at(deadline, socket.read(&mut sink)).await {
+            Err(_) => anyhow::bail!("still open after {limit:?}"),
+            Ok(Ok(0)) | Ok(Err(_)) => return Ok(std::time::Instant::now()),
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// A client that connects and says nothing, or stops after the protocol
+/// header, is closed once `gateway.handshake_timeout` has passed, not kept.
+async fn silent_clients_are_closed_at_the_handshake_timeout(wiring: Wiring) -> anyhow::Result<()> {
+    let sandbox =
+        Sandbox::start_with_config(wiring, "[gateway]\nhandshake_timeout = \"1s\"\n").await?;
+    let connected = std::time::Instant::now();
+    let mut silent = TcpStream::connect(sandbox.amqp_addr()).await?;
+    let mut after_header = TcpStream::connect(sandbox.amqp_addr()).await?;
+    await_start(&mut after_header).await?;
+    for socket in [&mut silent, &mut after_header] {
+        let took = closed_at(socket, Duration::from_secs(10)).await? - connected;
+        // Counted from connect: the second must have passed, give or take.
+        anyhow::ensure!(took >= Duration::from_millis(900), "closed after {took:?}");
+    }
+    broker_still_serves(&sandbox).await
 }

@@ -38,6 +38,9 @@ pub struct GatewaySettings {
     /// publish before the gateway stops reading it.
     #[serde(deserialize_with = "sizes::required")]
     pub blocked_overdraft: u64,
+    /// From accept to `connection.open-ok`: `10s`, or plain milliseconds.
+    #[serde(deserialize_with = "durations::millis_or_text")]
+    pub handshake_timeout: Duration,
 }
 
 impl Default for GatewaySettings {
@@ -52,6 +55,7 @@ impl Default for GatewaySettings {
             max_message_size: protocol.max_message_size,
             users: protocol.users,
             blocked_overdraft: protocol.blocked_overdraft,
+            handshake_timeout: protocol.handshake_timeout,
         }
     }
 }
@@ -65,6 +69,7 @@ impl GatewaySettings {
             max_message_size: self.max_message_size,
             users: self.users.clone(),
             blocked_overdraft: self.blocked_overdraft,
+            handshake_timeout: self.handshake_timeout,
         }
     }
 }
