@@ -28,6 +28,7 @@ both_wirings!(
     an_overfull_queue_blocks_its_producer_until_drained,
     a_resume_capacity_above_the_capacity_is_refused,
     the_store_quota_blocks_every_producer_until_space_is_freed,
+    a_blocked_producer_outlives_its_heartbeat_timeout,
 );
 
 const CAPACITY: i64 = 64 * 1024;
@@ -376,5 +377,57 @@ async fn the_store_quota_blocks_every_producer_until_space_is_freed(
         }
     }
     println!("{wiring:?}: blocked after {published} persistent messages of 64 KiB");
+    Ok(())
+}
+
+/// lapin writes nothing, heartbeats included, while it is blocked. The
+/// gateway suspends heartbeat expiry for a blocked connection (as RabbitMQ
+/// pauses its heartbeat monitor), so a producer held far longer than two
+/// heartbeat intervals is still connected, and finishes once released.
+async fn a_blocked_producer_outlives_its_heartbeat_timeout(wiring: Wiring) -> anyhow::Result<()> {
+    const HEARTBEAT_SECS: u64 = 1;
+    let sandbox = Sandbox::start(wiring).await?;
+    let setup = sandbox.connect().await?;
+    declare(&setup, "capped", capacity_arguments(CAPACITY, RESUME)).await?;
+    let uri = format!("{}?heartbeat={HEARTBEAT_SECS}", sandbox.amqp_uri());
+    let producer = Connection::connect(&uri, lapin::ConnectionProperties::default()).await?;
+    let status = producer.status().clone();
+    let mut events = Box::pin(producer.events_listener());
+    let publishing = tokio::spawn(publish_numbered(producer, "capped".into(), MESSAGES));
+    wait_for(&mut events, true, Duration::from_secs(20)).await?;
+
+    // Held, and silent, for four heartbeat intervals: twice what would
+    // count as dead if the block did not suspend expiry. What is checked is
+    // that nothing happens meanwhile, so this wait is a fixed one.
+    tokio::time::sleep(Duration::from_secs(4 * HEARTBEAT_SECS)).await;
+    anyhow::ensure!(
+        status.connected() && !publishing.is_finished(),
+        "the blocked producer was dropped: {status:?}"
+    );
+
+    // Drained, it is released and finishes on the same connection.
+    let consumer = sandbox.connect().await?;
+    let channel = consumer.create_channel().await?;
+    let mut deliveries = channel
+        .basic_consume(
+            "capped".into(),
+            "drain".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    for expected in 0..MESSAGES {
+        tokio::time::timeout(Duration::from_secs(20), deliveries.next())
+            .await
+            .map_err(|_| anyhow::anyhow!("stalled at message {expected}"))?
+            .ok_or_else(|| anyhow::anyhow!("consumer ended"))??;
+    }
+    tokio::time::timeout(Duration::from_secs(20), publishing)
+        .await
+        .map_err(|_| anyhow::anyhow!("the producer never finished"))???;
+    anyhow::ensure!(status.connected(), "disconnected after release: {status:?}");
     Ok(())
 }
