@@ -19,6 +19,7 @@ pub mod auth;
 pub mod codec;
 pub mod connection;
 pub mod heartbeat;
+pub mod limits;
 pub mod metrics;
 pub mod server;
 
@@ -46,6 +47,8 @@ pub struct GatewayConfig {
     /// How long a client has from connecting to `connection.open-ok`
     /// (RabbitMQ's default, 10 s); then it is closed, logged in or not.
     pub handshake_timeout: std::time::Duration,
+    /// Most connections this gateway holds open at once; 0 = no maximum.
+    pub max_connections: usize,
 }
 
 impl Default for GatewayConfig {
@@ -58,6 +61,7 @@ impl Default for GatewayConfig {
             users: vec![User::guest()],
             blocked_overdraft: 1024 * 1024,
             handshake_timeout: std::time::Duration::from_secs(10),
+            max_connections: 0,
         }
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
-use spillway_proto::amqp::reply_code;
+use spillway_proto::amqp::{reply_code, MethodId};
 use spillway_proto::engine::{
     session_command::Command, DeliveriesWritten, SessionCommand, SessionEvent,
 };
@@ -30,6 +30,7 @@ use crate::connection::{
     write_connection_close, Connection, ConnectionError, Handshake, HandshakeStep, Next,
 };
 use crate::heartbeat::SilenceClock;
+use crate::limits::ConnectionSlots;
 use crate::metrics::GatewayMetrics;
 use crate::GatewayConfig;
 
@@ -80,14 +81,14 @@ impl AmqpServer {
         let config = Arc::new(config);
         tracing::info!(code = "BRK-1002", %addr, "BRK-1002 : Starting : Listening on TCP port {}", addr.port());
         let connections = TaskTracker::new();
-        let accept_loop = tokio::spawn(accept_loop(
-            listener,
+        let context = ConnectionContext {
             engine,
+            slots: ConnectionSlots::new(config.max_connections),
             config,
-            stopped,
-            connections.clone(),
             metrics,
-        ));
+        };
+        let accept_loop =
+            tokio::spawn(accept_loop(listener, context, stopped, connections.clone()));
         Ok(Self {
             addr,
             stop,
@@ -113,13 +114,20 @@ impl Server for AmqpServer {
     }
 }
 
-async fn accept_loop(
-    listener: TcpListener,
+/// What every connection of one gateway shares.
+#[derive(Clone)]
+struct ConnectionContext {
     engine: Arc<dyn EngineApi>,
     config: Arc<GatewayConfig>,
+    metrics: GatewayMetrics,
+    slots: ConnectionSlots,
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    context: ConnectionContext,
     mut stopped: watch::Receiver<bool>,
     connections: TaskTracker,
-    metrics: GatewayMetrics,
 ) {
     loop {
         tokio::select! {
@@ -137,13 +145,11 @@ async fn accept_loop(
                 if let Err(error) = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive()) {
                     tracing::debug!(%peer, %error, "could not turn on tcp keepalive");
                 }
-                let engine = engine.clone();
-                let config = config.clone();
+                let context = context.clone();
                 let stopped = stopped.clone();
-                let metrics = metrics.clone();
                 connections.spawn(async move {
                     tracing::debug!(%peer, "connection accepted");
-                    if let Err(error) = serve_connection(stream, peer, engine, config, stopped, metrics).await {
+                    if let Err(error) = serve_connection(stream, peer, context, stopped).await {
                         tracing::debug!(%peer, %error, "connection ended with an i/o error");
                     }
                 });
@@ -160,11 +166,15 @@ struct Outbound {
 async fn serve_connection(
     mut stream: TcpStream,
     peer: SocketAddr,
-    engine: Arc<dyn EngineApi>,
-    config: Arc<GatewayConfig>,
+    context: ConnectionContext,
     mut stopped: watch::Receiver<bool>,
-    metrics: GatewayMetrics,
 ) -> std::io::Result<()> {
+    let ConnectionContext {
+        engine,
+        config,
+        metrics,
+        slots,
+    } = context;
     // One deadline from accept to open-ok, whatever the client does or
     // fails to do meanwhile (RabbitMQ's handshake_timeout).
     let deadline = tokio::time::sleep(config.handshake_timeout);
@@ -226,6 +236,22 @@ async fn serve_connection(
         if !out.is_empty() {
             write_half.write_all(&out.take()).await?;
         }
+    };
+    // Held until this function returns, however the connection ends.
+    let Some(_slot) = slots.take() else {
+        tracing::warn!(%peer, limit = slots.max(), "connection refused: node connection limit reached");
+        let error = ConnectionError::new(
+            reply_code::NOT_ALLOWED,
+            format!(
+                "connection refused: node connection limit ({}) is reached",
+                slots.max()
+            ),
+        )
+        .on(MethodId::CONNECTION_OPEN);
+        write_connection_close(&error, &mut out);
+        write_half.write_all(&out.take()).await?;
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, drain_until_close_ok(&mut frames)).await;
+        return Ok(());
     };
     frames.decoder_mut().frame_max = negotiated.frame_max as usize;
 

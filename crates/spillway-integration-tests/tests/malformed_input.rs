@@ -9,7 +9,7 @@ use std::time::Duration;
 use amq_protocol::frame::{gen_frame, parse_frame, AMQPFrame, WriteContext};
 use amq_protocol::protocol::{channel, connection, queue, AMQPClass};
 use amq_protocol::types::FieldTable;
-use spillway_integration_tests::{both_wirings, run_wiring_case, Sandbox, Wiring};
+use spillway_integration_tests::{both_wirings, eventually, run_wiring_case, Sandbox, Wiring};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -28,6 +28,22 @@ async fn in_process_silent_clients_are_closed_at_the_handshake_timeout() {
 async fn separate_processes_silent_clients_are_closed_at_the_handshake_timeout() {
     run_wiring_case(Wiring::Separate, Duration::from_secs(60), |wiring| {
         silent_clients_are_closed_at_the_handshake_timeout(wiring)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_process_connections_past_max_connections_are_refused() {
+    run_wiring_case(Wiring::InProcess, Duration::from_secs(60), |wiring| {
+        connections_past_max_connections_are_refused(wiring)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn separate_processes_connections_past_max_connections_are_refused() {
+    run_wiring_case(Wiring::Separate, Duration::from_secs(60), |wiring| {
+        connections_past_max_connections_are_refused(wiring)
     })
     .await
 }
@@ -424,4 +440,40 @@ async fn silent_clients_are_closed_at_the_handshake_timeout(wiring: Wiring) -> a
         anyhow::ensure!(took >= Duration::from_millis(900), "closed after {took:?}");
     }
     broker_still_serves(&sandbox).await
+}
+
+/// `gateway.max_connections`: the connection past the maximum is refused
+/// with 530 naming the limit; the ones already open keep working, and a
+/// slot freed by a close can be taken again.
+async fn connections_past_max_connections_are_refused(wiring: Wiring) -> anyhow::Result<()> {
+    let sandbox = Sandbox::start_with_config(wiring, "[gateway]\nmax_connections = 2\n").await?;
+    let first = sandbox.connect().await?;
+    let second = sandbox.connect().await?;
+    let refused = match sandbox.connect().await {
+        Ok(_) => anyhow::bail!("a third connection was accepted past max_connections = 2"),
+        Err(error) => error.to_string(),
+    };
+    anyhow::ensure!(
+        refused.contains("530") || refused.contains("NOT_ALLOWED"),
+        "not a 530: {refused}"
+    );
+    anyhow::ensure!(
+        refused.contains("connection limit (2)"),
+        "the reason does not name the limit: {refused}"
+    );
+    let channel = second.create_channel().await?;
+    channel
+        .queue_declare(
+            "still-served".into(),
+            Default::default(),
+            Default::default(),
+        )
+        .await?;
+    first.close(200, "bye".into()).await?;
+    // The slot is given back when the broker side of the first connection
+    // ends, just after close-ok.
+    let third = eventually(Duration::from_secs(10), || sandbox.connect()).await?;
+    third.close(200, "bye".into()).await?;
+    second.close(200, "bye".into()).await?;
+    Ok(())
 }

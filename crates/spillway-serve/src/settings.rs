@@ -41,6 +41,8 @@ pub struct GatewaySettings {
     /// From accept to `connection.open-ok`: `10s`, or plain milliseconds.
     #[serde(deserialize_with = "durations::millis_or_text")]
     pub handshake_timeout: Duration,
+    /// Most connections this gateway holds open at once; 0 = no maximum.
+    pub max_connections: usize,
 }
 
 impl Default for GatewaySettings {
@@ -56,6 +58,7 @@ impl Default for GatewaySettings {
             users: protocol.users,
             blocked_overdraft: protocol.blocked_overdraft,
             handshake_timeout: protocol.handshake_timeout,
+            max_connections: protocol.max_connections,
         }
     }
 }
@@ -70,6 +73,7 @@ impl GatewaySettings {
             users: self.users.clone(),
             blocked_overdraft: self.blocked_overdraft,
             handshake_timeout: self.handshake_timeout,
+            max_connections: self.max_connections,
         }
     }
 }
