@@ -33,6 +33,9 @@ pub struct EngineConfig {
     pub flow_to_disk_threshold: u64,
     /// How often flow to disk is re-evaluated (`broker.housekeeping_interval`).
     pub housekeeping_interval: Duration,
+    /// How long a delivery may stay unacked before its channel is closed
+    /// (`broker.consumer_timeout`; None = for ever).
+    pub consumer_timeout: Option<Duration>,
 }
 
 impl Default for EngineConfig {
@@ -41,9 +44,13 @@ impl Default for EngineConfig {
             session_credit: 2048,
             flow_to_disk_threshold: budget::default_threshold(),
             housekeeping_interval: Duration::from_secs(1),
+            consumer_timeout: Some(DEFAULT_CONSUMER_TIMEOUT),
         }
     }
 }
+
+/// RabbitMQ's default `consumer_timeout`: 30 minutes.
+pub const DEFAULT_CONSUMER_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 /// Payload reads in flight to the store at once.
 const CONCURRENT_LOADS: usize = 4;
@@ -94,6 +101,7 @@ impl Engine {
             session_credit: config.session_credit,
             budget: budget.clone(),
             loads,
+            consumer_timeout: config.consumer_timeout,
         });
         recovery::install(&mut broker, stored);
         let shared = Arc::new(Shared {
@@ -196,7 +204,9 @@ async fn run_housekeeping(shared: std::sync::Weak<Shared>, interval: Duration) {
         let Some(shared) = shared.upgrade() else {
             return;
         };
-        shared.broker.lock().housekeeping();
+        let mut broker = shared.broker.lock();
+        broker.housekeeping();
+        broker.expire_unacked(std::time::Instant::now());
     }
 }
 

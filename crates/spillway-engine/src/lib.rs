@@ -44,7 +44,7 @@ mod stats;
 mod tests;
 
 pub use admin::EngineAdminService;
-pub use engine::{Engine, EngineConfig, EngineError};
+pub use engine::{Engine, EngineConfig, EngineError, DEFAULT_CONSUMER_TIMEOUT};
 pub use flow::FlowStatus;
 pub use producer_flow::{thousands, BlockedChannel};
 pub use service::EngineService;

@@ -538,6 +538,8 @@ pub struct Unacked {
     pub message: QueuedMessage,
     /// None for basic.get.
     pub consumer_tag: Option<String>,
+    /// When it was handed to the session, for `broker.consumer_timeout`.
+    pub delivered_at: Instant,
 }
 
 #[derive(Default)]
@@ -553,6 +555,9 @@ pub struct ChannelState {
     /// Overfull queues this channel published to: blocked while not empty.
     pub blocked_on: BTreeSet<String>,
     pub blocked_since: Option<Instant>,
+    /// An unacked delivery outlived `broker.consumer_timeout`: the channel
+    /// was told to close and is not told again while it closes.
+    pub ack_timed_out: bool,
 }
 
 impl ChannelState {

@@ -91,6 +91,11 @@ pub struct BrokerSettings {
     /// milliseconds.
     #[serde(deserialize_with = "durations::millis_or_text")]
     pub housekeeping_interval: Duration,
+    /// How long a delivery may stay unacked before its channel is closed
+    /// with 406 and its messages requeued: `30m`, or plain milliseconds;
+    /// 0 turns it off.
+    #[serde(deserialize_with = "durations::millis_or_text")]
+    pub consumer_timeout: Duration,
 }
 
 impl Default for BrokerSettings {
@@ -98,6 +103,7 @@ impl Default for BrokerSettings {
         Self {
             flow_to_disk_threshold: None,
             housekeeping_interval: Duration::from_secs(1),
+            consumer_timeout: spillway_engine::DEFAULT_CONSUMER_TIMEOUT,
         }
     }
 }

@@ -178,6 +178,7 @@ impl Broker {
                     queue: cmd.queue.clone(),
                     message: entry,
                     consumer_tag: None,
+                    delivered_at: std::time::Instant::now(),
                 },
             );
         }
@@ -323,6 +324,7 @@ impl Broker {
                         queue: queue_name.to_string(),
                         message: entry,
                         consumer_tag: Some(consumer_ref.tag.clone()),
+                        delivered_at: std::time::Instant::now(),
                     },
                 );
             }

@@ -22,6 +22,7 @@ mod definitions;
 mod dispatch;
 mod publish;
 mod settle;
+mod timeouts;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -61,6 +62,7 @@ pub struct Broker {
     /// The storage node is over its disk quota: every producer is blocked.
     pub(crate) store_overfull: bool,
     pub(crate) store_overfull_since: Option<std::time::Instant>,
+    pub(crate) consumer_timeout: Option<std::time::Duration>,
 }
 
 /// What the broker needs from the engine around it.
@@ -69,6 +71,9 @@ pub struct BrokerContext {
     pub session_credit: u32,
     pub budget: Arc<MemoryBudget>,
     pub loads: mpsc::UnboundedSender<LoadRequest>,
+    /// `broker.consumer_timeout`: how long a delivery may stay unacked
+    /// before its channel is closed (None = for ever).
+    pub consumer_timeout: Option<std::time::Duration>,
 }
 
 impl Broker {
@@ -87,6 +92,7 @@ impl Broker {
             loads: context.loads,
             store_overfull: false,
             store_overfull_since: None,
+            consumer_timeout: context.consumer_timeout,
         }
     }
 
