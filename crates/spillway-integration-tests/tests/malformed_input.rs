@@ -127,6 +127,22 @@ async fn open_connection_with(sandbox: &Sandbox, frame_max: u32) -> anyhow::Resu
     Ok(socket)
 }
 
+/// Opens channel 1 on an open connection and waits for open-ok.
+async fn open_channel_one(socket: &mut TcpStream) -> anyhow::Result<()> {
+    socket
+        .write_all(&encode(AMQPFrame::Method(
+            1,
+            AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+        )))
+        .await?;
+    let AMQPFrame::Method(1, AMQPClass::Channel(channel::AMQPMethod::OpenOk(_))) =
+        read_frame(socket).await?
+    else {
+        anyhow::bail!("expected channel.open-ok");
+    };
+    Ok(())
+}
+
 /// Reads until a connection.close arrives; returns its reply code.
 async fn expect_connection_close(socket: &mut TcpStream) -> anyhow::Result<u16> {
     Ok(expect_connection_close_text(socket).await?.0)
@@ -208,17 +224,7 @@ async fn malformed_input(sandbox: &mut Sandbox) -> anyhow::Result<()> {
 
     // A content body with no publish before it: 505 UNEXPECTED_FRAME.
     let mut socket = open_connection(sandbox).await?;
-    socket
-        .write_all(&encode(AMQPFrame::Method(
-            1,
-            AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
-        )))
-        .await?;
-    let AMQPFrame::Method(1, AMQPClass::Channel(channel::AMQPMethod::OpenOk(_))) =
-        read_frame(&mut socket).await?
-    else {
-        anyhow::bail!("expected channel.open-ok");
-    };
+    open_channel_one(&mut socket).await?;
     socket
         .write_all(&encode(AMQPFrame::Body(1, b"orphan".to_vec())))
         .await?;
@@ -362,17 +368,7 @@ async fn hostile_nesting(sandbox: &mut Sandbox) -> anyhow::Result<()> {
     // After login with a 128 KiB frame-max: queue.declare arguments 18,000
     // levels deep.
     let mut socket = open_connection_with(sandbox, 131_072).await?;
-    socket
-        .write_all(&encode(AMQPFrame::Method(
-            1,
-            AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
-        )))
-        .await?;
-    let AMQPFrame::Method(1, AMQPClass::Channel(channel::AMQPMethod::OpenOk(_))) =
-        read_frame(&mut socket).await?
-    else {
-        anyhow::bail!("expected channel.open-ok");
-    };
+    open_channel_one(&mut socket).await?;
     let mut declare = vec![0, 50, 0, 10, 0, 0, 1, b'q', 0];
     declare.extend_from_slice(&deep_table(18_000));
     let _ = socket.write_all(&raw_frame(1, 1, &declare)).await;
@@ -384,17 +380,7 @@ async fn hostile_nesting(sandbox: &mut Sandbox) -> anyhow::Result<()> {
 
     // A publish whose headers property nests 18,000 levels.
     let mut socket = open_connection_with(sandbox, 131_072).await?;
-    socket
-        .write_all(&encode(AMQPFrame::Method(
-            1,
-            AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
-        )))
-        .await?;
-    let AMQPFrame::Method(1, AMQPClass::Channel(channel::AMQPMethod::OpenOk(_))) =
-        read_frame(&mut socket).await?
-    else {
-        anyhow::bail!("expected channel.open-ok");
-    };
+    open_channel_one(&mut socket).await?;
     // basic.publish: reserved short, exchange "", routing key "q", flags.
     let publish = [0, 60, 0, 40, 0, 0, 0, 1, b'q', 0];
     // content header: class 60, weight 0, body size 1, flags: headers only.

@@ -47,6 +47,24 @@ pub(super) fn translate(
 ) -> Result<Translation, ConnectionError> {
     let id = MethodId::new(method.get_amqp_class_id(), method.get_amqp_method_id());
     let ch = u32::from(channel);
+    // Bind and unbind carry the same fields (amq-protocol has a type for each).
+    let exchange_binding =
+        |destination: &str, source: &str, routing_key: &str, arguments| pb::ExchangeBind {
+            request_id,
+            channel: ch,
+            destination: destination.to_string(),
+            source: source.to_string(),
+            routing_key: routing_key.to_string(),
+            arguments: encode_table(arguments),
+        };
+    let queue_binding = |queue: &str, exchange: &str, routing_key: &str, arguments| pb::QueueBind {
+        request_id,
+        channel: ch,
+        queue: queue.to_string(),
+        exchange: exchange.to_string(),
+        routing_key: routing_key.to_string(),
+        arguments: encode_table(arguments),
+    };
     let translation = match method {
         AMQPClass::Channel(chan::AMQPMethod::Open(_)) => {
             return Err(ConnectionError::new(
@@ -104,26 +122,22 @@ pub(super) fn translate(
         AMQPClass::Exchange(exchange::AMQPMethod::Bind(m)) => request(
             Answer::ExchangeBind,
             m.nowait,
-            Command::ExchangeBind(pb::ExchangeBind {
-                request_id,
-                channel: ch,
-                destination: m.destination.to_string(),
-                source: m.source.to_string(),
-                routing_key: m.routing_key.to_string(),
-                arguments: encode_table(&m.arguments),
-            }),
+            Command::ExchangeBind(exchange_binding(
+                m.destination.as_str(),
+                m.source.as_str(),
+                m.routing_key.as_str(),
+                &m.arguments,
+            )),
         ),
         AMQPClass::Exchange(exchange::AMQPMethod::Unbind(m)) => request(
             Answer::ExchangeUnbind,
             m.nowait,
-            Command::ExchangeUnbind(pb::ExchangeBind {
-                request_id,
-                channel: ch,
-                destination: m.destination.to_string(),
-                source: m.source.to_string(),
-                routing_key: m.routing_key.to_string(),
-                arguments: encode_table(&m.arguments),
-            }),
+            Command::ExchangeUnbind(exchange_binding(
+                m.destination.as_str(),
+                m.source.as_str(),
+                m.routing_key.as_str(),
+                &m.arguments,
+            )),
         ),
         AMQPClass::Queue(queue::AMQPMethod::Declare(m)) => request(
             Answer::QueueDeclare,
@@ -142,27 +156,23 @@ pub(super) fn translate(
         AMQPClass::Queue(queue::AMQPMethod::Bind(m)) => request(
             Answer::QueueBind,
             m.nowait,
-            Command::QueueBind(pb::QueueBind {
-                request_id,
-                channel: ch,
-                queue: m.queue.to_string(),
-                exchange: m.exchange.to_string(),
-                routing_key: m.routing_key.to_string(),
-                arguments: encode_table(&m.arguments),
-            }),
+            Command::QueueBind(queue_binding(
+                m.queue.as_str(),
+                m.exchange.as_str(),
+                m.routing_key.as_str(),
+                &m.arguments,
+            )),
         ),
         // queue.unbind has no nowait flag.
         AMQPClass::Queue(queue::AMQPMethod::Unbind(m)) => request(
             Answer::QueueUnbind,
             false,
-            Command::QueueUnbind(pb::QueueBind {
-                request_id,
-                channel: ch,
-                queue: m.queue.to_string(),
-                exchange: m.exchange.to_string(),
-                routing_key: m.routing_key.to_string(),
-                arguments: encode_table(&m.arguments),
-            }),
+            Command::QueueUnbind(queue_binding(
+                m.queue.as_str(),
+                m.exchange.as_str(),
+                m.routing_key.as_str(),
+                &m.arguments,
+            )),
         ),
         AMQPClass::Queue(queue::AMQPMethod::Purge(m)) => request(
             Answer::QueuePurge,
