@@ -25,7 +25,7 @@ use crate::model::SessionId;
 pub(crate) async fn run_session(
     shared: Arc<Shared>,
     id: SessionId,
-    mut commands: mpsc::Receiver<SessionCommand>,
+    mut commands: spillway_proto::CommandReceiver,
     events: mpsc::UnboundedSender<SessionEvent>,
 ) {
     let mut session = Session {

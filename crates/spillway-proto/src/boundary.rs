@@ -7,11 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::command_queue::{command_queue, CommandReceiver, CommandSender};
 use crate::engine::{session_command, session_event, CommandBatch, EventBatch};
 use crate::engine::{SessionCommand, SessionEvent};
 use crate::storage::{
@@ -19,10 +20,6 @@ use crate::storage::{
     QuotaState, StatusRequest, StoreStatus, WatchQuotaRequest, WriteBatch,
 };
 use crate::ServiceError;
-
-/// Commands a gateway session may have queued towards the engine before
-/// sending waits (back-pressure reaches the client's socket).
-pub const SESSION_COMMAND_BUFFER: usize = 1024;
 
 /// How many ready messages one gRPC stream message carries at most.
 const MAX_STREAM_BATCH: usize = 256;
@@ -162,7 +159,6 @@ impl StorageApi for RemoteStorage {
     }
 
     async fn watch_quota(&self) -> Result<QuotaStream, ServiceError> {
-        use futures::StreamExt;
         let stream = self
             .client
             .clone()
@@ -179,8 +175,9 @@ impl StorageApi for RemoteStorage {
 
 /// One client connection's conversation with the engine.
 pub struct SessionStreams {
-    /// Commands, in the order the client sent them.
-    pub commands: mpsc::Sender<SessionCommand>,
+    /// Commands, in the order the client sent them (bounded in count and
+    /// bytes, see [`crate::command_queue`]).
+    pub commands: CommandSender,
     /// Replies and asynchronous events, in order. Ends when the engine ends
     /// the session (or the remote engine is lost).
     pub events: mpsc::UnboundedReceiver<SessionEvent>,
@@ -212,14 +209,13 @@ impl RemoteEngine {
 #[async_trait]
 impl EngineApi for RemoteEngine {
     async fn open_session(&self) -> Result<SessionStreams, ServiceError> {
-        let (command_tx, command_rx) = mpsc::channel(SESSION_COMMAND_BUFFER);
+        let (command_tx, command_rx) = command_queue();
         let (outbound_tx, outbound_rx) = mpsc::channel(16);
         tokio::spawn(batch_commands(command_rx, outbound_tx));
-        let response = self
-            .client
-            .clone()
-            .session(ReceiverStream::new(outbound_rx))
-            .await?;
+        // A batch's commands keep their bytes in the queue's bound until the
+        // transport takes the batch.
+        let outbound = ReceiverStream::new(outbound_rx).map(|(batch, _bytes)| batch);
+        let response = self.client.clone().session(outbound).await?;
         let (event_tx, event_rx) = mpsc::unbounded_channel();
         tokio::spawn(forward_events(response.into_inner(), event_tx));
         Ok(SessionStreams {
@@ -230,13 +226,13 @@ impl EngineApi for RemoteEngine {
 }
 
 async fn batch_commands(
-    mut commands: mpsc::Receiver<SessionCommand>,
-    outbound: mpsc::Sender<SessionCommand>,
+    mut commands: CommandReceiver,
+    outbound: mpsc::Sender<(SessionCommand, Vec<tokio::sync::OwnedSemaphorePermit>)>,
 ) {
     let mut ready = Vec::with_capacity(MAX_STREAM_BATCH);
     while commands.recv_many(&mut ready, MAX_STREAM_BATCH).await > 0 {
-        let message = pack_commands(std::mem::take(&mut ready));
-        if outbound.send(message).await.is_err() {
+        let (batch, bytes): (Vec<_>, Vec<_>) = ready.drain(..).map(|c| c.into_parts()).unzip();
+        if outbound.send((pack_commands(batch), bytes)).await.is_err() {
             return;
         }
     }

@@ -28,11 +28,15 @@ pub mod management {
 pub mod amqp;
 pub mod backoff;
 mod boundary;
+pub mod command_queue;
 mod status;
 
 pub use boundary::{
     serve_remote_session, EngineApi, QuotaStream, RemoteEngine, RemoteStorage, SessionStreams,
-    StorageApi, SESSION_COMMAND_BUFFER,
+    StorageApi,
+};
+pub use command_queue::{
+    command_queue, CommandReceiver, CommandSender, SESSION_COMMAND_BUFFER, SESSION_COMMAND_BYTES,
 };
 
 pub use status::{RemoteError, ServiceError};
