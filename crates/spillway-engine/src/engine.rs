@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use parking_lot::Mutex;
 use spillway_proto::backoff::Backoff;
-use spillway_proto::{EngineApi, ServiceError, SessionStreams, StorageApi, SESSION_COMMAND_BUFFER};
+use spillway_proto::{EngineApi, ServiceError, SessionStreams, StorageApi};
 use tokio::sync::{mpsc, Notify, Semaphore};
 
 use crate::broker::{Broker, BrokerContext};
@@ -28,6 +28,9 @@ pub struct EngineConfig {
     /// Deliveries one gateway session may have in flight (not yet written to
     /// the client's socket) before the engine pauses its consumers.
     pub session_credit: u32,
+    /// The same bound in bytes (`engine.session_credit_bytes`): bodies plus
+    /// a fixed overhead per delivery.
+    pub session_credit_bytes: u64,
     /// Message bytes the engine keeps in memory before payloads flow to
     /// disk (`broker.flow_to_disk_threshold`).
     pub flow_to_disk_threshold: u64,
@@ -42,12 +45,16 @@ impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             session_credit: 2048,
+            session_credit_bytes: DEFAULT_SESSION_CREDIT_BYTES,
             flow_to_disk_threshold: budget::default_threshold(),
             housekeeping_interval: Duration::from_secs(1),
             consumer_timeout: Some(DEFAULT_CONSUMER_TIMEOUT),
         }
     }
 }
+
+/// Delivery bytes in flight to one connection, by default: 8 MiB.
+pub const DEFAULT_SESSION_CREDIT_BYTES: u64 = 8 * 1024 * 1024;
 
 /// RabbitMQ's default `consumer_timeout`: 30 minutes.
 pub const DEFAULT_CONSUMER_TIMEOUT: Duration = Duration::from_secs(30 * 60);
@@ -99,6 +106,7 @@ impl Engine {
         let mut broker = Broker::new(BrokerContext {
             persist: writer.clone(),
             session_credit: config.session_credit,
+            session_credit_bytes: config.session_credit_bytes,
             budget: budget.clone(),
             loads,
             consumer_timeout: config.consumer_timeout,
@@ -278,7 +286,7 @@ pub(crate) async fn load(
 #[async_trait]
 impl EngineApi for Engine {
     async fn open_session(&self) -> Result<SessionStreams, ServiceError> {
-        let (command_tx, command_rx) = mpsc::channel(SESSION_COMMAND_BUFFER);
+        let (command_tx, command_rx) = spillway_proto::command_queue();
         let (event_tx, event_rx) = mpsc::unbounded_channel();
         let id = self.shared.next_session.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(run_session(self.shared.clone(), id, command_rx, event_tx));

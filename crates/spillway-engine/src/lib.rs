@@ -30,6 +30,7 @@
 mod admin;
 pub mod broker;
 pub mod budget;
+mod credit;
 mod engine;
 mod flow;
 mod model;
@@ -44,7 +45,9 @@ mod stats;
 mod tests;
 
 pub use admin::EngineAdminService;
-pub use engine::{Engine, EngineConfig, EngineError, DEFAULT_CONSUMER_TIMEOUT};
+pub use engine::{
+    Engine, EngineConfig, EngineError, DEFAULT_CONSUMER_TIMEOUT, DEFAULT_SESSION_CREDIT_BYTES,
+};
 pub use flow::FlowStatus;
 pub use producer_flow::{thousands, BlockedChannel};
 pub use service::EngineService;

@@ -586,8 +586,8 @@ pub struct SessionState {
     pub delivered: u64,
     pub events: mpsc::UnboundedSender<SessionEvent>,
     pub channels: HashMap<ChannelId, ChannelState>,
-    /// Deliveries the gateway may still receive before it reports some written.
-    pub credit: u32,
+    /// What the gateway may still receive before it reports some written.
+    pub credit: crate::credit::DeliveryCredit,
     /// What the gateway was last told: blocked (and why), or not.
     pub flow_blocked: Option<String>,
     /// Has published: the store quota blocks producers only, so consumers

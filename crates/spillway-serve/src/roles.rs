@@ -251,6 +251,7 @@ async fn start_engine(storage: Arc<dyn StorageApi>, settings: &Settings) -> anyh
     let defaults = EngineConfig::default();
     let config = EngineConfig {
         session_credit: settings.engine.session_credit,
+        session_credit_bytes: settings.engine.session_credit_bytes,
         flow_to_disk_threshold: settings
             .broker
             .flow_to_disk_threshold

@@ -43,6 +43,13 @@ pub struct GatewaySettings {
     pub handshake_timeout: Duration,
     /// Most connections this gateway holds open at once; 0 = no maximum.
     pub max_connections: usize,
+    /// How long a write to a client may make no progress before the
+    /// connection is dropped: `15s`, or plain milliseconds; 0 waits for ever.
+    #[serde(deserialize_with = "durations::millis_or_text")]
+    pub write_timeout: Duration,
+    /// Partly received message bodies one connection may hold: a size.
+    #[serde(deserialize_with = "sizes::required")]
+    pub max_unfinished_content: u64,
 }
 
 impl Default for GatewaySettings {
@@ -59,6 +66,8 @@ impl Default for GatewaySettings {
             blocked_overdraft: protocol.blocked_overdraft,
             handshake_timeout: protocol.handshake_timeout,
             max_connections: protocol.max_connections,
+            write_timeout: protocol.write_timeout,
+            max_unfinished_content: protocol.max_unfinished_content,
         }
     }
 }
@@ -74,6 +83,8 @@ impl GatewaySettings {
             blocked_overdraft: self.blocked_overdraft,
             handshake_timeout: self.handshake_timeout,
             max_connections: self.max_connections,
+            write_timeout: self.write_timeout,
+            max_unfinished_content: self.max_unfinished_content,
         }
     }
 }
@@ -118,6 +129,9 @@ pub struct EngineSettings {
     /// Deliveries in flight to one connection before the engine waits for the
     /// gateway to write them.
     pub session_credit: u32,
+    /// The same bound in bytes: a size (`8MiB`).
+    #[serde(deserialize_with = "sizes::required")]
+    pub session_credit_bytes: u64,
 }
 
 impl Default for EngineSettings {
@@ -126,6 +140,7 @@ impl Default for EngineSettings {
             listen: "127.0.0.1:50061".into(),
             storage_addr: "http://127.0.0.1:50071".into(),
             session_credit: 2048,
+            session_credit_bytes: spillway_engine::DEFAULT_SESSION_CREDIT_BYTES,
         }
     }
 }

@@ -199,9 +199,7 @@ impl Broker {
         let Some(state) = self.sessions.get_mut(&session) else {
             return;
         };
-        let was_starved = state.credit == 0;
-        state.credit = state.credit.saturating_add(count).min(self.session_credit);
-        if !was_starved {
+        if !state.credit.written(count) {
             return;
         }
         let vhost = state.vhost.clone();
@@ -251,7 +249,7 @@ impl Broker {
                 let Some(session) = sessions.get(&consumer_ref.session) else {
                     continue;
                 };
-                if session.credit == 0 {
+                if !session.credit.has_room() {
                     continue;
                 }
                 let Some(channel) = session.channels.get(&consumer_ref.channel) else {
@@ -279,7 +277,7 @@ impl Broker {
             let Some(session) = sessions.get_mut(&consumer_ref.session) else {
                 break;
             };
-            session.credit -= 1;
+            session.credit.spend(message.body.len());
             let Some(channel) = session.channels.get_mut(&consumer_ref.channel) else {
                 break;
             };

@@ -51,6 +51,8 @@ pub struct Broker {
     /// Deliveries in flight to one gateway session before it must report
     /// them written.
     session_credit: u32,
+    /// The same in bytes (bodies plus a fixed overhead per delivery).
+    session_credit_bytes: u64,
     pub(crate) budget: Arc<MemoryBudget>,
     /// Whether flow to disk is on (see [`crate::flow`]).
     pub(crate) flow_active: bool,
@@ -69,6 +71,7 @@ pub struct Broker {
 pub struct BrokerContext {
     pub persist: StoreWriter,
     pub session_credit: u32,
+    pub session_credit_bytes: u64,
     pub budget: Arc<MemoryBudget>,
     pub loads: mpsc::UnboundedSender<LoadRequest>,
     /// `broker.consumer_timeout`: how long a delivery may stay unacked
@@ -86,6 +89,7 @@ impl Broker {
             next_message_id: 1,
             persist: context.persist,
             session_credit: context.session_credit.max(1),
+            session_credit_bytes: context.session_credit_bytes.max(1),
             budget: context.budget,
             flow_active: false,
             shared_refs: HashMap::new(),
@@ -133,7 +137,10 @@ impl Broker {
                 delivered: 0,
                 events,
                 channels: HashMap::new(),
-                credit: self.session_credit,
+                credit: crate::credit::DeliveryCredit::new(
+                    self.session_credit,
+                    self.session_credit_bytes,
+                ),
                 flow_blocked: None,
                 has_published: false,
             },
