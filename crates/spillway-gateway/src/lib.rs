@@ -49,6 +49,13 @@ pub struct GatewayConfig {
     pub handshake_timeout: std::time::Duration,
     /// Most connections this gateway holds open at once; 0 = no maximum.
     pub max_connections: usize,
+    /// How long a write to a client's socket may make no progress before
+    /// the connection is dropped (RabbitMQ's `send_timeout`, 15 s); zero
+    /// waits for ever.
+    pub write_timeout: std::time::Duration,
+    /// Bytes of message bodies a connection may have partly received, over
+    /// all its channels, before it is closed with 506 RESOURCE_ERROR.
+    pub max_unfinished_content: u64,
 }
 
 impl Default for GatewayConfig {
@@ -62,6 +69,8 @@ impl Default for GatewayConfig {
             blocked_overdraft: 1024 * 1024,
             handshake_timeout: std::time::Duration::from_secs(10),
             max_connections: 0,
+            write_timeout: std::time::Duration::from_secs(15),
+            max_unfinished_content: 128 * 1024 * 1024,
         }
     }
 }

@@ -21,6 +21,9 @@ pub struct GatewayMetrics {
     blocked: Gauge,
     paused: Gauge,
     blocked_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
+    write_timeouts: Counter,
+    unfinished_content: Gauge,
+    unfinished_content_closes: Counter,
 }
 
 impl GatewayMetrics {
@@ -70,6 +73,41 @@ impl GatewayMetrics {
             "Time connections have spent blocked by producer flow control, summed over connections (counted when each block ends)",
             self.blocked_seconds.clone(),
         );
+        metrics.register(
+            "spillway_write_timeouts",
+            "Connections dropped because the client read nothing for gateway.write_timeout",
+            self.write_timeouts.clone(),
+        );
+        metrics.register(
+            "spillway_unfinished_content_bytes",
+            "Bytes of partly received message bodies held by the gateway, over all connections",
+            self.unfinished_content.clone(),
+        );
+        metrics.register(
+            "spillway_unfinished_content_closes",
+            "Connections closed (506) for holding more than gateway.max_unfinished_content of partly received bodies",
+            self.unfinished_content_closes.clone(),
+        );
+    }
+
+    pub fn write_timeouts(&self) -> u64 {
+        self.write_timeouts.get()
+    }
+
+    pub fn unfinished_content(&self) -> i64 {
+        self.unfinished_content.get()
+    }
+
+    pub fn unfinished_content_closes(&self) -> u64 {
+        self.unfinished_content_closes.get()
+    }
+
+    pub(crate) fn count_write_timeout(&self) {
+        self.write_timeouts.inc();
+    }
+
+    pub(crate) fn count_unfinished_content_close(&self) {
+        self.unfinished_content_closes.inc();
     }
 
     pub fn blocked(&self) -> i64 {
@@ -108,6 +146,8 @@ impl GatewayMetrics {
             blocked_seconds: self.blocked_seconds.clone(),
             blocked_since: None,
             paused: false,
+            unfinished_gauge: self.unfinished_content.clone(),
+            unfinished: 0,
         }
     }
 
@@ -137,9 +177,20 @@ pub(crate) struct OpenConnection {
     blocked_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
     blocked_since: Option<std::time::Instant>,
     paused: bool,
+    unfinished_gauge: Gauge,
+    unfinished: i64,
 }
 
 impl OpenConnection {
+    /// The connection now holds `bytes` of partly received bodies.
+    pub(crate) fn set_unfinished(&mut self, bytes: u64) {
+        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+        if bytes != self.unfinished {
+            self.unfinished_gauge.inc_by(bytes - self.unfinished);
+            self.unfinished = bytes;
+        }
+    }
+
     /// The connection now has `open` channels.
     pub(crate) fn set_channels(&mut self, open: usize) {
         let open = i64::try_from(open).unwrap_or(i64::MAX);
@@ -179,6 +230,7 @@ impl OpenConnection {
 impl Drop for OpenConnection {
     fn drop(&mut self) {
         self.set_flow(None, false);
+        self.set_unfinished(0);
         self.channels.dec_by(self.open_channels);
         self.connections.dec();
     }

@@ -278,6 +278,10 @@ async fn serve_connection(
         writer_rx,
         commands.clone(),
         metrics.clone(),
+        WriteDeadline {
+            peer,
+            timeout: Some(config.write_timeout).filter(|t| !t.is_zero()),
+        },
     ));
 
     let heartbeat = connection.heartbeat();
@@ -321,6 +325,9 @@ async fn serve_connection(
                 Ok(Next::Continue)
             },
             _ = stopped.changed() => Err(ConnectionError::new(reply_code::CONNECTION_FORCED, "broker shutdown")),
+            // The writer gave up on a client that does not read (or the
+            // socket failed): nothing more can reach it.
+            _ = writer_tx.closed() => break None,
         };
         for command in pending_commands.drain(..) {
             let counter = metrics.counter_for(&command);
@@ -332,6 +339,7 @@ async fn serve_connection(
             }
         }
         open.set_channels(connection.channel_count());
+        open.set_unfinished(connection.unfinished_content());
         open.set_flow(
             connection.blocked().map(|(_, since)| since),
             connection.reading_paused(),
@@ -349,6 +357,11 @@ async fn serve_connection(
         }
     };
     if let Some(error) = closing {
+        if error.code == reply_code::RESOURCE_ERROR && error.method == MethodId::BASIC_PUBLISH {
+            // The only 506 the gateway raises: too much unfinished content.
+            tracing::warn!(%peer, text = %error.text, "closing a connection holding too much unfinished content");
+            metrics.count_unfinished_content_close();
+        }
         tracing::debug!(%peer, code = error.code, text = %error.text, "closing connection");
         write_connection_close(&error, &mut out);
         flush(&mut out, &mut connection, &writer_tx).await;
@@ -391,18 +404,58 @@ async fn flush(
     writer.send(outbound).await.is_ok()
 }
 
+/// How long a write may make no progress (`gateway.write_timeout`).
+struct WriteDeadline {
+    peer: SocketAddr,
+    timeout: Option<Duration>,
+}
+
+impl WriteDeadline {
+    /// Writes all of `bytes`, failing when one write makes no progress
+    /// within the timeout: a client that stops reading cannot hold its
+    /// connection task (and the heartbeat check) for ever. A slow reader
+    /// that keeps taking bytes is not cut off.
+    async fn write_all(
+        &self,
+        socket: &mut OwnedWriteHalf,
+        mut bytes: &[u8],
+    ) -> std::io::Result<()> {
+        while !bytes.is_empty() {
+            let written = match self.timeout {
+                None => socket.write(bytes).await?,
+                Some(timeout) => match tokio::time::timeout(timeout, socket.write(bytes)).await {
+                    Ok(written) => written?,
+                    Err(_) => {
+                        tracing::info!(peer = %self.peer, ?timeout, "client did not read for the write timeout, closing");
+                        return Err(std::io::ErrorKind::TimedOut.into());
+                    }
+                },
+            };
+            if written == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            bytes = &bytes[written..];
+        }
+        Ok(())
+    }
+}
+
 async fn write_loop(
     mut socket: OwnedWriteHalf,
     mut outbound: mpsc::Receiver<Outbound>,
-    commands: mpsc::Sender<SessionCommand>,
+    commands: spillway_proto::CommandSender,
     metrics: GatewayMetrics,
+    deadline: WriteDeadline,
 ) {
     let mut ready = Vec::with_capacity(WRITER_QUEUE);
     while outbound.recv_many(&mut ready, WRITER_QUEUE).await > 0 {
         let mut deliveries = 0;
         for chunk in ready.drain(..) {
             deliveries += chunk.deliveries;
-            if socket.write_all(&chunk.bytes).await.is_err() {
+            if let Err(error) = deadline.write_all(&mut socket, &chunk.bytes).await {
+                if error.kind() == std::io::ErrorKind::TimedOut {
+                    metrics.count_write_timeout();
+                }
                 return;
             }
         }
