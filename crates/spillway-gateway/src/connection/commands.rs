@@ -8,7 +8,6 @@ use amq_protocol::protocol::{access, basic, channel as chan, confirm, exchange, 
 use spillway_proto::amqp::{encode_table, reply_code, MethodId};
 use spillway_proto::engine::{self as pb, session_command::Command};
 
-use super::publish::PendingPublish;
 use super::{Answer, ConnectionError};
 
 /// What a client method on an open channel turns into.
@@ -25,7 +24,7 @@ pub(super) enum Translation {
     /// Answered by the gateway at once, without the engine.
     Reply(AMQPClass),
     /// basic.publish: the content header and body frames follow.
-    Publish(PendingPublish),
+    Publish(basic::Publish),
     /// Nothing to do (a late close-ok or flow-ok).
     Ignore,
 }
@@ -229,9 +228,7 @@ pub(super) fn translate(
                 }),
             )
         }
-        AMQPClass::Basic(basic::AMQPMethod::Publish(m)) => {
-            Translation::Publish(PendingPublish::new(m))
-        }
+        AMQPClass::Basic(basic::AMQPMethod::Publish(m)) => Translation::Publish(m),
         AMQPClass::Basic(basic::AMQPMethod::Get(m)) => request(
             Answer::Get,
             false,

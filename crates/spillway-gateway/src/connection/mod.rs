@@ -34,7 +34,7 @@ use crate::codec::{self, FrameWriter, RawFrame};
 use crate::GatewayConfig;
 use commands::Translation;
 pub use handshake::{Capabilities, Handshake, HandshakeStep, Negotiated};
-use publish::PendingPublish;
+use publish::{PendingPublish, UnfinishedContent};
 
 /// An error that closes the whole connection.
 #[derive(Debug, Clone, PartialEq)]
@@ -138,6 +138,8 @@ pub struct Connection {
     /// Body bytes the client may still publish while blocked before the
     /// gateway stops reading its socket.
     overdraft_left: u64,
+    /// Bytes held by partly received message bodies, over all channels.
+    unfinished: UnfinishedContent,
 }
 
 impl Connection {
@@ -157,7 +159,13 @@ impl Connection {
             deliveries: 0,
             flow_blocked: None,
             overdraft_left: 0,
+            unfinished: UnfinishedContent::default(),
         }
+    }
+
+    /// Bytes held by partly received message bodies, over all channels.
+    pub fn unfinished_content(&self) -> u64 {
+        self.unfinished.bytes()
     }
 
     /// Blocked by producer flow control and out of overdraft: stop reading
@@ -408,7 +416,9 @@ impl Connection {
             }
             Translation::Notify(cmd) => commands.push(command(cmd)),
             Translation::Reply(reply) => out.method(channel_id, reply),
-            Translation::Publish(publish) => channel.publish = Some(publish),
+            Translation::Publish(method) => {
+                channel.publish = Some(PendingPublish::new(method, self.unfinished.clone()))
+            }
             Translation::Ignore => {}
         }
         Ok(())

@@ -3,9 +3,17 @@
 //! enforces the largest message size, checks the `user_id` property against
 //! the authenticated user, numbers publisher confirms, and spends the
 //! overdraft a connection blocked by producer flow control has left.
+//!
+//! Nothing is reserved from the size a content header announces: a body
+//! grows as its frames arrive (doubling, never past the announced size), and
+//! what the bodies of all channels hold is counted per connection, which is
+//! closed with 506 RESOURCE_ERROR past `gateway.max_unfinished_content`.
 
 use amq_protocol::protocol::basic;
-use bytes::{Bytes, BytesMut};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
 use spillway_proto::amqp::nesting::{self, NestingError};
 use spillway_proto::amqp::{reply_code, MethodId};
 use spillway_proto::engine::{self as pb, session_command::Command, SessionCommand};
@@ -22,18 +30,93 @@ pub(super) struct PendingPublish {
     routing_key: String,
     mandatory: bool,
     header: Option<codec::ContentHeader>,
-    body: BytesMut,
+    body: PendingBody,
 }
 
 impl PendingPublish {
-    pub(super) fn new(method: basic::Publish) -> Self {
+    pub(super) fn new(method: basic::Publish, unfinished: UnfinishedContent) -> Self {
         Self {
             exchange: method.exchange.to_string(),
             routing_key: method.routing_key.to_string(),
             mandatory: method.mandatory,
             header: None,
-            body: BytesMut::new(),
+            body: PendingBody::new(unfinished),
         }
+    }
+}
+
+/// Bytes held by the partly received bodies of one connection. Shared by
+/// its pending publishes, each of which takes its own bytes out again when
+/// it is finished or dropped (a channel closed mid-message).
+#[derive(Clone, Debug, Default)]
+pub(super) struct UnfinishedContent(Arc<AtomicU64>);
+
+impl UnfinishedContent {
+    pub(super) fn bytes(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A body being received, counted in its connection's [`UnfinishedContent`]
+/// by what it has allocated.
+struct PendingBody {
+    bytes: Vec<u8>,
+    counted: u64,
+    unfinished: UnfinishedContent,
+}
+
+impl PendingBody {
+    fn new(unfinished: UnfinishedContent) -> Self {
+        Self {
+            bytes: Vec::new(),
+            counted: 0,
+            unfinished,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Appends one frame's payload. The buffer doubles as frames arrive but
+    /// never grows past `body_size`, so it holds at most twice what was
+    /// received (plus a frame), whatever size was announced.
+    fn append(&mut self, payload: &[u8], body_size: u64) {
+        let needed = self.bytes.len() + payload.len();
+        if needed > self.bytes.capacity() {
+            let announced = usize::try_from(body_size).unwrap_or(usize::MAX);
+            let target = needed.max(announced.min(self.bytes.capacity().saturating_mul(2)));
+            self.bytes.reserve_exact(target - self.bytes.len());
+        }
+        self.bytes.extend_from_slice(payload);
+        self.recount();
+    }
+
+    /// The body, no longer counted as unfinished.
+    fn finish(&mut self) -> Bytes {
+        let bytes = std::mem::take(&mut self.bytes);
+        self.recount();
+        Bytes::from(bytes)
+    }
+
+    fn recount(&mut self) {
+        let now = self.bytes.capacity() as u64;
+        if now >= self.counted {
+            self.unfinished
+                .0
+                .fetch_add(now - self.counted, Ordering::Relaxed);
+        } else {
+            self.unfinished
+                .0
+                .fetch_sub(self.counted - now, Ordering::Relaxed);
+        }
+        self.counted = now;
+    }
+}
+
+impl Drop for PendingBody {
+    fn drop(&mut self) {
+        self.unfinished.0.fetch_sub(self.counted, Ordering::Relaxed);
     }
 }
 
@@ -97,10 +180,6 @@ impl Connection {
             );
             return Ok(());
         }
-        // Bounded by max_message_size above; reserve lazily for huge bodies.
-        publish
-            .body
-            .reserve((header.body_size as usize).min(1 << 20));
         let complete = header.body_size == 0;
         publish.header = Some(header);
         if complete {
@@ -136,8 +215,24 @@ impl Connection {
                 format!("content body on channel {channel_id} longer than its header's size"),
             ));
         }
-        body.extend_from_slice(&frame.payload);
-        if body.len() as u64 == header.body_size {
+        body.append(&frame.payload, header.body_size);
+        let complete = body.len() as u64 == header.body_size;
+        let unfinished = self.unfinished.bytes();
+        // One message of the largest size always fits.
+        let limit = self
+            .config
+            .max_unfinished_content
+            .max(self.config.max_message_size);
+        if !complete && unfinished > limit {
+            return Err(ConnectionError::new(
+                reply_code::RESOURCE_ERROR,
+                format!(
+                    "partly received message bodies on this connection take {unfinished} bytes, over the limit of {limit} (gateway.max_unfinished_content)"
+                ),
+            )
+            .on(MethodId::BASIC_PUBLISH));
+        }
+        if complete {
             self.finish_publish(channel_id, out, commands)?;
         }
         Ok(())
@@ -174,7 +269,7 @@ impl Connection {
             routing_key,
             mandatory,
             header: Some(header),
-            body,
+            mut body,
         }) = channel.publish.take()
         else {
             return Ok(());
@@ -233,7 +328,7 @@ impl Connection {
             // The header's properties are a slice of the socket's read
             // buffer: copied, so a queued message does not keep it alive.
             properties: Bytes::copy_from_slice(&header.properties),
-            body: body.freeze(),
+            body: body.finish(),
             confirm_seq,
             persistent: properties.delivery_mode() == &Some(2),
         })));

@@ -146,9 +146,19 @@ fn open_connection(config: GatewayConfig) -> (Connection, FrameWriter) {
         [(0, AMQPClass::Connection(conn::AMQPMethod::OpenOk(_)))]
     ));
 
-    let channel_open = method_frame(1, AMQPClass::Channel(chan::AMQPMethod::Open(chan::Open {})));
+    open_channel(&mut connection, &mut out, 1);
+    (connection, out)
+}
+
+/// Opens channel `id` on an open connection, answering for the engine.
+fn open_channel(connection: &mut Connection, out: &mut FrameWriter, id: u16) {
+    let mut commands = Vec::new();
+    let channel_open = method_frame(
+        id,
+        AMQPClass::Channel(chan::AMQPMethod::Open(chan::Open {})),
+    );
     assert_eq!(
-        connection.on_frame(channel_open, &mut out, &mut commands),
+        connection.on_frame(channel_open, out, &mut commands),
         Ok(Next::Continue)
     );
     let [command] = commands.as_slice() else {
@@ -157,15 +167,139 @@ fn open_connection(config: GatewayConfig) -> (Connection, FrameWriter) {
     let reply = ok_reply(request_id(command));
     commands.clear();
     connection
-        .on_event(reply, &mut out, &mut commands)
+        .on_event(reply, out, &mut commands)
         .expect("channel opened");
-    let sent = methods(&written(&mut out));
-    assert!(matches!(
-        sent.as_slice(),
-        [(1, AMQPClass::Channel(chan::AMQPMethod::OpenOk(_)))]
-    ));
+    let sent = methods(&written(out));
+    assert!(
+        matches!(
+            sent.as_slice(),
+            [(channel, AMQPClass::Channel(chan::AMQPMethod::OpenOk(_)))] if *channel == id
+        ),
+        "expected channel.open-ok on {id}, got {sent:?}"
+    );
     assert!(commands.is_empty());
-    (connection, out)
+}
+
+/// basic.publish and a content header announcing `body_size` on `channel`.
+fn start_publish(channel: u16, body_size: u64) -> Vec<RawFrame> {
+    let mut frames = FrameWriter::default();
+    frames.method(
+        channel,
+        AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
+            routing_key: "q".into(),
+            ..Default::default()
+        })),
+    );
+    let mut frames = written(&mut frames);
+    let mut header = BytesMut::new();
+    header.extend_from_slice(&[0, 60, 0, 0]);
+    header.extend_from_slice(&body_size.to_be_bytes());
+    header.extend_from_slice(&[0, 0]);
+    frames.push(RawFrame {
+        kind: FRAME_HEADER,
+        channel,
+        payload: header.freeze(),
+    });
+    frames
+}
+
+fn body_frame(channel: u16, len: usize) -> RawFrame {
+    RawFrame {
+        kind: FRAME_BODY,
+        channel,
+        payload: vec![1u8; len].into(),
+    }
+}
+
+#[test]
+fn unfinished_bodies_are_counted_over_channels_until_finished_or_dropped() {
+    let config = GatewayConfig {
+        max_message_size: 4000,
+        max_unfinished_content: 6000,
+        ..Default::default()
+    };
+    let (mut connection, mut out) = open_connection(config);
+    open_channel(&mut connection, &mut out, 2);
+    let mut commands = Vec::new();
+    let mut feed = |connection: &mut Connection, frames: Vec<RawFrame>| {
+        for frame in frames {
+            assert_eq!(
+                connection.on_frame(frame, &mut out, &mut commands),
+                Ok(Next::Continue)
+            );
+        }
+    };
+    // Announcing reserves nothing.
+    feed(&mut connection, start_publish(1, 4000));
+    feed(&mut connection, start_publish(2, 4000));
+    assert_eq!(connection.unfinished_content(), 0);
+    feed(
+        &mut connection,
+        vec![body_frame(1, 1000), body_frame(2, 1500)],
+    );
+    assert_eq!(connection.unfinished_content(), 2500);
+    // Growing doubles, but never past the announced size.
+    feed(
+        &mut connection,
+        vec![body_frame(1, 1000), body_frame(1, 1000)],
+    );
+    assert_eq!(connection.unfinished_content(), 4000 + 1500);
+    feed(&mut connection, vec![body_frame(1, 1000)]);
+    assert_eq!(
+        connection.unfinished_content(),
+        1500,
+        "channel 1's message is done"
+    );
+    assert_eq!(commands.len(), 1);
+    assert!(matches!(&commands[0].command, Some(Command::Publish(p)) if p.body.len() == 4000));
+
+    // Past the limit: 506, naming it.
+    let mut frames = start_publish(1, 4000);
+    frames.push(body_frame(1, 3000));
+    frames.push(body_frame(2, 2000));
+    let mut result = Ok(Next::Continue);
+    for frame in frames {
+        result = connection.on_frame(frame, &mut out, &mut commands);
+    }
+    let error = result.expect_err("3000 + 3500 unfinished bytes pass 6000");
+    assert_eq!(error.code, reply_code::RESOURCE_ERROR);
+    assert!(
+        error.text.contains("gateway.max_unfinished_content"),
+        "{}",
+        error.text
+    );
+}
+
+#[test]
+fn a_message_cut_off_by_a_method_gives_its_bytes_back() {
+    let (mut connection, mut out) = open_connection(GatewayConfig::default());
+    let mut commands = Vec::new();
+    let mut frames = start_publish(1, 10_000);
+    frames.push(body_frame(1, 3000));
+    for frame in frames {
+        assert_eq!(
+            connection.on_frame(frame, &mut out, &mut commands),
+            Ok(Next::Continue)
+        );
+    }
+    assert_eq!(connection.unfinished_content(), 3000);
+    let close = method_frame(
+        1,
+        AMQPClass::Channel(chan::AMQPMethod::Close(chan::Close {
+            reply_code: 200,
+            reply_text: "bye".into(),
+            class_id: 0,
+            method_id: 0,
+        })),
+    );
+    let error = connection
+        .on_frame(close, &mut out, &mut commands)
+        .expect_err("a method in the middle of a message");
+    assert_eq!(error.code, reply_code::UNEXPECTED_FRAME);
+    // The connection closes; what its half-received body held goes with it.
+    let unfinished = connection.unfinished.clone();
+    drop(connection);
+    assert_eq!(unfinished.bytes(), 0);
 }
 
 #[test]
