@@ -38,6 +38,7 @@ use spillway_serve::{Role, Running, Settings};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 pub mod harness;
+pub mod raw;
 
 pub use harness::{eventually, run_case, run_wiring_case, CaseFuture, ProbeOutcome};
 
@@ -261,6 +262,17 @@ impl Sandbox {
         let ready = wait_for_ready(&ready, Duration::from_secs(60)).await?;
         self.metrics.insert(role, parse_addr(&ready, "metrics")?);
         Ok(ready)
+    }
+
+    /// The peak resident memory (VmHWM) so far of the process running
+    /// `role` (`gateway`, `engine`, `storage`) in the separate wiring; None
+    /// in the one-process wirings or where /proc cannot tell.
+    pub fn peak_rss(&self, role: &str) -> Option<u64> {
+        let (_, child) = self.children.iter().rev().find(|(name, _)| name == role)?;
+        let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).ok()?;
+        let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
     }
 
     /// Stops the broker gracefully and starts it again on the same data.

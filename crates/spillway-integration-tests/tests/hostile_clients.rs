@@ -1,0 +1,225 @@
+//! Clients that misbehave on purpose, played by hand-driven sockets
+//! (`spillway_integration_tests::raw`), in both wirings: each may cost the
+//! broker only a bounded amount of memory and time, loses nobody else's
+//! messages, and the broker serves a fresh client afterwards.
+//!
+//! - A consumer that never reads its socket: the gateway holds at most the
+//!   delivery credit in bytes for it, drops it at `gateway.write_timeout`,
+//!   and its deliveries go back to the queue.
+//! - A publisher that starts hundreds of huge messages and never finishes
+//!   them: closed with 506 once its unfinished bodies pass
+//!   `gateway.max_unfinished_content`.
+//! - Hundreds of sockets that stop in the handshake, or in a frame header:
+//!   all closed at `gateway.handshake_timeout`.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use lapin::BasicProperties;
+use spillway_integration_tests::raw::{self, FRAME_BODY};
+use spillway_integration_tests::{
+    both_wirings, eventually, http_get, metric_value, Component, Sandbox, Wiring,
+};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+both_wirings!(
+    own_sandbox, timeout_secs = 120;
+    a_consumer_that_never_reads_is_dropped_and_its_deliveries_requeued,
+    unfinished_bodies_past_the_limit_close_the_connection,
+    hundreds_of_stalled_handshakes_are_closed_at_the_timeout,
+);
+
+const MIB: usize = 1024 * 1024;
+
+/// A gateway metric (the gateway process's, or the one process's).
+async fn gateway_metric(sandbox: &Sandbox, name: &str) -> anyhow::Result<f64> {
+    let (_, text) = http_get(sandbox.metrics_addr(Component::Gateway)?, "/metrics").await?;
+    metric_value(&text, name).ok_or_else(|| anyhow::anyhow!("no metric {name}"))
+}
+
+async fn ready_messages(channel: &lapin::Channel, queue: &str) -> anyhow::Result<u32> {
+    let options = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let declared = channel
+        .queue_declare(queue.into(), options, FieldTable::default())
+        .await?;
+    Ok(declared.message_count())
+}
+
+/// A fresh lapin client still gets service.
+async fn broker_still_serves(sandbox: &Sandbox) -> anyhow::Result<()> {
+    let connection = sandbox.connect().await?;
+    let channel = connection.create_channel().await?;
+    channel
+        .queue_declare("alive".into(), Default::default(), FieldTable::default())
+        .await?;
+    connection.close(200, "bye".into()).await?;
+    Ok(())
+}
+
+/// 150 one-MiB messages and a consumer (no prefetch) that never reads: the
+/// engine hands the gateway at most `engine.session_credit_bytes` (8 MiB)
+/// that the socket has not taken, the gateway gives up on the socket after
+/// `gateway.write_timeout` without progress, and every message is back in
+/// the queue. Before the byte credit, all 150 MiB went to the gateway.
+async fn a_consumer_that_never_reads_is_dropped_and_its_deliveries_requeued(
+    wiring: Wiring,
+) -> anyhow::Result<()> {
+    const MESSAGES: u32 = 150;
+    let sandbox = Sandbox::start_with_config(wiring, "[gateway]\nwrite_timeout = \"1s\"\n").await?;
+    let connection = sandbox.connect().await?;
+    let channel = connection.create_channel().await?;
+    channel
+        .queue_declare("unread".into(), Default::default(), FieldTable::default())
+        .await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    let body = vec![7u8; MIB];
+    for _ in 0..MESSAGES {
+        channel
+            .basic_publish(
+                "".into(),
+                "unread".into(),
+                BasicPublishOptions::default(),
+                &body,
+                BasicProperties::default(),
+            )
+            .await?
+            .await?;
+    }
+
+    let mut reader = raw::open_connection(&sandbox, 131_072, 16).await?;
+    raw::open_channels(&mut reader, 1).await?;
+    // basic.consume "unread", tag "", no-local/no-ack/exclusive/no-wait off,
+    // no arguments; then this client reads nothing more.
+    let mut consume = vec![0, 60, 0, 20, 0, 0, 6];
+    consume.extend_from_slice(b"unread");
+    consume.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+    reader
+        .write_all(&raw::raw_frame(raw::FRAME_METHOD, 1, &consume))
+        .await?;
+
+    eventually(Duration::from_secs(10), || async {
+        let ready = ready_messages(&channel, "unread").await.ok();
+        ready.filter(|n| *n < MESSAGES)
+    })
+    .await?;
+    // Dropped at the write timeout; its unacked deliveries requeued.
+    eventually(Duration::from_secs(30), || async {
+        let ready = ready_messages(&channel, "unread").await.ok();
+        ready.filter(|n| *n == MESSAGES)
+    })
+    .await?;
+    let timeouts = gateway_metric(&sandbox, "spillway_write_timeouts_total").await?;
+    anyhow::ensure!(timeouts >= 1.0, "write timeouts counted: {timeouts}");
+    if let Some(peak) = sandbox.peak_rss("gateway") {
+        anyhow::ensure!(
+            peak < 96 * MIB as u64,
+            "the gateway's peak RSS was {} MiB for a reader of 150 MiB that read nothing",
+            peak / MIB as u64
+        );
+    }
+    raw::closed_within(&mut reader, Duration::from_secs(10)).await?;
+    connection.close(200, "bye".into()).await?;
+    broker_still_serves(&sandbox).await
+}
+
+/// 500 channels each announce a 100 MiB message and send its body 128 KiB
+/// at a time, round robin, never finishing one: with the default limits
+/// (128 MiB) the connection is closed with 506 after about 128 MiB, not
+/// after the 50 GB announced, and the gateway's memory stays bounded.
+async fn unfinished_bodies_past_the_limit_close_the_connection(
+    wiring: Wiring,
+) -> anyhow::Result<()> {
+    const CHANNELS: u16 = 500;
+    const GIVE_UP_AFTER: usize = 400 * MIB;
+    let sandbox = Sandbox::start(wiring).await?;
+    let mut socket = raw::open_connection(&sandbox, 131_072, CHANNELS).await?;
+    raw::open_channels(&mut socket, CHANNELS).await?;
+    let mut starts = Vec::new();
+    for channel in 1..=CHANNELS {
+        starts.extend(raw::publish_frame(channel, "nowhere"));
+        starts.extend(raw::content_header_frame(channel, 100 * MIB as u64));
+    }
+    socket.write_all(&starts).await?;
+
+    let (mut read_half, mut write_half) = socket.into_split();
+    let sent = Arc::new(AtomicUsize::new(0));
+    let writer = tokio::spawn({
+        let sent = sent.clone();
+        async move {
+            let payload = vec![0u8; 131_072 - 8];
+            while sent.load(Ordering::Relaxed) < GIVE_UP_AFTER {
+                for channel in 1..=CHANNELS {
+                    let frame = raw::raw_frame(FRAME_BODY, channel, &payload);
+                    if write_half.write_all(&frame).await.is_err() {
+                        return;
+                    }
+                    sent.fetch_add(payload.len(), Ordering::Relaxed);
+                }
+            }
+        }
+    });
+    let (code, text) = raw::read_until_connection_close(&mut read_half).await?;
+    // After close the gateway reads on (discarding) until close-ok: what
+    // counts is how much it had taken when it closed.
+    let sent_at_close = sent.load(Ordering::Relaxed);
+    writer.abort();
+    anyhow::ensure!(
+        code == 506 && text.contains("gateway.max_unfinished_content"),
+        "{code} {text}"
+    );
+    anyhow::ensure!(
+        sent_at_close < 192 * MIB,
+        "the connection was closed only after {sent_at_close} bytes"
+    );
+    eventually(Duration::from_secs(10), || async {
+        let bytes = gateway_metric(&sandbox, "spillway_unfinished_content_bytes").await;
+        bytes.ok().filter(|bytes| *bytes == 0.0)
+    })
+    .await?;
+    let closes = gateway_metric(&sandbox, "spillway_unfinished_content_closes_total").await?;
+    anyhow::ensure!(closes == 1.0, "closes counted: {closes}");
+    if let Some(peak) = sandbox.peak_rss("gateway") {
+        anyhow::ensure!(
+            peak < 256 * MIB as u64,
+            "the gateway's peak RSS was {} MiB",
+            peak / MIB as u64
+        );
+    }
+    broker_still_serves(&sandbox).await
+}
+
+/// 100 sockets that say nothing, 100 that stop after the protocol header and
+/// 20 that stop in the middle of a frame header: every one is closed once
+/// `gateway.handshake_timeout` has passed, and a real client is served.
+async fn hundreds_of_stalled_handshakes_are_closed_at_the_timeout(
+    wiring: Wiring,
+) -> anyhow::Result<()> {
+    let sandbox =
+        Sandbox::start_with_config(wiring, "[gateway]\nhandshake_timeout = \"1s\"\n").await?;
+    let mut sockets = Vec::new();
+    for n in 0..220 {
+        let mut socket = TcpStream::connect(sandbox.amqp_addr()).await?;
+        if n >= 100 {
+            socket.write_all(raw::HEADER).await?;
+        }
+        if n >= 200 {
+            // Three bytes of a start-ok's frame header, then nothing.
+            socket.write_all(&[1, 0, 0]).await?;
+        }
+        sockets.push(socket);
+    }
+    broker_still_serves(&sandbox).await?;
+    for socket in &mut sockets {
+        raw::closed_within(socket, Duration::from_secs(15)).await?;
+    }
+    broker_still_serves(&sandbox).await
+}
