@@ -473,7 +473,11 @@ impl Settings {
             }
         };
         let file_origin = Origin::File(file_path);
-        let (file_layer, ignored) = check_layer(file_source.clone(), &file_origin, &mut problems)?;
+        let (file_layer, mut ignored) =
+            check_layer(file_source.clone(), &file_origin, &mut problems)?;
+        // The `config` crate keeps keys in a hash map: sorted, the report
+        // does not change from one start to the next.
+        ignored.sort_by_key(|path| keys::render(path));
         for path in &ignored {
             problems.push(unknown_key(path, &file_origin));
         }
@@ -1056,15 +1060,19 @@ mod tests {
             problems,
             [
                 unknown(
-                    "gateway.heartbeat_timout",
+                    "gateway.fram_max",
                     origin.clone(),
+                    Some("gateway.frame_max")
+                ),
+                unknown(
+                    "gateway.heartbeat_timout",
+                    origin,
                     Some("gateway.heartbeat")
                 ),
-                unknown("gateway.fram_max", origin, Some("gateway.frame_max")),
             ]
         );
         assert_eq!(
-            problems[0].to_string(),
+            problems[1].to_string(),
             format!(
                 "unknown key `gateway.heartbeat_timout` in {}; did you mean `gateway.heartbeat`?",
                 file.display()
@@ -1079,8 +1087,8 @@ mod tests {
         assert_eq!(
             problems(result),
             [
-                unknown("gatway", origin.clone(), Some("gateway")),
-                unknown("gateway.zzz", origin, None),
+                unknown("gateway.zzz", origin.clone(), None),
+                unknown("gatway", origin, Some("gateway")),
             ]
         );
         let (_, result) = load("[gatway]\n", &[]);
