@@ -260,12 +260,12 @@ pub enum SettingsError {
     #[error("reading the configuration from {origin}: {error}")]
     Read {
         origin: Origin,
-        error: config::ConfigError,
+        error: Box<config::ConfigError>,
     },
     /// The layers could not be combined (should not happen once each layer
     /// read on its own).
     #[error("invalid configuration: {0}")]
-    Merge(config::ConfigError),
+    Merge(Box<config::ConfigError>),
     /// Every problem found, unknown keys and bad values alike.
     #[error("invalid configuration:{}", problem_list(.0))]
     Invalid(Vec<Problem>),
@@ -420,7 +420,7 @@ fn check_layer(
         .build()
         .map_err(|error| SettingsError::Read {
             origin: origin.clone(),
-            error,
+            error: Box::new(error),
         })?;
     let mut ignored = Vec::new();
     let read: Result<Settings, _> =
@@ -514,7 +514,7 @@ impl Settings {
             .add_source(env_source(&vars))
             .build()
             .and_then(config::Config::try_deserialize)
-            .map_err(SettingsError::Merge)?;
+            .map_err(|error| SettingsError::Merge(Box::new(error)))?;
         let origin_of = |key: &str| {
             vars.iter()
                 .rev()
