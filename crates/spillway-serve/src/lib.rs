@@ -7,7 +7,7 @@ mod roles;
 mod settings;
 
 pub use roles::{run, Role, Running};
-pub use settings::Settings;
+pub use settings::{Origin, Problem, Settings, SettingsError};
 
 /// The `tracing` target of the message-path spans that are exported over
 /// OTLP (the binary enables it only for its OpenTelemetry layer).

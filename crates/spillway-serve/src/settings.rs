@@ -2,11 +2,18 @@
 //! environment (`SPILLWAY_<SECTION>__<KEY>`, e.g.
 //! `SPILLWAY_GATEWAY__AMQP_LISTEN=127.0.0.1:5672`). Every key is documented
 //! in `docs/configuration.md`.
+//!
+//! Loading also refuses a configuration that cannot be meant: a key no
+//! setting reads (named with where it was set and the nearest known key) and
+//! a value out of its range. The known keys are the settings structs' own
+//! fields, found through their `Deserialize` impls ([`keys`]), never a list.
 
+use std::ffi::OsString;
+use std::fmt;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::Context;
 use serde::Deserialize;
 use spillway_gateway::GatewayConfig;
 
@@ -253,35 +260,652 @@ impl TelemetrySettings {
     }
 }
 
-impl Settings {
-    /// Defaults ← the file (when given, or `spillway.toml` when present) ←
-    /// `SPILLWAY_*` environment variables.
-    pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
-        let mut builder = config::Config::builder();
-        match file {
-            Some(path) => {
-                builder = builder.add_source(
-                    config::File::from(path)
-                        .format(config::FileFormat::Toml)
-                        .required(true),
-                );
+/// The name every configuration environment variable starts with (case
+/// does not matter, as for the rest of the name).
+const ENV_PREFIX: &str = "SPILLWAY_";
+/// Between section and key in a configuration environment variable; a
+/// `SPILLWAY_` variable without it is some other program's (`SPILLWAY_BIN`).
+const ENV_SEPARATOR: &str = "__";
+
+/// A configuration Spillway refuses to start with.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    /// A layer could not be read at all: a missing `--config` file, a TOML
+    /// syntax error, a variable whose value is not Unicode.
+    #[error("reading the configuration from {origin}: {error}")]
+    Read {
+        origin: Origin,
+        error: Box<config::ConfigError>,
+    },
+    /// The layers could not be combined (should not happen once each layer
+    /// read on its own).
+    #[error("invalid configuration: {0}")]
+    Merge(Box<config::ConfigError>),
+    /// Every problem found, unknown keys and bad values alike.
+    #[error("invalid configuration:{}", problem_list(.0))]
+    Invalid(Vec<Problem>),
+}
+
+fn problem_list(problems: &[Problem]) -> String {
+    problems
+        .iter()
+        .map(|problem| format!("\n  - {problem}"))
+        .collect()
+}
+
+/// Where a value was set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    File(PathBuf),
+    /// The environment variable's name exactly as set.
+    Env(String),
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::File(path) => write!(f, "{}", path.display()),
+            Origin::Env(name) => write!(f, "environment variable {name}"),
+        }
+    }
+}
+
+/// One thing wrong with the configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Problem {
+    /// A key (or a whole section) that no setting reads.
+    UnknownKey {
+        /// The full key: `gateway.heartbeat_timout`, `gateway.users[1].nme`.
+        key: String,
+        origin: Origin,
+        /// The nearest known key, when one is close.
+        suggestion: Option<String>,
+    },
+    /// A value of the wrong type or format (`frame_max = "big"`, `12 parsecs`).
+    BadValue { origin: Origin, error: String },
+    /// A value of the right type outside what the setting allows.
+    OutOfRange {
+        key: String,
+        value: String,
+        allowed: String,
+        /// Where it was set (none: the layers do not say, e.g. a list entry
+        /// whose index moved).
+        origin: Option<Origin>,
+    },
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Problem::UnknownKey {
+                key,
+                origin,
+                suggestion,
+            } => {
+                let what = if key.contains(['.', '[']) {
+                    "key"
+                } else {
+                    "section"
+                };
+                write!(f, "unknown {what} `{key}` in {origin}")?;
+                match (suggestion, origin) {
+                    (None, _) => Ok(()),
+                    (Some(known), Origin::Env(_)) => {
+                        write!(f, "; did you mean {} (`{known}`)?", env_name(known))
+                    }
+                    (Some(known), Origin::File(_)) => write!(f, "; did you mean `{known}`?"),
+                }
             }
-            None => {
-                builder = builder.add_source(config::File::with_name("spillway").required(false));
+            Problem::BadValue { origin, error } => write!(f, "in {origin}: {error}"),
+            Problem::OutOfRange {
+                key,
+                value,
+                allowed,
+                origin,
+            } => {
+                write!(f, "`{key}` = {value}")?;
+                if let Some(origin) = origin {
+                    write!(f, " (in {origin})")?;
+                }
+                write!(f, " is out of range: {allowed}")
             }
         }
-        builder = builder.add_source(
-            config::Environment::with_prefix("SPILLWAY")
-                .prefix_separator("_")
-                .separator("__")
-                .try_parsing(true),
-        );
-        let settings = builder
+    }
+}
+
+/// `gateway.heartbeat` → `SPILLWAY_GATEWAY__HEARTBEAT`.
+fn env_name(key: &str) -> String {
+    format!(
+        "{ENV_PREFIX}{}",
+        key.split('.')
+            .map(str::to_ascii_uppercase)
+            .collect::<Vec<_>>()
+            .join(ENV_SEPARATOR)
+    )
+}
+
+/// A configuration environment variable: its name as set, its key
+/// (`gateway.heartbeat`) and its value.
+struct EnvVar {
+    name: String,
+    key: String,
+    value: OsString,
+}
+
+/// The `SPILLWAY_<SECTION>__<KEY>` variables among `vars`; any other
+/// (`SPILLWAY_BIN`, `SPILLWAY_REGENERATE_PROTO`, `PATH`) is not configuration.
+fn config_vars(vars: impl IntoIterator<Item = (OsString, OsString)>) -> Vec<EnvVar> {
+    vars.into_iter()
+        .filter_map(|(name, value)| {
+            let name = name.into_string().ok()?;
+            let prefix = name.get(..ENV_PREFIX.len())?;
+            let rest = name.get(ENV_PREFIX.len()..)?;
+            if !prefix.eq_ignore_ascii_case(ENV_PREFIX) || !rest.contains(ENV_SEPARATOR) {
+                return None;
+            }
+            let key = rest.to_lowercase().replace(ENV_SEPARATOR, ".");
+            Some(EnvVar { name, key, value })
+        })
+        .collect()
+}
+
+/// The `config` source for `vars`, read the way the documentation says.
+fn env_source<'a>(vars: impl IntoIterator<Item = &'a EnvVar>) -> config::Environment {
+    let mut map = config::Map::new();
+    for var in vars {
+        // Lossy only for a value already reported as not Unicode.
+        map.insert(var.name.clone(), var.value.to_string_lossy().into_owned());
+    }
+    config::Environment::with_prefix("SPILLWAY")
+        .prefix_separator("_")
+        .separator(ENV_SEPARATOR)
+        .try_parsing(true)
+        .source(Some(map))
+}
+
+/// Reads one layer on its own: a [`Problem`] for each key in it no setting
+/// reads and for a value that does not deserialise.
+fn check_layer(
+    source: impl config::Source + Send + Sync + 'static,
+    origin: &Origin,
+    problems: &mut Vec<Problem>,
+) -> Result<(config::Config, Vec<Vec<keys::Segment>>), SettingsError> {
+    let layer = config::Config::builder()
+        .add_source(source)
+        .build()
+        .map_err(|error| SettingsError::Read {
+            origin: origin.clone(),
+            error: Box::new(error),
+        })?;
+    let mut ignored = Vec::new();
+    let read: Result<Settings, _> =
+        serde_ignored::deserialize(layer.clone(), |path| ignored.push(keys::segments(&path)));
+    if let Err(error) = read {
+        problems.push(Problem::BadValue {
+            origin: origin.clone(),
+            error: error.to_string(),
+        });
+    }
+    Ok((layer, ignored))
+}
+
+fn unknown_key(path: &[keys::Segment], origin: &Origin) -> Problem {
+    Problem::UnknownKey {
+        key: keys::render(path),
+        origin: origin.clone(),
+        suggestion: keys::suggest::<Settings>(path).map(|known| keys::render(&known)),
+    }
+}
+
+impl Settings {
+    /// Defaults ← the file (when given, or `spillway.toml` when present) ←
+    /// `SPILLWAY_<SECTION>__<KEY>` environment variables; refused with every
+    /// unknown key and out-of-range value named.
+    pub fn load(file: Option<&Path>) -> Result<Self, SettingsError> {
+        Self::load_with_env(file, std::env::vars_os())
+    }
+
+    /// [`Settings::load`] with these environment variables instead of the
+    /// process's.
+    pub fn load_with_env(
+        file: Option<&Path>,
+        vars: impl IntoIterator<Item = (OsString, OsString)>,
+    ) -> Result<Self, SettingsError> {
+        let mut problems = Vec::new();
+        let (file_path, file_source) = match file {
+            Some(path) => (
+                path.to_path_buf(),
+                config::File::from(path)
+                    .format(config::FileFormat::Toml)
+                    .required(true),
+            ),
+            None => {
+                let path = PathBuf::from("spillway.toml");
+                let source = config::File::from(path.as_path())
+                    .format(config::FileFormat::Toml)
+                    .required(false);
+                (path, source)
+            }
+        };
+        let file_origin = Origin::File(file_path);
+        let (file_layer, mut ignored) =
+            check_layer(file_source.clone(), &file_origin, &mut problems)?;
+        // The `config` crate keeps keys in a hash map: sorted, the report
+        // does not change from one start to the next.
+        ignored.sort_by_key(|path| keys::render(path));
+        for path in &ignored {
+            problems.push(unknown_key(path, &file_origin));
+        }
+
+        let vars = config_vars(vars);
+        for var in &vars {
+            let origin = Origin::Env(var.name.clone());
+            if var.value.to_str().is_none() {
+                problems.push(Problem::BadValue {
+                    origin,
+                    error: "the value is not valid Unicode".into(),
+                });
+                continue;
+            }
+            let (_, ignored) = check_layer(env_source([var]), &origin, &mut problems)?;
+            if !ignored.is_empty() {
+                // The variable's own key, not the ignored part of it: for
+                // `SPILLWAY_GATWAY__HEARTBEAT` that is `gatway.heartbeat`,
+                // whose nearest known key is `gateway.heartbeat`.
+                let path: Vec<_> = var
+                    .key
+                    .split('.')
+                    .map(|key| keys::Segment::Key(key.to_string()))
+                    .collect();
+                problems.push(unknown_key(&path, &origin));
+            }
+        }
+        if !problems.is_empty() {
+            return Err(SettingsError::Invalid(problems));
+        }
+
+        let settings: Settings = config::Config::builder()
+            .add_source(file_source)
+            .add_source(env_source(&vars))
             .build()
-            .context("reading the configuration")?
-            .try_deserialize()
-            .context("invalid configuration")?;
+            .and_then(config::Config::try_deserialize)
+            .map_err(|error| SettingsError::Merge(Box::new(error)))?;
+        let origin_of = |key: &str| {
+            vars.iter()
+                .rev()
+                .find(|var| var.key == key)
+                .map(|var| Origin::Env(var.name.clone()))
+                .or_else(|| {
+                    file_layer
+                        .get::<config::Value>(key)
+                        .is_ok()
+                        .then(|| file_origin.clone())
+                })
+        };
+        let problems: Vec<_> = settings
+            .out_of_range()
+            .into_iter()
+            .map(|range| Problem::OutOfRange {
+                origin: origin_of(&range.key),
+                key: range.key,
+                value: range.value,
+                allowed: range.allowed,
+            })
+            .collect();
+        if !problems.is_empty() {
+            return Err(SettingsError::Invalid(problems));
+        }
         Ok(settings)
+    }
+
+    /// Every value outside what its setting allows. Only what the
+    /// documentation gives no meaning: `0` stays valid where it means "off".
+    fn out_of_range(&self) -> Vec<Range> {
+        let mut found = Vec::new();
+        let mut check = |ok: bool, key: &str, value: &dyn fmt::Display, allowed: &str| {
+            if !ok {
+                found.push(Range {
+                    key: key.to_string(),
+                    value: value.to_string(),
+                    allowed: allowed.to_string(),
+                });
+            }
+        };
+        let gateway = &self.gateway;
+        check(
+            gateway.amqp_listen.parse::<SocketAddr>().is_ok(),
+            "gateway.amqp_listen",
+            &Quoted(&gateway.amqp_listen),
+            "a literal IP:port, e.g. \"0.0.0.0:5672\"",
+        );
+        check(
+            gateway.frame_max >= spillway_gateway::codec::MIN_FRAME_MAX,
+            "gateway.frame_max",
+            &gateway.frame_max,
+            "at least 4096 (AMQP's smallest frame)",
+        );
+        check(
+            gateway.channel_max >= 1,
+            "gateway.channel_max",
+            &gateway.channel_max,
+            "1 to 65535",
+        );
+        check(
+            gateway.max_message_size >= 1,
+            "gateway.max_message_size",
+            &gateway.max_message_size,
+            "at least 1 byte",
+        );
+        check(
+            !gateway.handshake_timeout.is_zero(),
+            "gateway.handshake_timeout",
+            &Millis(gateway.handshake_timeout),
+            "more than 0",
+        );
+        check_users(
+            "gateway.users",
+            gateway.users.iter().map(|user| user.name.as_str()),
+            &mut check,
+        );
+        check(
+            self.broker.flow_to_disk_threshold != Some(0),
+            "broker.flow_to_disk_threshold",
+            &0,
+            "at least 1 byte, or unset for 40% of the memory available",
+        );
+        check(
+            !self.storage.data_dir.as_os_str().is_empty(),
+            "storage.data_dir",
+            &"\"\"",
+            "a directory",
+        );
+        check_users(
+            "management.users",
+            self.management.users.iter().map(|user| user.name.as_str()),
+            &mut check,
+        );
+        let telemetry = &self.telemetry;
+        check(
+            ["text", "json"].contains(&telemetry.log_format.as_str()),
+            "telemetry.log_format",
+            &Quoted(&telemetry.log_format),
+            "\"text\" or \"json\"",
+        );
+        if let Some(listen) = &telemetry.metrics_listen {
+            check(
+                listen.parse::<SocketAddr>().is_ok(),
+                "telemetry.metrics_listen",
+                &Quoted(listen),
+                "a literal IP:port, e.g. \"127.0.0.1:9471\"",
+            );
+        }
+        found
+    }
+}
+
+/// Each user's name must be set and used once.
+fn check_users<'a>(
+    list: &str,
+    names: impl Iterator<Item = &'a str>,
+    check: &mut impl FnMut(bool, &str, &dyn fmt::Display, &str),
+) {
+    let mut seen: Vec<&str> = Vec::new();
+    for (index, name) in names.enumerate() {
+        let key = format!("{list}[{index}].name");
+        check(!name.is_empty(), &key, &Quoted(name), "a name");
+        if let Some(first) = seen.iter().position(|seen| *seen == name) {
+            check(
+                false,
+                &key,
+                &Quoted(name),
+                &format!("a name not already given to {list}[{first}]"),
+            );
+        }
+        seen.push(name);
+    }
+}
+
+/// An out-of-range value, before its origin is looked up.
+struct Range {
+    key: String,
+    value: String,
+    allowed: String,
+}
+
+struct Quoted<'a>(&'a str);
+
+impl fmt::Display for Quoted<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+struct Millis(Duration);
+
+impl fmt::Display for Millis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0.as_millis())
+    }
+}
+
+/// The keys the settings read, found by walking the settings structs'
+/// `Deserialize` impls: each struct hands serde its field names, so a new
+/// field is a known key without anything else to update.
+pub mod keys {
+    use std::cell::Cell;
+    use std::fmt;
+
+    use serde::de::value::StrDeserializer;
+    use serde::de::{self, DeserializeOwned, Visitor};
+
+    /// One step of a key: a field, or an entry of a list.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub enum Segment {
+        Key(String),
+        /// An entry of a list; `None` is any entry.
+        Index(Option<usize>),
+    }
+
+    /// `gateway.users[1].name`.
+    pub fn render(path: &[Segment]) -> String {
+        let mut out = String::new();
+        for segment in path {
+            match segment {
+                Segment::Key(key) => {
+                    if !out.is_empty() {
+                        out.push('.');
+                    }
+                    out.push_str(key);
+                }
+                Segment::Index(Some(index)) => out.push_str(&format!("[{index}]")),
+                Segment::Index(None) => out.push_str("[]"),
+            }
+        }
+        out
+    }
+
+    /// The steps of a path `serde_ignored` reports.
+    pub fn segments(path: &serde_ignored::Path<'_>) -> Vec<Segment> {
+        let mut out = match path {
+            serde_ignored::Path::Root => return Vec::new(),
+            serde_ignored::Path::Seq { parent, .. }
+            | serde_ignored::Path::Map { parent, .. }
+            | serde_ignored::Path::Some { parent }
+            | serde_ignored::Path::NewtypeStruct { parent }
+            | serde_ignored::Path::NewtypeVariant { parent } => segments(parent),
+        };
+        match path {
+            serde_ignored::Path::Seq { index, .. } => out.push(Segment::Index(Some(*index))),
+            serde_ignored::Path::Map { key, .. } => out.push(Segment::Key(key.clone())),
+            _ => {}
+        }
+        out
+    }
+
+    /// The fields of the struct `T` has at `path`, if it has one there.
+    pub fn fields_at<T: DeserializeOwned>(path: &[Segment]) -> Option<&'static [&'static str]> {
+        let found = Cell::new(None);
+        let _ = T::deserialize(Walker {
+            rest: path,
+            found: &found,
+        });
+        found.get()
+    }
+
+    /// `path` with each unknown step replaced by the closest known one at
+    /// its place, when every unknown step has a close one.
+    pub fn suggest<T: DeserializeOwned>(path: &[Segment]) -> Option<Vec<Segment>> {
+        let mut known = Vec::new();
+        for segment in path {
+            match segment {
+                Segment::Index(_) => known.push(segment.clone()),
+                Segment::Key(key) => {
+                    let fields = fields_at::<T>(&known)?;
+                    let nearest = if fields.contains(&key.as_str()) {
+                        key.as_str()
+                    } else {
+                        nearest(key, fields)?
+                    };
+                    known.push(Segment::Key(nearest.to_string()));
+                }
+            }
+        }
+        (known != path).then_some(known)
+    }
+
+    /// The field most like `key`, if it is alike enough to be a slip.
+    fn nearest<'a>(key: &str, fields: &[&'a str]) -> Option<&'a str> {
+        let key = key.to_lowercase();
+        fields
+            .iter()
+            .map(|field| (strsim::jaro_winkler(&key, field), *field))
+            .filter(|(likeness, _)| *likeness >= 0.8)
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(_, field)| field)
+    }
+
+    /// Presents `T` a document that holds only `rest`, and notes the fields
+    /// of the struct found at its end. Every path ends in an error: no value
+    /// is ever made, so no setting's type or validation matters.
+    struct Walker<'a> {
+        rest: &'a [Segment],
+        found: &'a Cell<Option<&'static [&'static str]>>,
+    }
+
+    #[derive(Debug)]
+    struct Stop;
+
+    impl fmt::Display for Stop {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("walked")
+        }
+    }
+
+    impl std::error::Error for Stop {}
+
+    impl de::Error for Stop {
+        fn custom<T: fmt::Display>(_: T) -> Self {
+            Stop
+        }
+    }
+
+    impl<'de> de::Deserializer<'de> for Walker<'_> {
+        type Error = Stop;
+
+        fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Stop> {
+            match self.rest.split_first() {
+                Some((Segment::Key(key), rest)) => visitor.visit_map(Entry {
+                    key: Some(key.as_str()),
+                    value: Some(Walker {
+                        rest,
+                        found: self.found,
+                    }),
+                }),
+                Some((Segment::Index(_), rest)) => visitor.visit_seq(Element(Some(Walker {
+                    rest,
+                    found: self.found,
+                }))),
+                None => Err(Stop),
+            }
+        }
+
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _name: &'static str,
+            fields: &'static [&'static str],
+            visitor: V,
+        ) -> Result<V::Value, Stop> {
+            if self.rest.is_empty() {
+                self.found.set(Some(fields));
+                return Err(Stop);
+            }
+            self.deserialize_any(visitor)
+        }
+
+        fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Stop> {
+            visitor.visit_some(self)
+        }
+
+        fn deserialize_newtype_struct<V: Visitor<'de>>(
+            self,
+            _name: &'static str,
+            visitor: V,
+        ) -> Result<V::Value, Stop> {
+            visitor.visit_newtype_struct(self)
+        }
+
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+            bytes byte_buf unit unit_struct seq tuple tuple_struct map enum
+            identifier ignored_any
+        }
+    }
+
+    struct Entry<'a> {
+        key: Option<&'a str>,
+        value: Option<Walker<'a>>,
+    }
+
+    impl<'de> de::MapAccess<'de> for Entry<'_> {
+        type Error = Stop;
+
+        fn next_key_seed<K: de::DeserializeSeed<'de>>(
+            &mut self,
+            seed: K,
+        ) -> Result<Option<K::Value>, Stop> {
+            match self.key.take() {
+                Some(key) => seed
+                    .deserialize(StrDeserializer::<Stop>::new(key))
+                    .map(Some),
+                None => Ok(None),
+            }
+        }
+
+        fn next_value_seed<V: de::DeserializeSeed<'de>>(
+            &mut self,
+            seed: V,
+        ) -> Result<V::Value, Stop> {
+            match self.value.take() {
+                Some(walker) => seed.deserialize(walker),
+                None => Err(Stop),
+            }
+        }
+    }
+
+    struct Element<'a>(Option<Walker<'a>>);
+
+    impl<'de> de::SeqAccess<'de> for Element<'_> {
+        type Error = Stop;
+
+        fn next_element_seed<T: de::DeserializeSeed<'de>>(
+            &mut self,
+            seed: T,
+        ) -> Result<Option<T::Value>, Stop> {
+            match self.0.take() {
+                Some(walker) => seed.deserialize(walker).map(Some),
+                None => Ok(None),
+            }
+        }
     }
 }
 
@@ -407,5 +1031,337 @@ mod tests {
             Duration::from_millis(100)
         );
         Ok(())
+    }
+
+    /// Loads `toml` from a file, with `vars` as the environment.
+    fn load(toml: &str, vars: &[(&str, &str)]) -> (PathBuf, Result<Settings, SettingsError>) {
+        let dir = match tempfile::tempdir() {
+            Ok(dir) => dir,
+            Err(error) => panic!("no temp dir: {error}"),
+        };
+        let file = dir.path().join("spillway.toml");
+        if let Err(error) = std::fs::write(&file, toml) {
+            panic!("writing {}: {error}", file.display());
+        }
+        let vars = vars
+            .iter()
+            .map(|(name, value)| (OsString::from(name), OsString::from(value)));
+        let result = Settings::load_with_env(Some(&file), vars);
+        (file, result)
+    }
+
+    fn problems(result: Result<Settings, SettingsError>) -> Vec<Problem> {
+        match result {
+            Err(SettingsError::Invalid(problems)) => problems,
+            Err(other) => panic!("expected problems, got {other}"),
+            Ok(settings) => panic!("expected problems, loaded {settings:?}"),
+        }
+    }
+
+    fn unknown(key: &str, origin: Origin, suggestion: Option<&str>) -> Problem {
+        Problem::UnknownKey {
+            key: key.into(),
+            origin,
+            suggestion: suggestion.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn an_unknown_key_in_the_file_names_the_file_and_the_nearest_key() {
+        let (file, result) = load("[gateway]\nheartbeat_timout = 30\nfram_max = 8192\n", &[]);
+        let problems = problems(result);
+        let origin = Origin::File(file.clone());
+        assert_eq!(
+            problems,
+            [
+                unknown(
+                    "gateway.fram_max",
+                    origin.clone(),
+                    Some("gateway.frame_max")
+                ),
+                unknown(
+                    "gateway.heartbeat_timout",
+                    origin,
+                    Some("gateway.heartbeat")
+                ),
+            ]
+        );
+        assert_eq!(
+            problems[1].to_string(),
+            format!(
+                "unknown key `gateway.heartbeat_timout` in {}; did you mean `gateway.heartbeat`?",
+                file.display()
+            )
+        );
+    }
+
+    #[test]
+    fn an_unknown_section_and_a_key_far_from_any_are_refused_too() {
+        let (file, result) = load("[gatway]\nheartbeat = 30\n[gateway]\nzzz = 1\n", &[]);
+        let origin = Origin::File(file.clone());
+        assert_eq!(
+            problems(result),
+            [
+                unknown("gateway.zzz", origin.clone(), None),
+                unknown("gatway", origin, Some("gateway")),
+            ]
+        );
+        let (_, result) = load("[gatway]\n", &[]);
+        assert!(problems(result)[0]
+            .to_string()
+            .starts_with("unknown section `gatway` in "));
+    }
+
+    #[test]
+    fn keys_inside_list_entries_are_checked() {
+        let toml = "[[gateway.users]]\nname = \"a\"\npassword = \"p\"\n\
+                    [[gateway.users]]\nname = \"b\"\npassword = \"p\"\nloopback_onyl = true\n\
+                    [[management.users]]\nname = \"m\"\npassword = \"p\"\nrole = \"admin\"\n";
+        let (file, result) = load(toml, &[]);
+        let origin = Origin::File(file);
+        assert_eq!(
+            problems(result),
+            [
+                unknown(
+                    "gateway.users[1].loopback_onyl",
+                    origin.clone(),
+                    Some("gateway.users[1].loopback_only")
+                ),
+                unknown("management.users[0].role", origin, None),
+            ]
+        );
+    }
+
+    #[test]
+    fn an_unknown_environment_variable_is_named_as_set() {
+        let (_, result) = load(
+            "",
+            &[
+                ("SPILLWAY_GATEWAY__HEARTBEAT_TIMOUT", "30"),
+                ("spillway_Gatway__Frame_Max", "8192"),
+                ("SPILLWAY_TELEMETRY__NOPE", "x"),
+            ],
+        );
+        let problems = problems(result);
+        assert_eq!(
+            problems,
+            [
+                unknown(
+                    "gateway.heartbeat_timout",
+                    Origin::Env("SPILLWAY_GATEWAY__HEARTBEAT_TIMOUT".into()),
+                    Some("gateway.heartbeat")
+                ),
+                unknown(
+                    "gatway.frame_max",
+                    Origin::Env("spillway_Gatway__Frame_Max".into()),
+                    Some("gateway.frame_max")
+                ),
+                unknown(
+                    "telemetry.nope",
+                    Origin::Env("SPILLWAY_TELEMETRY__NOPE".into()),
+                    None
+                ),
+            ]
+        );
+        assert_eq!(
+            problems[0].to_string(),
+            "unknown key `gateway.heartbeat_timout` in environment variable \
+             SPILLWAY_GATEWAY__HEARTBEAT_TIMOUT; did you mean SPILLWAY_GATEWAY__HEARTBEAT \
+             (`gateway.heartbeat`)?"
+        );
+    }
+
+    #[test]
+    fn other_programs_spillway_variables_are_not_configuration() -> anyhow::Result<()> {
+        // Read by the test scripts, the proto test, compose and the loadgen:
+        // no double underscore after the prefix.
+        let (_, result) = load(
+            "",
+            &[
+                ("SPILLWAY_REGENERATE_PROTO", "1"),
+                ("SPILLWAY_BIN", "/usr/bin/spillway"),
+                ("SPILLWAY_MANAGEMENT_TOKEN", "secret"),
+                ("SPILLWAY_AMQP_ADDR", "127.0.0.1:5672"),
+                ("SPILLWAY_LOADGEN_URL", "amqp://localhost"),
+                ("SPILLWAY", "x"),
+                ("PATH", "/bin"),
+                ("SPILLWAY_GATEWAY__HEARTBEAT", "7"),
+            ],
+        );
+        let settings = result?;
+        assert_eq!(settings.gateway.heartbeat, 7);
+        assert_eq!(settings.management.token, None);
+        Ok(())
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_type_names_its_variable() {
+        let (_, result) = load("", &[("SPILLWAY_GATEWAY__FRAME_MAX", "lots")]);
+        let problems = problems(result);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(matches!(
+            &problems[0],
+            Problem::BadValue { origin: Origin::Env(name), error }
+                if name == "SPILLWAY_GATEWAY__FRAME_MAX" && error.contains("lots")
+        ));
+    }
+
+    #[test]
+    fn out_of_range_values_name_key_value_origin_and_range() {
+        let toml = "[gateway]\nchannel_max = 0\nhandshake_timeout = 0\nmax_message_size = 0\n\
+                    amqp_listen = \"localhost:5672\"\n\
+                    [[gateway.users]]\nname = \"app\"\npassword = \"p\"\n\
+                    [[gateway.users]]\nname = \"app\"\npassword = \"q\"\n\
+                    [[gateway.users]]\nname = \"\"\npassword = \"q\"\n\
+                    [broker]\nflow_to_disk_threshold = 0\n\
+                    [storage]\ndata_dir = \"\"\n\
+                    [telemetry]\nlog_format = \"jsno\"\nmetrics_listen = \"metrics:9471\"\n";
+        let (file, result) = load(toml, &[("SPILLWAY_GATEWAY__FRAME_MAX", "1024")]);
+        let problems = problems(result);
+        let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        let file = file.display();
+        assert_eq!(
+            lines,
+            [
+                format!(
+                    "`gateway.amqp_listen` = \"localhost:5672\" (in {file}) is out of range: \
+                     a literal IP:port, e.g. \"0.0.0.0:5672\""
+                ),
+                "`gateway.frame_max` = 1024 (in environment variable \
+                 SPILLWAY_GATEWAY__FRAME_MAX) is out of range: at least 4096 (AMQP's \
+                 smallest frame)"
+                    .to_string(),
+                format!("`gateway.channel_max` = 0 (in {file}) is out of range: 1 to 65535"),
+                format!(
+                    "`gateway.max_message_size` = 0 (in {file}) is out of range: at least 1 byte"
+                ),
+                format!("`gateway.handshake_timeout` = 0 (in {file}) is out of range: more than 0"),
+                format!(
+                    "`gateway.users[1].name` = \"app\" (in {file}) is out of range: a name \
+                     not already given to gateway.users[0]"
+                ),
+                format!("`gateway.users[2].name` = \"\" (in {file}) is out of range: a name"),
+                format!(
+                    "`broker.flow_to_disk_threshold` = 0 (in {file}) is out of range: at \
+                     least 1 byte, or unset for 40% of the memory available"
+                ),
+                format!("`storage.data_dir` = \"\" (in {file}) is out of range: a directory"),
+                format!(
+                    "`telemetry.log_format` = \"jsno\" (in {file}) is out of range: \"text\" \
+                     or \"json\""
+                ),
+                format!(
+                    "`telemetry.metrics_listen` = \"metrics:9471\" (in {file}) is out of \
+                     range: a literal IP:port, e.g. \"127.0.0.1:9471\""
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_edges_of_each_range_and_documented_zeros_load() -> anyhow::Result<()> {
+        let toml = "[gateway]\nframe_max = 4096\nchannel_max = 1\nheartbeat = 0\n\
+                    max_message_size = 1\nblocked_overdraft = 0\nhandshake_timeout = 1\n\
+                    max_connections = 0\n\
+                    [engine]\nsession_credit = 0\n\
+                    [broker]\nflow_to_disk_threshold = 1\nhousekeeping_interval = 0\n\
+                    consumer_timeout = 0\n\
+                    [store]\noverfull_size = 0\nunderfull_size = 0\n\
+                    [telemetry]\nlog_format = \"json\"\n";
+        let (_, result) = load(toml, &[("SPILLWAY_GATEWAY__CHANNEL_MAX", "65535")]);
+        let settings = result?;
+        assert_eq!(settings.gateway.frame_max, 4096);
+        assert_eq!(settings.gateway.channel_max, 65535);
+        assert_eq!(settings.broker.consumer_timeout, Duration::ZERO);
+        Ok(())
+    }
+
+    /// The example in `docs/configuration.md` sets every key: it loads, and
+    /// so do the files and variables the repository ships.
+    #[test]
+    fn the_documented_example_and_the_shipped_configuration_load() -> anyhow::Result<()> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let doc = std::fs::read_to_string(root.join("docs/configuration.md"))?;
+        let example = doc
+            .split("## Example `spillway.toml`")
+            .nth(1)
+            .and_then(|rest| rest.split("```toml\n").nth(1))
+            .and_then(|rest| rest.split("```").next())
+            .ok_or_else(|| anyhow::anyhow!("no example in docs/configuration.md"))?;
+        let (_, result) = load(example, &[]);
+        let settings = result?;
+        assert_eq!(settings.store.underfull_size, Some(8 << 30));
+        assert_eq!(settings.gateway.users.len(), 2);
+
+        let gateway = std::fs::read_to_string(root.join("deploy/gateway.toml"))?;
+        let (_, result) = load(&gateway, &[]);
+        assert_eq!(result?.gateway.users[0].name, "spillway");
+        Ok(())
+    }
+
+    /// Every `SPILLWAY_<SECTION>__<KEY>` the scripts, compose file, image,
+    /// Python suite, test harness and README set is a key the settings read.
+    #[test]
+    fn every_variable_the_repository_sets_is_a_known_key() -> anyhow::Result<()> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut files = vec![
+            root.join("README.md"),
+            root.join("docker-compose.yml"),
+            root.join("deploy/Dockerfile"),
+            root.join("crates/spillway-integration-tests/src/lib.rs"),
+        ];
+        for dir in ["scripts", "scripts/lib", "tests/python"] {
+            for entry in std::fs::read_dir(root.join(dir))? {
+                let path = entry?.path();
+                if path.is_file() {
+                    files.push(path);
+                }
+            }
+        }
+        let mut seen = 0;
+        for file in files {
+            let text = std::fs::read_to_string(&file)?;
+            for (at, _) in text.match_indices(ENV_PREFIX) {
+                let name: String = text[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                let vars = config_vars([(OsString::from(&name), OsString::new())]);
+                let Some(var) = vars.first() else { continue };
+                let path: Vec<_> = var
+                    .key
+                    .split('.')
+                    .map(|key| keys::Segment::Key(key.into()))
+                    .collect();
+                let known = (1..=path.len()).all(|len| {
+                    let (parent, last) = path[..len].split_at(len - 1);
+                    matches!((keys::fields_at::<Settings>(parent), &last[0]),
+                        (Some(fields), keys::Segment::Key(key)) if fields.contains(&key.as_str()))
+                });
+                assert!(known, "{name} in {} is not a setting", file.display());
+                seen += 1;
+            }
+        }
+        assert!(seen > 20, "only {seen} variables found");
+        Ok(())
+    }
+
+    #[test]
+    fn the_known_keys_come_from_the_structs() {
+        let sections = keys::fields_at::<Settings>(&[]).unwrap_or_default();
+        assert!(sections.contains(&"gateway") && sections.contains(&"telemetry"));
+        let gateway = keys::fields_at::<Settings>(&[keys::Segment::Key("gateway".into())]);
+        assert!(gateway.unwrap_or_default().contains(&"handshake_timeout"));
+        let users = keys::fields_at::<Settings>(&[
+            keys::Segment::Key("management".into()),
+            keys::Segment::Key("users".into()),
+            keys::Segment::Index(None),
+        ]);
+        assert_eq!(users, Some(&["name", "password", "loopback_only"][..]));
+        let leaf = keys::fields_at::<Settings>(&[
+            keys::Segment::Key("gateway".into()),
+            keys::Segment::Key("frame_max".into()),
+        ]);
+        assert_eq!(leaf, None);
     }
 }
