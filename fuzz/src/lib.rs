@@ -660,7 +660,7 @@ impl FakeEngine {
                 return events;
             }
             Command::Get(m) => {
-                let result = if self.answered % 2 == 0 {
+                let result = if self.answered & 1 == 0 {
                     reply::Result::GetOk(pb::GetOk {
                         delivery_tag: 2,
                         exchange: "x".into(),
@@ -733,7 +733,7 @@ impl FakeEngine {
                 event: Some(Event::Confirm(pb::Confirm {
                     channel: publish.channel,
                     seq: publish.confirm_seq,
-                    ack: publish.confirm_seq % 3 != 0,
+                    ack: publish.confirm_seq & 3 != 0,
                 })),
             });
         }
@@ -747,7 +747,6 @@ impl FakeEngine {
                     routing_key: publish.routing_key.clone(),
                     properties: publish.properties.clone(),
                     body: publish.body.clone(),
-                    ..Default::default()
                 })),
             });
         }
@@ -755,7 +754,7 @@ impl FakeEngine {
         if self.block_after_publish {
             events.push(SessionEvent {
                 event: Some(Event::FlowControl(pb::FlowControl {
-                    blocked: self.outcome.publishes % 4 != 0,
+                    blocked: self.outcome.publishes & 3 != 0,
                     reason: "fuzz".into(),
                 })),
             });
@@ -779,7 +778,7 @@ impl FakeEngine {
         self.answered += 1;
         match self.policy {
             0 => true,
-            3 => self.answered % 2 == 0,
+            3 => self.answered & 1 == 0,
             _ => false,
         }
     }

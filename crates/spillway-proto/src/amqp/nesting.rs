@@ -328,6 +328,10 @@ mod tests {
         start_ok.extend_from_slice(&deep);
         assert!(check_method(&start_ok, MAX_NESTING).is_err());
         // queue.declare: reserved short, queue name, flags, arguments.
+        // start: a server's method, yet parsed when a client sends it.
+        let mut start = vec![0, 10, 0, 10, 0, 9];
+        start.extend_from_slice(&deep);
+        assert!(check_method(&start, MAX_NESTING).is_err());
         let mut declare = vec![0, 50, 0, 10, 0, 0, 1, b'q', 0];
         declare.extend_from_slice(&deep);
         assert!(check_method(&declare, MAX_NESTING).is_err());
