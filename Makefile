@@ -5,6 +5,7 @@
 # make compose-test     the compose stack with its `test` profile (load, flow to disk, capacity)
 # make compose-faults   kill storage, engine, gateways and cut engine<->storage under traffic
 .PHONY: images run test test-stages build deps venv lint test-build test-rust test-python bench fmt clean \
+	test-fuzz fuzz \
 	bench-flow-to-disk \
 	docker-check images-from-build compose-test compose-faults
 
@@ -38,6 +39,14 @@ test-build: deps
 test-rust: test-build
 	$(TIMED) rust-tests $(CARGO) test --release --workspace
 
+# Coverage-guided fuzzing of the parsers of client input, 25 s per target
+# (docs/fuzzing.md); `make fuzz` runs longer (FUZZ_SECONDS per target, 600 by default).
+test-fuzz: deps
+	$(TIMED) fuzz scripts/fuzz.sh
+
+fuzz: deps
+	FUZZ_SECONDS=$${FUZZ_SECONDS:-600} scripts/fuzz.sh
+
 test-python: test-build venv
 	$(TIMED) python-tests .venv/bin/pytest tests/python -q -p no:cacheprovider
 
@@ -47,7 +56,7 @@ test:
 	@$(TIMED) --reset
 	@$(MAKE) --no-print-directory test-stages; rc=$$?; $(TIMED) --summary; exit $$rc
 
-test-stages: lint test-rust test-python compose-test compose-faults
+test-stages: lint test-rust test-fuzz test-python compose-test compose-faults
 
 bench: deps
 	@scripts/install-deps.sh --bench

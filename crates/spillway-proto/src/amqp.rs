@@ -99,6 +99,7 @@ pub struct MethodId {
 impl MethodId {
     /// No method: the failure was not caused by one.
     pub const NONE: Self = Self::new(0, 0);
+    pub const CONNECTION_START: Self = Self::new(10, 10);
     pub const CONNECTION_START_OK: Self = Self::new(10, 11);
     pub const CONNECTION_SECURE_OK: Self = Self::new(10, 21);
     pub const CONNECTION_TUNE_OK: Self = Self::new(10, 31);
@@ -182,8 +183,13 @@ pub fn decode_table(bytes: &[u8]) -> Result<FieldTable, AmqpError> {
     if bytes.is_empty() {
         return Ok(FieldTable::default());
     }
-    match amq_protocol::types::parsing::parse_field_table(bytes) {
-        Ok(([], table)) => Ok(table),
+    // The parser recurses: bytes from the wire are bounded before it runs.
+    let checked = nesting::check_table(bytes, nesting::MAX_NESTING);
+    match checked.map(|_| amq_protocol::types::parsing::parse_field_table(bytes)) {
+        Ok(Ok(([], table))) => Ok(table),
+        Err(error @ nesting::NestingError::TooDeep { .. }) => {
+            Err(AmqpError::new(reply_code::SYNTAX_ERROR, error.to_string()))
+        }
         _ => Err(AmqpError::new(
             reply_code::SYNTAX_ERROR,
             "malformed field table",

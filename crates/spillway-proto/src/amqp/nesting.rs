@@ -10,11 +10,13 @@
 //! to the real parser.
 //!
 //! Every place a client can put a field table is covered: the method
-//! arguments of `start-ok` (client properties), `exchange.declare`/`bind`/
+//! arguments of `start-ok` (client properties), `start` (a server's method,
+//! which the parser reads from a client all the same), `exchange.declare`/`bind`/
 //! `unbind`, `queue.declare`/`bind`/`unbind` and `basic.consume`
 //! ([`check_method`]); the `headers` property of a content header
 //! ([`check_content_header`]); and an AMQPLAIN response, a table without its
-//! length prefix ([`check_table_entries`]).
+//! length prefix ([`check_table_entries`]). `amqp::decode_table` runs
+//! [`check_table`] on the table bytes components send each other.
 
 use super::MethodId;
 
@@ -42,6 +44,8 @@ pub fn check_method(payload: &[u8], limit: usize) -> Result<(), NestingError> {
     // Where the table starts: the fields before it, in order.
     use Field::*;
     let before: &[Field] = match method {
+        // A server's method, but amq-protocol parses it from a client too.
+        MethodId::CONNECTION_START => &[Octet, Octet],
         MethodId::CONNECTION_START_OK => &[],
         MethodId::EXCHANGE_DECLARE => &[Short, ShortString, ShortString, Octet],
         MethodId::EXCHANGE_BIND | MethodId::EXCHANGE_UNBIND | MethodId::QUEUE_BIND => {
@@ -324,6 +328,10 @@ mod tests {
         start_ok.extend_from_slice(&deep);
         assert!(check_method(&start_ok, MAX_NESTING).is_err());
         // queue.declare: reserved short, queue name, flags, arguments.
+        // start: a server's method, yet parsed when a client sends it.
+        let mut start = vec![0, 10, 0, 10, 0, 9];
+        start.extend_from_slice(&deep);
+        assert!(check_method(&start, MAX_NESTING).is_err());
         let mut declare = vec![0, 50, 0, 10, 0, 0, 1, b'q', 0];
         declare.extend_from_slice(&deep);
         assert!(check_method(&declare, MAX_NESTING).is_err());
