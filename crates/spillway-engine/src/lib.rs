@@ -18,6 +18,9 @@
 //! (`admin.rs`) to a management service in another process; in-process,
 //! [`Engine`] is the management service's `EngineAdminApi` itself.
 //!
+//! The limits on what clients may open (per vhost, per user, per
+//! connection) are checked under the same lock (`limits.rs`, [`LimitConfig`]).
+//!
 //! Inside, one lock guards the [`broker::Broker`] state; each client
 //! connection is a session task (`session.rs`) that applies its commands in
 //! order and sends replies and deliveries back as events. `engine.rs` holds
@@ -32,6 +35,7 @@ pub mod broker;
 pub mod budget;
 mod engine;
 mod flow;
+mod limits;
 mod model;
 mod persistence;
 mod producer_flow;
@@ -46,6 +50,7 @@ mod tests;
 pub use admin::EngineAdminService;
 pub use engine::{Engine, EngineConfig, EngineError, DEFAULT_CONSUMER_TIMEOUT};
 pub use flow::FlowStatus;
+pub use limits::LimitConfig;
 pub use producer_flow::{thousands, BlockedChannel};
 pub use service::EngineService;
 pub use stats::QueueStats;
