@@ -234,12 +234,14 @@ enum ConnectionCommand {
 enum LimitsCommand {
     /// The limits in force for every vhost and user, and what they count.
     List,
-    /// Overrides limits of --vhost (default `/`), or of --user. A value is
-    /// a count, 0 (none allowed) or -1/`unlimited`; a limit not given keeps
-    /// its value. Not persisted: after a restart the configuration applies.
+    /// Overrides limits of --vhost (default `/`), or of --for-user. A value
+    /// is a count, 0 (none allowed) or -1/`unlimited`; a limit not given
+    /// keeps its value. Not persisted: after a restart the configuration
+    /// applies.
     Set {
-        /// The user whose limits to set (instead of --vhost's).
-        #[arg(long)]
+        /// The user whose limits to set (instead of --vhost's; --user is the
+        /// login).
+        #[arg(long = "for-user")]
         user: Option<String>,
         /// Connections open at once (vhost or user).
         #[arg(long, value_parser = parse_limit, allow_negative_numbers = true)]
@@ -251,10 +253,10 @@ enum LimitsCommand {
         #[arg(long, value_parser = parse_limit, allow_negative_numbers = true)]
         max_channels: Option<i64>,
     },
-    /// Drops the overrides of --vhost (default `/`), or of --user: the
+    /// Drops the overrides of --vhost (default `/`), or of --for-user: the
     /// configuration's defaults apply again.
     Clear {
-        #[arg(long)]
+        #[arg(long = "for-user")]
         user: Option<String>,
     },
 }

@@ -420,7 +420,10 @@ pub(crate) fn set(
 }
 
 /// Management's ClearLimits: the defaults apply again.
-pub(crate) fn clear(broker: &mut Broker, request: &m::ClearLimitsRequest) -> Result<(), ServiceError> {
+pub(crate) fn clear(
+    broker: &mut Broker,
+    request: &m::ClearLimitsRequest,
+) -> Result<(), ServiceError> {
     match target(&request.vhost, &request.user)? {
         Target::Vhost(vhost) => {
             vhost_exists(broker, &vhost)?;
@@ -452,8 +455,7 @@ pub(crate) fn list(broker: &Broker) -> m::ListLimitsResponse {
         limits,
         connection_max_consumers: Limit::from_config(config.max_consumers_per_connection)
             .as_management(),
-        connection_max_queues: Limit::from_config(config.max_queues_per_connection)
-            .as_management(),
+        connection_max_queues: Limit::from_config(config.max_queues_per_connection).as_management(),
     }
 }
 
@@ -465,7 +467,11 @@ fn vhost_view(broker: &Broker, vhost: &str) -> m::Limits {
         max_connections: Some(limits.vhost_max_connections(vhost).as_management()),
         max_queues: Some(limits.vhost_max_queues(vhost).as_management()),
         max_channels: None,
-        connections: broker.sessions.values().filter(|s| s.vhost == vhost).count() as u64,
+        connections: broker
+            .sessions
+            .values()
+            .filter(|s| s.vhost == vhost)
+            .count() as u64,
         queues: broker.vhosts.get(vhost).map_or(0, |v| v.queues.len()) as u64,
         channels: broker
             .sessions

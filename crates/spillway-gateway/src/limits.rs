@@ -25,8 +25,7 @@ pub fn channel_max(channel: u16, open: usize, channel_max: u16) -> Option<Connec
     } else {
         return None;
     };
-    let mut error =
-        ConnectionError::new(reply_code::NOT_ALLOWED, text).on(MethodId::CHANNEL_OPEN);
+    let mut error = ConnectionError::new(reply_code::NOT_ALLOWED, text).on(MethodId::CHANNEL_OPEN);
     error.limit = Some(CHANNEL_MAX);
     Some(error)
 }

@@ -97,11 +97,8 @@ fn ensure_refusal(error: &str, code: &str, text: &str) -> anyhow::Result<()> {
 /// lifted and a per-user limit set (a fourth connection of guest refused,
 /// then allowed once the user limit is cleared).
 async fn vhost_and_user_connection_limits(wiring: Wiring) -> anyhow::Result<()> {
-    let sandbox = Sandbox::start_with_config(
-        wiring,
-        "[broker]\ndefault_vhost_max_connections = 2\n",
-    )
-    .await?;
+    let sandbox =
+        Sandbox::start_with_config(wiring, "[broker]\ndefault_vhost_max_connections = 2\n").await?;
     let first = sandbox.connect().await?;
     let second = sandbox.connect().await?;
     let error = refused(sandbox.connect().await, "a third connection to '/'")?;
@@ -123,7 +120,14 @@ async fn vhost_and_user_connection_limits(wiring: Wiring) -> anyhow::Result<()> 
     spillctl(&sandbox, &["limits", "set", "--max-connections", "-1"])?;
     spillctl(
         &sandbox,
-        &["limits", "set", "--user", "guest", "--max-connections", "3"],
+        &[
+            "limits",
+            "set",
+            "--for-user",
+            "guest",
+            "--max-connections",
+            "3",
+        ],
     )?;
     let guest = limits_of(&sandbox, "user", "guest")?;
     anyhow::ensure!(
@@ -148,7 +152,7 @@ async fn vhost_and_user_connection_limits(wiring: Wiring) -> anyhow::Result<()> 
     let after = refusals(&sandbox, Component::Engine, "user_max_connections").await?;
     anyhow::ensure!(after == before + 1.0, "user refusals {before} → {after}");
 
-    spillctl(&sandbox, &["limits", "clear", "--user", "guest"])?;
+    spillctl(&sandbox, &["limits", "clear", "--for-user", "guest"])?;
     let fifth = sandbox.connect().await?;
     for connection in [second, third, fourth, fifth] {
         connection.close(200, "bye".into()).await?;
@@ -171,7 +175,11 @@ async fn queue_and_consumer_limits(wiring: Wiring) -> anyhow::Result<()> {
     let connection = sandbox.connect().await?;
     let declare = |channel: lapin::Channel, name: &'static str| async move {
         channel
-            .queue_declare(name.into(), QueueDeclareOptions::default(), FieldTable::default())
+            .queue_declare(
+                name.into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
             .await
     };
     let channel = connection.create_channel().await?;
@@ -234,9 +242,19 @@ async fn queue_and_consumer_limits(wiring: Wiring) -> anyhow::Result<()> {
     )?;
     spillctl(
         &sandbox,
-        &["--vhost", "limited", "limits", "set", "--max-connections", "0"],
+        &[
+            "--vhost",
+            "limited",
+            "limits",
+            "set",
+            "--max-connections",
+            "0",
+        ],
     )?;
-    let error = refused(connect_to(&sandbox, "limited").await, "a connection to 'limited'")?;
+    let error = refused(
+        connect_to(&sandbox, "limited").await,
+        "a connection to 'limited'",
+    )?;
     ensure_refusal(&error, "NOT_ALLOWED", "connection limit (0) is reached")?;
 
     for (limit, expected) in [
@@ -247,7 +265,10 @@ async fn queue_and_consumer_limits(wiring: Wiring) -> anyhow::Result<()> {
         ("user_max_channels", 0.0),
     ] {
         let counted = refusals(&sandbox, Component::Engine, limit).await?;
-        anyhow::ensure!(counted == expected, "{limit}: {counted} refusals, expected {expected}");
+        anyhow::ensure!(
+            counted == expected,
+            "{limit}: {counted} refusals, expected {expected}"
+        );
     }
     for connection in [connection, neighbour, limited] {
         connection.close(200, "bye".into()).await?;
@@ -264,7 +285,14 @@ async fn channel_limits(wiring: Wiring) -> anyhow::Result<()> {
     let sandbox = Sandbox::start_with_config(wiring, "[gateway]\nchannel_max = 2\n").await?;
     spillctl(
         &sandbox,
-        &["limits", "set", "--user", "guest", "--max-channels", "3"],
+        &[
+            "limits",
+            "set",
+            "--for-user",
+            "guest",
+            "--max-channels",
+            "3",
+        ],
     )?;
     let first = sandbox.connect().await?;
     let second = sandbox.connect().await?;
@@ -281,7 +309,10 @@ async fn channel_limits(wiring: Wiring) -> anyhow::Result<()> {
         !second.status().connected()
     })
     .await?;
-    anyhow::ensure!(first.status().connected(), "the other connection was closed");
+    anyhow::ensure!(
+        first.status().connected(),
+        "the other connection was closed"
+    );
     anyhow::ensure!(
         refusals(&sandbox, Component::Engine, "user_max_channels").await? == 1.0,
         "the user channel refusal is not counted"
@@ -294,7 +325,7 @@ async fn channel_limits(wiring: Wiring) -> anyhow::Result<()> {
     .await?;
     let third = sandbox.connect().await?;
     let _d = third.create_channel().await?;
-    spillctl(&sandbox, &["limits", "clear", "--user", "guest"])?;
+    spillctl(&sandbox, &["limits", "clear", "--for-user", "guest"])?;
     first.close(200, "bye".into()).await?;
     third.close(200, "bye".into()).await?;
 
@@ -312,7 +343,9 @@ async fn channel_limits(wiring: Wiring) -> anyhow::Result<()> {
     let (code, text) = connection_close(&mut socket).await?;
     anyhow::ensure!(
         code == 530
-            && text.contains("number of channels opened (2) has reached the negotiated channel_max (2)"),
+            && text.contains(
+                "number of channels opened (2) has reached the negotiated channel_max (2)"
+            ),
         "{code} {text}"
     );
     anyhow::ensure!(
@@ -405,9 +438,8 @@ async fn connection_close(socket: &mut TcpStream) -> anyhow::Result<(u16, String
         if let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Close(close))) =
             read_frame(socket).await?
         {
-            let close_ok = AMQPClass::Connection(connection::AMQPMethod::CloseOk(
-                connection::CloseOk {},
-            ));
+            let close_ok =
+                AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {}));
             let _ = send(socket, 0, close_ok).await;
             return Ok((close.reply_code, close.reply_text.to_string()));
         }

@@ -108,7 +108,8 @@ mod tests {
         engine.count("vhost_max_queues");
         let text = metrics.encode().unwrap();
         assert_eq!(
-            text.matches("# TYPE spillway_limit_refusals_total counter").count(),
+            text.matches("# TYPE spillway_limit_refusals_total counter")
+                .count(),
             1,
             "{text}"
         );

@@ -422,7 +422,9 @@ impl Connection {
         channel_id: u16,
         commands: &mut Vec<SessionCommand>,
     ) -> Result<(), ConnectionError> {
-        if let Some(error) = crate::limits::channel_max(channel_id, self.channels.len(), self.negotiated.channel_max) {
+        if let Some(error) =
+            crate::limits::channel_max(channel_id, self.channels.len(), self.negotiated.channel_max)
+        {
             return Err(error);
         }
         self.channels.insert(
