@@ -242,7 +242,7 @@ enum LimitsCommand {
         /// The user whose limits to set (instead of --vhost's; --user is the
         /// login).
         #[arg(long = "for-user")]
-        user: Option<String>,
+        for_user: Option<String>,
         /// Connections open at once (vhost or user).
         #[arg(long, value_parser = parse_limit, allow_negative_numbers = true)]
         max_connections: Option<i64>,
@@ -257,7 +257,7 @@ enum LimitsCommand {
     /// configuration's defaults apply again.
     Clear {
         #[arg(long = "for-user")]
-        user: Option<String>,
+        for_user: Option<String>,
     },
 }
 
@@ -651,7 +651,7 @@ async fn limits_command(
             })
         }
         LimitsCommand::Set {
-            user,
+            for_user: user,
             max_connections,
             max_queues,
             max_channels,
@@ -670,7 +670,7 @@ async fn limits_command(
                 .into_inner();
             out.print(&limits, || limits_table(std::slice::from_ref(&limits)))
         }
-        LimitsCommand::Clear { user } => {
+        LimitsCommand::Clear { for_user: user } => {
             let (vhost, user) = target(user);
             let what = if user.is_empty() {
                 format!("vhost '{vhost}'")
