@@ -88,6 +88,9 @@ enum Command {
         #[arg(long)]
         flow_to_disk_threshold: Option<u64>,
     },
+    /// Vhost and user limits (RabbitMQ's set_vhost_limits / set_user_limits).
+    #[command(subcommand)]
+    Limits(LimitsCommand),
     /// The store quota.
     StoreQuota {
         #[arg(long)]
@@ -225,6 +228,49 @@ enum ConnectionCommand {
         #[arg(long, default_value = "")]
         reason: String,
     },
+}
+
+#[derive(Subcommand)]
+enum LimitsCommand {
+    /// The limits in force for every vhost and user, and what they count.
+    List,
+    /// Overrides limits of --vhost (default `/`), or of --for-user. A value
+    /// is a count, 0 (none allowed) or -1/`unlimited`; a limit not given
+    /// keeps its value. Not persisted: after a restart the configuration
+    /// applies.
+    Set {
+        /// The user whose limits to set (instead of --vhost's; --user is the
+        /// login).
+        #[arg(long = "for-user")]
+        for_user: Option<String>,
+        /// Connections open at once (vhost or user).
+        #[arg(long, value_parser = parse_limit, allow_negative_numbers = true)]
+        max_connections: Option<i64>,
+        /// Queues in the vhost.
+        #[arg(long, value_parser = parse_limit, allow_negative_numbers = true)]
+        max_queues: Option<i64>,
+        /// Channels open at once over all the user's connections.
+        #[arg(long, value_parser = parse_limit, allow_negative_numbers = true)]
+        max_channels: Option<i64>,
+    },
+    /// Drops the overrides of --vhost (default `/`), or of --for-user: the
+    /// configuration's defaults apply again.
+    Clear {
+        #[arg(long = "for-user")]
+        for_user: Option<String>,
+    },
+}
+
+/// A limit: a count, or -1 / `unlimited` for none.
+fn parse_limit(text: &str) -> Result<i64, String> {
+    match text {
+        "unlimited" | "none" => Ok(-1),
+        _ => text
+            .parse::<i64>()
+            .ok()
+            .filter(|n| *n >= -1)
+            .ok_or_else(|| format!("'{text}' is not a limit (a count, or -1 / unlimited)")),
+    }
 }
 
 #[derive(Subcommand)]
@@ -555,6 +601,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .into_inner();
             out.print(&r, || "broker settings changed".to_string())
         }
+        Command::Limits(command) => limits_command(&mut client, &out, vhost, command).await,
         Command::StoreQuota {
             overfull_size,
             underfull_size,
@@ -568,6 +615,74 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .map_err(failed)?
                 .into_inner();
             out.print(&r, || "store quota changed".to_string())
+        }
+    }
+}
+
+/// Vhost limits for `vhost`, or user limits for `user` when given.
+async fn limits_command(
+    client: &mut Client,
+    out: &Printer,
+    vhost: String,
+    command: LimitsCommand,
+) -> anyhow::Result<()> {
+    let target = |user: Option<String>| match user {
+        Some(user) => (String::new(), user),
+        None => (vhost.clone(), String::new()),
+    };
+    match command {
+        LimitsCommand::List => {
+            let list = client
+                .list_limits(m::ListLimitsRequest {})
+                .await
+                .map_err(failed)?
+                .into_inner();
+            out.print(&list, || {
+                let show = |limit: i64| match limit {
+                    -1 => "unlimited".to_string(),
+                    n => n.to_string(),
+                };
+                format!(
+                    "{}\nper connection: max consumers {}, max queues {}",
+                    limits_table(&list.limits),
+                    show(list.connection_max_consumers),
+                    show(list.connection_max_queues)
+                )
+            })
+        }
+        LimitsCommand::Set {
+            for_user: user,
+            max_connections,
+            max_queues,
+            max_channels,
+        } => {
+            let (vhost, user) = target(user);
+            let limits = client
+                .set_limits(m::SetLimitsRequest {
+                    vhost,
+                    user,
+                    max_connections,
+                    max_queues,
+                    max_channels,
+                })
+                .await
+                .map_err(failed)?
+                .into_inner();
+            out.print(&limits, || limits_table(std::slice::from_ref(&limits)))
+        }
+        LimitsCommand::Clear { for_user: user } => {
+            let (vhost, user) = target(user);
+            let what = if user.is_empty() {
+                format!("vhost '{vhost}'")
+            } else {
+                format!("user '{user}'")
+            };
+            let r = client
+                .clear_limits(m::ClearLimitsRequest { vhost, user })
+                .await
+                .map_err(failed)?
+                .into_inner();
+            out.print(&r, || format!("limits of {what} cleared"))
         }
     }
 }
@@ -782,6 +897,55 @@ fn vhost_table(vhosts: &[m::Vhost]) -> String {
                     v.exchanges.to_string(),
                     v.queues.to_string(),
                     v.connections.to_string(),
+                ]
+            })
+            .collect(),
+    )
+}
+
+fn limits_table(limits: &[m::Limits]) -> String {
+    // "(set)": overridden through management; otherwise the configuration's.
+    let show = |limit: Option<i64>, name: &str, overridden: &[String]| {
+        let Some(limit) = limit else {
+            return "-".to_string();
+        };
+        let value = match limit {
+            -1 => "unlimited".to_string(),
+            n => n.to_string(),
+        };
+        if overridden.iter().any(|o| o == name) {
+            format!("{value} (set)")
+        } else {
+            value
+        }
+    };
+    table(
+        &[
+            "kind",
+            "name",
+            "max connections",
+            "max queues",
+            "max channels",
+            "connections",
+            "queues",
+            "channels",
+        ],
+        limits
+            .iter()
+            .map(|l| {
+                vec![
+                    l.kind.clone(),
+                    l.name.clone(),
+                    show(l.max_connections, "max_connections", &l.overridden),
+                    show(l.max_queues, "max_queues", &l.overridden),
+                    show(l.max_channels, "max_channels", &l.overridden),
+                    l.connections.to_string(),
+                    if l.kind == "vhost" {
+                        l.queues.to_string()
+                    } else {
+                        "-".to_string()
+                    },
+                    l.channels.to_string(),
                 ]
             })
             .collect(),

@@ -1,6 +1,7 @@
 //! The engine's side of the management API: definitions (vhosts, exchanges,
 //! queues, bindings), inspection (queues, connections, channels, status),
-//! purge, peek, move, closing a connection, and the runtime settings.
+//! purge, peek, move, closing a connection, the runtime settings, and the
+//! vhost and user limits (whose rules live in `limits.rs`).
 //!
 //! Declarations, deletions, bindings and purges go through the broker's own
 //! session operations on a short-lived internal session (user `management`)
@@ -9,7 +10,7 @@
 //! or moves messages themselves; they are kept together at the end of the
 //! file (section "messages").
 //!
-//! Why one file of ~1,250 lines: it is one `impl EngineAdminApi` of 29 calls
+//! Why one file of ~1,280 lines: it is one `impl EngineAdminApi` of 24 calls
 //! plus its gRPC adapter, off the message path, and each call is a short
 //! sequence of broker operations; splitting it by call family (definitions,
 //! inspection, messages, settings) is the next step when it grows.
@@ -376,7 +377,10 @@ impl EngineAdminApi for Engine {
             }
             Ok(())
         })?;
-        self.shared.broker.lock().vhosts.remove(&request.name);
+        let mut broker = self.shared.broker.lock();
+        broker.vhosts.remove(&request.name);
+        broker.limits.forget_vhost(&request.name);
+        drop(broker);
         tracing::info!(vhost = %request.name, "vhost deleted by management");
         Ok(m::DeleteVhostResponse {})
     }
@@ -784,6 +788,25 @@ impl EngineAdminApi for Engine {
         request: m::UpdateQueueRequest,
     ) -> Result<m::UpdateQueueResponse, ServiceError> {
         runtime::update_queue(self, request)
+    }
+
+    async fn set_limits(&self, request: m::SetLimitsRequest) -> Result<m::Limits, ServiceError> {
+        crate::limits::set(&mut self.shared.broker.lock(), &request)
+    }
+
+    async fn clear_limits(
+        &self,
+        request: m::ClearLimitsRequest,
+    ) -> Result<m::ClearLimitsResponse, ServiceError> {
+        crate::limits::clear(&mut self.shared.broker.lock(), &request)?;
+        Ok(m::ClearLimitsResponse {})
+    }
+
+    async fn list_limits(
+        &self,
+        _request: m::ListLimitsRequest,
+    ) -> Result<m::ListLimitsResponse, ServiceError> {
+        Ok(crate::limits::list(&self.shared.broker.lock()))
     }
 }
 

@@ -39,6 +39,8 @@ pub struct EngineConfig {
     /// How long a delivery may stay unacked before its channel is closed
     /// (`broker.consumer_timeout`; None = for ever).
     pub consumer_timeout: Option<Duration>,
+    /// Vhost, user and per-connection limits (`broker.default_vhost_max_connections`, ...).
+    pub limits: crate::LimitConfig,
 }
 
 impl Default for EngineConfig {
@@ -49,6 +51,7 @@ impl Default for EngineConfig {
             flow_to_disk_threshold: budget::default_threshold(),
             housekeeping_interval: Duration::from_secs(1),
             consumer_timeout: Some(DEFAULT_CONSUMER_TIMEOUT),
+            limits: crate::LimitConfig::default(),
         }
     }
 }
@@ -110,6 +113,7 @@ impl Engine {
             budget: budget.clone(),
             loads,
             consumer_timeout: config.consumer_timeout,
+            limits: config.limits,
         });
         recovery::install(&mut broker, stored);
         let shared = Arc::new(Shared {

@@ -18,6 +18,9 @@
 //! (`admin.rs`) to a management service in another process; in-process,
 //! [`Engine`] is the management service's `EngineAdminApi` itself.
 //!
+//! The limits on what clients may open (per vhost, per user, per
+//! connection) are checked under the same lock (`limits.rs`, [`LimitConfig`]).
+//!
 //! Inside, one lock guards the [`broker::Broker`] state; each client
 //! connection is a session task (`session.rs`) that applies its commands in
 //! order and sends replies and deliveries back as events. `engine.rs` holds
@@ -33,6 +36,7 @@ pub mod budget;
 mod credit;
 mod engine;
 mod flow;
+mod limits;
 mod model;
 mod persistence;
 mod producer_flow;
@@ -49,6 +53,7 @@ pub use engine::{
     Engine, EngineConfig, EngineError, DEFAULT_CONSUMER_TIMEOUT, DEFAULT_SESSION_CREDIT_BYTES,
 };
 pub use flow::FlowStatus;
+pub use limits::LimitConfig;
 pub use producer_flow::{thousands, BlockedChannel};
 pub use service::EngineService;
 pub use stats::QueueStats;

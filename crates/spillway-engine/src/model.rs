@@ -234,6 +234,9 @@ pub struct Queue {
     /// Set for exclusive queues: only this session may use the queue, and the
     /// queue goes when the session does.
     pub exclusive_owner: Option<SessionId>,
+    /// The session whose queue.declare created it (None: recovered, or
+    /// created by management): counted in its per-connection queue limit.
+    pub created_by: Option<SessionId>,
     pub arguments: FieldTable,
     pub limits: QueueLimits,
     /// Ready messages, ordered by id. Changed only through the methods below,
@@ -308,6 +311,7 @@ impl Queue {
             durable,
             auto_delete,
             exclusive_owner,
+            created_by: None,
             arguments: FieldTable::default(),
             limits: QueueLimits::default(),
             messages: VecDeque::new(),

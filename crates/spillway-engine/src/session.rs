@@ -1,7 +1,10 @@
 //! One client connection's session task: applies the gateway's commands in
 //! order against the broker and sends replies, deliveries and confirms back
-//! as events. A session waits (holding up its later commands, and so its
-//! client's socket) only where memory is at stake.
+//! as events. Client sessions are admitted against the vhost, user and
+//! per-connection limits (`limits.rs`) at connection.open, channel.open and
+//! basic.consume; management's internal sessions are not. A session waits
+//! (holding up its later commands, and so its client's socket) only where
+//! memory is at stake.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -127,11 +130,11 @@ impl Session {
     fn apply_now(&mut self, command: Command) {
         let id = self.id;
         if let Command::Open(open) = &command {
-            let result = self
-                .shared
-                .broker
-                .lock()
-                .open_session(id, open, self.events.clone());
+            let mut broker = self.shared.broker.lock();
+            let result = broker
+                .admit_session(open)
+                .and_then(|()| broker.open_session(id, open, self.events.clone()));
+            drop(broker);
             self.opened = result.is_ok();
             self.ok(open.request_id, result);
             return;
@@ -156,7 +159,10 @@ impl Session {
                 debug_assert!(false, "handled by Session::apply");
             }
             Command::ChannelOpen(cmd) => {
-                self.ok(cmd.request_id, broker.open_channel(id, cmd.channel))
+                let result = broker
+                    .admit_channel(id)
+                    .and_then(|()| broker.open_channel(id, cmd.channel));
+                self.ok(cmd.request_id, result)
             }
             Command::ChannelClose(cmd) => {
                 broker.close_channel(id, cmd.channel);
@@ -220,7 +226,9 @@ impl Session {
                 }
             }
             Command::Consume(cmd) => {
-                let result = broker.consume(id, &cmd);
+                let result = broker
+                    .admit_consumer(id)
+                    .and_then(|()| broker.consume(id, &cmd));
                 let started = result.is_ok();
                 self.reply(
                     cmd.request_id,

@@ -1,6 +1,6 @@
-//! Read-only figures about the engine's queues, taken under the broker lock
-//! at the moment they are asked for, and the `/metrics` collector built on
-//! them. Nothing here changes the broker or is kept between scrapes, so a
+//! Read-only figures about the engine's queues and vhosts, taken under the
+//! broker lock at the moment they are asked for, and the `/metrics`
+//! collector built on them (with the engine's refusals by limit). Nothing here changes the broker or is kept between scrapes, so a
 //! deleted queue is simply absent from the next scrape.
 
 use std::collections::HashMap;
@@ -78,12 +78,30 @@ impl Engine {
         stats
     }
 
-    /// Adds the per-queue gauges to `metrics`, read on every scrape. The
-    /// registry does not keep the engine alive: once it is gone, so are they.
+    /// Open client connections per vhost (every vhost, 0 included).
+    pub fn vhost_connections(&self) -> Vec<(String, u64)> {
+        let broker = self.shared.broker.lock();
+        let mut counts: HashMap<&str, u64> =
+            broker.vhosts.keys().map(|v| (v.as_str(), 0)).collect();
+        for session in broker.sessions.values() {
+            *counts.entry(session.vhost.as_str()).or_default() += 1;
+        }
+        let mut counts: Vec<(String, u64)> = counts
+            .into_iter()
+            .map(|(vhost, count)| (vhost.to_string(), count))
+            .collect();
+        counts.sort();
+        counts
+    }
+
+    /// Adds the per-queue and per-vhost gauges to `metrics`, read on every
+    /// scrape, and the engine's refusals by limit. The registry does not
+    /// keep the engine alive: once it is gone, so are the gauges.
     pub fn register_metrics(&self, metrics: &Metrics) {
         metrics.register_collector(QueueCollector {
             engine: Arc::downgrade(&self.shared),
         });
+        metrics.register_limit_refusals(self.shared.broker.lock().limits.refusals());
     }
 }
 
@@ -172,6 +190,18 @@ impl Collector for QueueCollector {
         for (name, help, figure) in BROKER_GAUGES {
             let family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             ConstGauge::new(figure(&flow)).encode(family)?;
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "spillway_vhost_connections",
+                "Open client connections per vhost",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (vhost, count) in engine.vhost_connections() {
+                ConstGauge::new(count)
+                    .encode(family.encode_family(&[("vhost", vhost.as_str())])?)?;
+            }
         }
         let stats = engine.queue_stats();
         for (name, help, figure) in QUEUE_GAUGES {

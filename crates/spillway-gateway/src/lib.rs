@@ -9,6 +9,8 @@
 //!   (no I/O);
 //! - [`server`]: the TCP listener and the per-connection I/O loop;
 //! - [`heartbeat`]: when a silent client counts as gone;
+//! - [`limits`]: `gateway.max_connections` and the negotiated `channel_max`
+//!   (the vhost, user and per-connection limits are the engine's);
 //! - [`metrics`]: the connection, channel and message counts the I/O loop
 //!   keeps for `/metrics`.
 //!

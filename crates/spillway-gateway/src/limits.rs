@@ -1,10 +1,34 @@
-//! Connection limits the gateway enforces itself: `gateway.max_connections`,
-//! the most connections one gateway process holds open at once (RabbitMQ's
-//! `connection_max`). A connection takes a slot when it asks to open a vhost
-//! and gives it back when it ends, however it ends.
+//! Limits the gateway enforces itself: `gateway.max_connections`, the most
+//! connections one gateway process holds open at once (RabbitMQ's
+//! `connection_max`), and the negotiated `channel_max`. A connection takes a
+//! slot when it asks to open a vhost and gives it back when it ends, however
+//! it ends. The vhost, user and per-connection limits are the engine's
+//! (`spillway_engine`'s `limits.rs`): only it sees every gateway's sessions.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+
+use spillway_proto::amqp::{reply_code, MethodId};
+
+use crate::connection::ConnectionError;
+use crate::metrics::CHANNEL_MAX;
+
+/// The refusal of a channel.open past the negotiated `channel_max`: 530, in
+/// RabbitMQ's words when `open` channels already reach it. RabbitMQ only
+/// counts channels; Spillway also refuses a channel number above
+/// `channel_max` (the spec's meaning of it), which no client library sends.
+pub fn channel_max(channel: u16, open: usize, channel_max: u16) -> Option<ConnectionError> {
+    let text = if open >= usize::from(channel_max) {
+        format!("number of channels opened ({open}) has reached the negotiated channel_max ({channel_max})")
+    } else if channel > channel_max {
+        format!("channel number ({channel}) exceeds the negotiated channel_max ({channel_max})")
+    } else {
+        return None;
+    };
+    let mut error = ConnectionError::new(reply_code::NOT_ALLOWED, text).on(MethodId::CHANNEL_OPEN);
+    error.limit = Some(CHANNEL_MAX);
+    Some(error)
+}
 
 /// Open connections counted against a maximum (0 = no maximum).
 #[derive(Clone, Debug)]
@@ -65,6 +89,28 @@ mod tests {
         assert!(slots.take().is_none());
         drop(first);
         assert!(slots.take().is_some());
+    }
+
+    #[test]
+    fn channel_max_refuses_past_the_count_or_the_number() {
+        assert!(channel_max(2, 1, 2).is_none());
+        let Some(full) = channel_max(3, 2, 2) else {
+            panic!("a third channel past channel_max 2 was allowed");
+        };
+        assert_eq!(full.code, reply_code::NOT_ALLOWED);
+        assert_eq!(full.method, MethodId::CHANNEL_OPEN);
+        assert_eq!(full.limit, Some(CHANNEL_MAX));
+        assert_eq!(
+            full.text,
+            "number of channels opened (2) has reached the negotiated channel_max (2)"
+        );
+        let Some(above) = channel_max(17, 1, 16) else {
+            panic!("channel 17 past channel_max 16 was allowed");
+        };
+        assert_eq!(
+            above.text,
+            "channel number (17) exceeds the negotiated channel_max (16)"
+        );
     }
 
     #[test]

@@ -1,12 +1,13 @@
-//! The gateway's metrics: open connections and channels, and the messages
-//! that crossed it. Counted by the I/O loop (`server.rs`); registered into the
+//! The gateway's metrics: open connections and channels, the messages that
+//! crossed it, and the connections and channels it refused by limit
+//! (`gateway.max_connections`, `channel_max`). Counted by the I/O loop (`server.rs`); registered into the
 //! process's [`Metrics`] by whoever starts the gateway.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use spillway_proto::engine::{session_command::Command, SessionCommand};
 use spillway_telemetry::prometheus_client;
-use spillway_telemetry::Metrics;
+use spillway_telemetry::{LimitRefusals, Metrics};
 
 /// The gateway's counters and gauges. Cheap to clone; clones share them.
 /// [`GatewayMetrics::default`] counts into no registry until
@@ -24,7 +25,12 @@ pub struct GatewayMetrics {
     write_timeouts: Counter,
     unfinished_content: Gauge,
     unfinished_content_closes: Counter,
+    refusals: LimitRefusals,
 }
+
+/// The gateway's labels in `spillway_limit_refusals_total`.
+pub const MAX_CONNECTIONS: &str = "max_connections";
+pub const CHANNEL_MAX: &str = "channel_max";
 
 impl GatewayMetrics {
     pub fn new() -> Self {
@@ -73,6 +79,8 @@ impl GatewayMetrics {
             "Time connections have spent blocked by producer flow control, summed over connections (counted when each block ends)",
             self.blocked_seconds.clone(),
         );
+        self.refusals.declare(&[MAX_CONNECTIONS, CHANNEL_MAX]);
+        metrics.register_limit_refusals(self.refusals.clone());
         metrics.register(
             "spillway_write_timeouts",
             "Connections dropped because the client read nothing for gateway.write_timeout",
@@ -108,6 +116,16 @@ impl GatewayMetrics {
 
     pub(crate) fn count_unfinished_content_close(&self) {
         self.unfinished_content_closes.inc();
+    }
+
+    /// One connection or channel refused by `limit`.
+    pub(crate) fn count_refusal(&self, limit: &'static str) {
+        self.refusals.count(limit);
+    }
+
+    /// Refusals by `limit` so far.
+    pub fn refusals(&self, limit: &str) -> u64 {
+        self.refusals.get(limit)
     }
 
     pub fn blocked(&self) -> i64 {

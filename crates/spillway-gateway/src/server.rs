@@ -240,6 +240,7 @@ async fn serve_connection(
     // Held until this function returns, however the connection ends.
     let Some(_slot) = slots.take() else {
         tracing::warn!(%peer, limit = slots.max(), "connection refused: node connection limit reached");
+        metrics.count_refusal(crate::metrics::MAX_CONNECTIONS);
         let error = ConnectionError::new(
             reply_code::NOT_ALLOWED,
             format!(
@@ -363,6 +364,10 @@ async fn serve_connection(
             metrics.count_unfinished_content_close();
         }
         tracing::debug!(%peer, code = error.code, text = %error.text, "closing connection");
+        if let Some(limit) = error.limit {
+            tracing::warn!(%peer, limit, reason = %error.text, "refused by a limit");
+            metrics.count_refusal(limit);
+        }
         write_connection_close(&error, &mut out);
         flush(&mut out, &mut connection, &writer_tx).await;
         let _ = tokio::time::timeout(CLOSE_TIMEOUT, drain_until_close_ok(&mut frames)).await;

@@ -194,6 +194,28 @@ macro_rules! management_impl {
                 Ok(Response::new(response))
             }
 
+            async fn set_limits(
+                &self,
+                request: Request<m::SetLimitsRequest>,
+            ) -> Result<Response<m::Limits>, Status> {
+                let request = request.into_inner();
+                let logged = format!("{request:?}");
+                let response = self.engine.set_limits(request).await?;
+                tracing::info!(limits = %logged, "limits changed by management");
+                Ok(Response::new(response))
+            }
+
+            async fn clear_limits(
+                &self,
+                request: Request<m::ClearLimitsRequest>,
+            ) -> Result<Response<m::ClearLimitsResponse>, Status> {
+                let request = request.into_inner();
+                let logged = format!("{request:?}");
+                let response = self.engine.clear_limits(request).await?;
+                tracing::info!(limits = %logged, "limits cleared by management");
+                Ok(Response::new(response))
+            }
+
             async fn set_store_quota(
                 &self,
                 request: Request<m::SetStoreQuotaRequest>,
@@ -227,4 +249,5 @@ management_impl! {
     list_connections(ListConnectionsRequest) -> ListConnectionsResponse;
     list_channels(ListChannelsRequest) -> ListChannelsResponse;
     close_connection(CloseConnectionRequest) -> CloseConnectionResponse;
+    list_limits(ListLimitsRequest) -> ListLimitsResponse;
 }

@@ -40,6 +40,9 @@ macro_rules! for_each_engine_admin_call {
             close_connection(CloseConnectionRequest) -> CloseConnectionResponse;
             set_broker_settings(SetBrokerSettingsRequest) -> SetBrokerSettingsResponse;
             update_queue(UpdateQueueRequest) -> UpdateQueueResponse;
+            set_limits(SetLimitsRequest) -> Limits;
+            clear_limits(ClearLimitsRequest) -> ClearLimitsResponse;
+            list_limits(ListLimitsRequest) -> ListLimitsResponse;
         }
     };
 }
@@ -127,6 +130,18 @@ pub trait EngineAdminApi: Send + Sync + 'static {
         &self,
         request: m::UpdateQueueRequest,
     ) -> Result<m::UpdateQueueResponse, ServiceError>;
+    /// Overrides one vhost's or user's limits (RabbitMQ's
+    /// `set_vhost_limits` / `set_user_limits`).
+    async fn set_limits(&self, request: m::SetLimitsRequest) -> Result<m::Limits, ServiceError>;
+    /// Drops one vhost's or user's overrides: the defaults apply again.
+    async fn clear_limits(
+        &self,
+        request: m::ClearLimitsRequest,
+    ) -> Result<m::ClearLimitsResponse, ServiceError>;
+    async fn list_limits(
+        &self,
+        request: m::ListLimitsRequest,
+    ) -> Result<m::ListLimitsResponse, ServiceError>;
 }
 
 /// The engine's admin API over gRPC (management running in its own process).

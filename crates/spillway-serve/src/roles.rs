@@ -258,6 +258,7 @@ async fn start_engine(storage: Arc<dyn StorageApi>, settings: &Settings) -> anyh
             .unwrap_or(defaults.flow_to_disk_threshold),
         housekeeping_interval: settings.broker.housekeeping_interval,
         consumer_timeout: Some(settings.broker.consumer_timeout).filter(|t| !t.is_zero()),
+        limits: settings.broker.limits(),
     };
     tracing::info!(
         flow_to_disk_threshold = config.flow_to_disk_threshold,

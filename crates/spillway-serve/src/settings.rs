@@ -114,6 +114,27 @@ pub struct BrokerSettings {
     /// 0 turns it off.
     #[serde(deserialize_with = "durations::millis_or_text")]
     pub consumer_timeout: Duration,
+    /// Limits (docs/limits.md); 0 = no limit. Vhost and user limits are
+    /// defaults that management can override per vhost or user.
+    pub default_vhost_max_connections: u32,
+    pub default_vhost_max_queues: u32,
+    pub default_user_max_connections: u32,
+    pub default_user_max_channels: u32,
+    pub max_consumers_per_connection: u32,
+    pub max_queues_per_connection: u32,
+}
+
+impl BrokerSettings {
+    pub fn limits(&self) -> spillway_engine::LimitConfig {
+        spillway_engine::LimitConfig {
+            vhost_max_connections: self.default_vhost_max_connections,
+            vhost_max_queues: self.default_vhost_max_queues,
+            user_max_connections: self.default_user_max_connections,
+            user_max_channels: self.default_user_max_channels,
+            max_consumers_per_connection: self.max_consumers_per_connection,
+            max_queues_per_connection: self.max_queues_per_connection,
+        }
+    }
 }
 
 impl Default for BrokerSettings {
@@ -122,6 +143,12 @@ impl Default for BrokerSettings {
             flow_to_disk_threshold: None,
             housekeeping_interval: Duration::from_secs(1),
             consumer_timeout: spillway_engine::DEFAULT_CONSUMER_TIMEOUT,
+            default_vhost_max_connections: 0,
+            default_vhost_max_queues: 0,
+            default_user_max_connections: 0,
+            default_user_max_channels: 0,
+            max_consumers_per_connection: 0,
+            max_queues_per_connection: 0,
         }
     }
 }

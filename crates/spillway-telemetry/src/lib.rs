@@ -10,6 +10,9 @@
 //!   (`200 ok` once [`Health`] says the process is ready, `503` before and
 //!   while shutting down). Anything else is `404`.
 //!
+//! - [`LimitRefusals`] (`refusals.rs`): refusals by limit, counted by the
+//!   gateway and the engine and summed into one metric family.
+//!
 //! It knows nothing of AMQP or of the other components: they depend on it, not
 //! the other way round. [`prometheus_client`] is re-exported so components
 //! use the same version as the registry.
@@ -38,6 +41,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use prometheus_client;
+pub use refusals::{LimitRefusals, LIMIT_REFUSALS};
+
+mod refusals;
 
 /// The `Content-Type` of `/metrics`: the Prometheus text format 0.0.4.
 pub const METRICS_CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
@@ -57,6 +63,8 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 #[derive(Clone, Default)]
 pub struct Metrics {
     registry: Arc<RwLock<Registry>>,
+    /// The components' refusal counts, summed into one family.
+    refusals: refusals::RefusalCollector,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -83,6 +91,19 @@ impl Metrics {
         self.registry
             .write()
             .register_collector(Box::new(collector));
+    }
+
+    /// Adds a component's refusal counts to `spillway_limit_refusals_total`
+    /// (the family is registered with the first).
+    pub fn register_limit_refusals(&self, source: LimitRefusals) {
+        let first = {
+            let mut sources = self.refusals.sources.lock();
+            sources.push(source);
+            sources.len() == 1
+        };
+        if first {
+            self.register_collector(self.refusals.clone());
+        }
     }
 
     /// Everything registered, in the Prometheus text format 0.0.4.

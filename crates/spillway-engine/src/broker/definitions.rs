@@ -267,6 +267,7 @@ impl Broker {
         }
         let arguments = amqp::decode_table(&cmd.arguments)?;
         let limits = queue_limits(&arguments, &name, &vhost_name)?;
+        self.admit_queue(session, &vhost_name, &name)?;
         let mut queue = Queue::new(
             name.clone(),
             cmd.durable,
@@ -275,6 +276,7 @@ impl Broker {
         );
         queue.arguments = arguments;
         queue.limits = limits;
+        queue.created_by = Some(session);
         if queue.stores_messages() {
             self.persist.submit_synced(
                 vec![op(write_op::Op::PutQueue(store::QueueDefinition {

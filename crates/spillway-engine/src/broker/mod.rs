@@ -65,6 +65,8 @@ pub struct Broker {
     pub(crate) store_overfull: bool,
     pub(crate) store_overfull_since: Option<std::time::Instant>,
     pub(crate) consumer_timeout: Option<std::time::Duration>,
+    /// Vhost, user and per-connection limits (`crate::limits`).
+    pub(crate) limits: crate::limits::Limits,
 }
 
 /// What the broker needs from the engine around it.
@@ -77,6 +79,7 @@ pub struct BrokerContext {
     /// `broker.consumer_timeout`: how long a delivery may stay unacked
     /// before its channel is closed (None = for ever).
     pub consumer_timeout: Option<std::time::Duration>,
+    pub limits: crate::limits::LimitConfig,
 }
 
 impl Broker {
@@ -97,6 +100,7 @@ impl Broker {
             store_overfull: false,
             store_overfull_since: None,
             consumer_timeout: context.consumer_timeout,
+            limits: crate::limits::Limits::new(context.limits),
         }
     }
 

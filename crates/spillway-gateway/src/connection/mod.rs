@@ -43,6 +43,8 @@ pub struct ConnectionError {
     pub text: String,
     /// The method that failed ([`MethodId::NONE`] when none did).
     pub method: MethodId,
+    /// The limit this refusal enforces, for `spillway_limit_refusals_total`.
+    pub limit: Option<&'static str>,
 }
 
 impl ConnectionError {
@@ -51,6 +53,7 @@ impl ConnectionError {
             code,
             text: text.into(),
             method: MethodId::NONE,
+            limit: None,
         }
     }
 
@@ -429,15 +432,10 @@ impl Connection {
         channel_id: u16,
         commands: &mut Vec<SessionCommand>,
     ) -> Result<(), ConnectionError> {
-        if channel_id > self.negotiated.channel_max {
-            return Err(ConnectionError::new(
-                reply_code::CHANNEL_ERROR,
-                format!(
-                    "channel {channel_id} above channel_max {}",
-                    self.negotiated.channel_max
-                ),
-            )
-            .on(MethodId::CHANNEL_OPEN));
+        if let Some(error) =
+            crate::limits::channel_max(channel_id, self.channels.len(), self.negotiated.channel_max)
+        {
+            return Err(error);
         }
         self.channels.insert(
             channel_id,

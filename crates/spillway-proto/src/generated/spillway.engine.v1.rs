@@ -1557,6 +1557,80 @@ pub mod engine_admin_client {
                 );
             self.inner.unary(req, path, codec).await
         }
+        pub async fn set_limits(
+            &mut self,
+            request: impl tonic::IntoRequest<crate::management::SetLimitsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<crate::management::Limits>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.engine.v1.EngineAdmin/SetLimits",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("spillway.engine.v1.EngineAdmin", "SetLimits"));
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn clear_limits(
+            &mut self,
+            request: impl tonic::IntoRequest<crate::management::ClearLimitsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<crate::management::ClearLimitsResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.engine.v1.EngineAdmin/ClearLimits",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new("spillway.engine.v1.EngineAdmin", "ClearLimits"),
+                );
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn list_limits(
+            &mut self,
+            request: impl tonic::IntoRequest<crate::management::ListLimitsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<crate::management::ListLimitsResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.engine.v1.EngineAdmin/ListLimits",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("spillway.engine.v1.EngineAdmin", "ListLimits"));
+            self.inner.unary(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -1718,6 +1792,27 @@ pub mod engine_admin_server {
             request: tonic::Request<crate::management::UpdateQueueRequest>,
         ) -> std::result::Result<
             tonic::Response<crate::management::UpdateQueueResponse>,
+            tonic::Status,
+        >;
+        async fn set_limits(
+            &self,
+            request: tonic::Request<crate::management::SetLimitsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<crate::management::Limits>,
+            tonic::Status,
+        >;
+        async fn clear_limits(
+            &self,
+            request: tonic::Request<crate::management::ClearLimitsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<crate::management::ClearLimitsResponse>,
+            tonic::Status,
+        >;
+        async fn list_limits(
+            &self,
+            request: tonic::Request<crate::management::ListLimitsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<crate::management::ListLimitsResponse>,
             tonic::Status,
         >;
     }
@@ -2773,6 +2868,143 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = UpdateQueueSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.engine.v1.EngineAdmin/SetLimits" => {
+                    #[allow(non_camel_case_types)]
+                    struct SetLimitsSvc<T: EngineAdmin>(pub Arc<T>);
+                    impl<
+                        T: EngineAdmin,
+                    > tonic::server::UnaryService<crate::management::SetLimitsRequest>
+                    for SetLimitsSvc<T> {
+                        type Response = crate::management::Limits;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<crate::management::SetLimitsRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as EngineAdmin>::set_limits(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = SetLimitsSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.engine.v1.EngineAdmin/ClearLimits" => {
+                    #[allow(non_camel_case_types)]
+                    struct ClearLimitsSvc<T: EngineAdmin>(pub Arc<T>);
+                    impl<
+                        T: EngineAdmin,
+                    > tonic::server::UnaryService<crate::management::ClearLimitsRequest>
+                    for ClearLimitsSvc<T> {
+                        type Response = crate::management::ClearLimitsResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                crate::management::ClearLimitsRequest,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as EngineAdmin>::clear_limits(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ClearLimitsSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.engine.v1.EngineAdmin/ListLimits" => {
+                    #[allow(non_camel_case_types)]
+                    struct ListLimitsSvc<T: EngineAdmin>(pub Arc<T>);
+                    impl<
+                        T: EngineAdmin,
+                    > tonic::server::UnaryService<crate::management::ListLimitsRequest>
+                    for ListLimitsSvc<T> {
+                        type Response = crate::management::ListLimitsResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<crate::management::ListLimitsRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as EngineAdmin>::list_limits(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ListLimitsSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

@@ -653,6 +653,87 @@ pub struct SetStoreQuotaRequest {
 #[derive(serde::Serialize)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct SetStoreQuotaResponse {}
+/// A limit's value, as RabbitMQ's set_vhost_limits / set_user_limits take it:
+/// -1 = no limit, 0 = none allowed, N = at most N.
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct SetLimitsRequest {
+    /// Exactly one of `vhost` and `user`.
+    #[prost(string, tag = "1")]
+    pub vhost: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub user: ::prost::alloc::string::String,
+    /// vhost or user: connections open at once (RabbitMQ `max-connections`).
+    #[prost(int64, optional, tag = "3")]
+    pub max_connections: ::core::option::Option<i64>,
+    /// vhost only: queues that exist in it (RabbitMQ `max-queues`).
+    #[prost(int64, optional, tag = "4")]
+    pub max_queues: ::core::option::Option<i64>,
+    /// user only: channels open at once over all the user's connections
+    /// (RabbitMQ `max-channels`).
+    #[prost(int64, optional, tag = "5")]
+    pub max_channels: ::core::option::Option<i64>,
+}
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ClearLimitsRequest {
+    /// Exactly one of `vhost` and `user`.
+    #[prost(string, tag = "1")]
+    pub vhost: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub user: ::prost::alloc::string::String,
+}
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ClearLimitsResponse {}
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ListLimitsRequest {}
+/// One vhost's or user's limits in force (-1 = no limit) and what they count
+/// now. A vhost has max_connections and max_queues, a user max_connections
+/// and max_channels.
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Limits {
+    /// "vhost" or "user".
+    #[prost(string, tag = "1")]
+    pub kind: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub name: ::prost::alloc::string::String,
+    #[prost(int64, optional, tag = "3")]
+    pub max_connections: ::core::option::Option<i64>,
+    #[prost(int64, optional, tag = "4")]
+    pub max_queues: ::core::option::Option<i64>,
+    #[prost(int64, optional, tag = "5")]
+    pub max_channels: ::core::option::Option<i64>,
+    #[prost(uint64, tag = "6")]
+    pub connections: u64,
+    #[prost(uint64, tag = "7")]
+    pub queues: u64,
+    #[prost(uint64, tag = "8")]
+    pub channels: u64,
+    /// The limits set through management ("max_connections", ...); the others
+    /// are the configuration's defaults.
+    #[prost(string, repeated, tag = "9")]
+    pub overridden: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+}
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ListLimitsResponse {
+    #[prost(message, repeated, tag = "1")]
+    pub limits: ::prost::alloc::vec::Vec<Limits>,
+    /// Per-connection limits, from the configuration only (-1 = no limit).
+    #[prost(int64, tag = "2")]
+    pub connection_max_consumers: i64,
+    #[prost(int64, tag = "3")]
+    pub connection_max_queues: i64,
+}
 /// Generated client implementations.
 pub mod management_client {
     #![allow(
@@ -1430,6 +1511,90 @@ pub mod management_client {
                 );
             self.inner.unary(req, path, codec).await
         }
+        /// ---- limits (RabbitMQ's vhost and user limits; see docs/limits.md)
+        /// Overrides limits of one vhost or one user; a limit left unset keeps its
+        /// value. Takes effect at the next connection, channel or queue; nothing
+        /// open is closed. Not persisted (like vhosts created here): after a
+        /// restart the configuration's defaults apply.
+        pub async fn set_limits(
+            &mut self,
+            request: impl tonic::IntoRequest<super::SetLimitsRequest>,
+        ) -> std::result::Result<tonic::Response<super::Limits>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.management.v1.Management/SetLimits",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new("spillway.management.v1.Management", "SetLimits"),
+                );
+            self.inner.unary(req, path, codec).await
+        }
+        /// Removes one vhost's or user's overrides: the configuration's defaults
+        /// apply again.
+        pub async fn clear_limits(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ClearLimitsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ClearLimitsResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.management.v1.Management/ClearLimits",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new("spillway.management.v1.Management", "ClearLimits"),
+                );
+            self.inner.unary(req, path, codec).await
+        }
+        /// The limits in force for every vhost, and for every user with an
+        /// override or an open connection, with the figures they count.
+        pub async fn list_limits(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ListLimitsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ListLimitsResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.management.v1.Management/ListLimits",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new("spillway.management.v1.Management", "ListLimits"),
+                );
+            self.inner.unary(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -1617,6 +1782,33 @@ pub mod management_server {
             request: tonic::Request<super::SetStoreQuotaRequest>,
         ) -> std::result::Result<
             tonic::Response<super::SetStoreQuotaResponse>,
+            tonic::Status,
+        >;
+        /// ---- limits (RabbitMQ's vhost and user limits; see docs/limits.md)
+        /// Overrides limits of one vhost or one user; a limit left unset keeps its
+        /// value. Takes effect at the next connection, channel or queue; nothing
+        /// open is closed. Not persisted (like vhosts created here): after a
+        /// restart the configuration's defaults apply.
+        async fn set_limits(
+            &self,
+            request: tonic::Request<super::SetLimitsRequest>,
+        ) -> std::result::Result<tonic::Response<super::Limits>, tonic::Status>;
+        /// Removes one vhost's or user's overrides: the configuration's defaults
+        /// apply again.
+        async fn clear_limits(
+            &self,
+            request: tonic::Request<super::ClearLimitsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ClearLimitsResponse>,
+            tonic::Status,
+        >;
+        /// The limits in force for every vhost, and for every user with an
+        /// override or an open connection, with the figures they count.
+        async fn list_limits(
+            &self,
+            request: tonic::Request<super::ListLimitsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ListLimitsResponse>,
             tonic::Status,
         >;
     }
@@ -2852,6 +3044,141 @@ pub mod management_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = SetStoreQuotaSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.management.v1.Management/SetLimits" => {
+                    #[allow(non_camel_case_types)]
+                    struct SetLimitsSvc<T: Management>(pub Arc<T>);
+                    impl<
+                        T: Management,
+                    > tonic::server::UnaryService<super::SetLimitsRequest>
+                    for SetLimitsSvc<T> {
+                        type Response = super::Limits;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::SetLimitsRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Management>::set_limits(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = SetLimitsSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.management.v1.Management/ClearLimits" => {
+                    #[allow(non_camel_case_types)]
+                    struct ClearLimitsSvc<T: Management>(pub Arc<T>);
+                    impl<
+                        T: Management,
+                    > tonic::server::UnaryService<super::ClearLimitsRequest>
+                    for ClearLimitsSvc<T> {
+                        type Response = super::ClearLimitsResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::ClearLimitsRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Management>::clear_limits(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ClearLimitsSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.management.v1.Management/ListLimits" => {
+                    #[allow(non_camel_case_types)]
+                    struct ListLimitsSvc<T: Management>(pub Arc<T>);
+                    impl<
+                        T: Management,
+                    > tonic::server::UnaryService<super::ListLimitsRequest>
+                    for ListLimitsSvc<T> {
+                        type Response = super::ListLimitsResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::ListLimitsRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Management>::list_limits(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ListLimitsSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

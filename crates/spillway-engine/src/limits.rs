@@ -1,0 +1,518 @@
+//! Limits on what clients may open, enforced by the engine because it sees
+//! every gateway's sessions (with two gateways, a vhost's or a user's limit
+//! is still one count):
+//!
+//! - per vhost, RabbitMQ's `max-connections` and `max-queues`;
+//! - per user, RabbitMQ's `max-connections` and `max-channels`;
+//! - per connection, the consumers it has and the queues it created that
+//!   still exist.
+//!
+//! Vhost and user limits default to the configuration
+//! (`broker.default_vhost_max_connections`, ...) and can be overridden per
+//! vhost or user through management; like vhosts created through
+//! management, overrides are not persisted. Per-connection limits come from
+//! the configuration only. Each check runs under the broker lock when
+//! something is opened, counting what is open right now; a limit that is not
+//! set costs nothing. Lowering a limit closes nothing already open.
+//!
+//! Refusals use RabbitMQ's codes and words (530 NOT_ALLOWED for connections
+//! and channels, 406 PRECONDITION_FAILED for queues and consumers), are
+//! logged, and are counted in `spillway_limit_refusals_total`.
+
+use std::collections::{BTreeSet, HashMap};
+
+use spillway_proto::amqp::reply_code;
+use spillway_proto::engine::{self as pb, AmqpError};
+use spillway_proto::management as m;
+use spillway_proto::ServiceError;
+use spillway_telemetry::LimitRefusals;
+
+use crate::broker::{Broker, OpResult};
+use crate::model::SessionId;
+
+/// The label of each limit in `spillway_limit_refusals_total`.
+pub const VHOST_MAX_CONNECTIONS: &str = "vhost_max_connections";
+pub const VHOST_MAX_QUEUES: &str = "vhost_max_queues";
+pub const USER_MAX_CONNECTIONS: &str = "user_max_connections";
+pub const USER_MAX_CHANNELS: &str = "user_max_channels";
+pub const MAX_CONSUMERS_PER_CONNECTION: &str = "max_consumers_per_connection";
+pub const MAX_QUEUES_PER_CONNECTION: &str = "max_queues_per_connection";
+
+const ENGINE_LIMITS: [&str; 6] = [
+    VHOST_MAX_CONNECTIONS,
+    VHOST_MAX_QUEUES,
+    USER_MAX_CONNECTIONS,
+    USER_MAX_CHANNELS,
+    MAX_CONSUMERS_PER_CONNECTION,
+    MAX_QUEUES_PER_CONNECTION,
+];
+
+/// The configuration's limits; 0 = no limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LimitConfig {
+    /// Connections open at once to one vhost (`broker.default_vhost_max_connections`).
+    pub vhost_max_connections: u32,
+    /// Queues in one vhost (`broker.default_vhost_max_queues`).
+    pub vhost_max_queues: u32,
+    /// Connections open at once by one user (`broker.default_user_max_connections`).
+    pub user_max_connections: u32,
+    /// Channels open at once by one user, over all their connections
+    /// (`broker.default_user_max_channels`).
+    pub user_max_channels: u32,
+    /// Consumers on one connection (`broker.max_consumers_per_connection`).
+    pub max_consumers_per_connection: u32,
+    /// Queues one connection created that still exist
+    /// (`broker.max_queues_per_connection`).
+    pub max_queues_per_connection: u32,
+}
+
+/// A limit in force.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Limit {
+    Unlimited,
+    /// At most this many (0: none at all, as in RabbitMQ).
+    Max(u64),
+}
+
+impl Limit {
+    /// The configuration's convention: 0 = no limit.
+    fn from_config(value: u32) -> Self {
+        match value {
+            0 => Limit::Unlimited,
+            n => Limit::Max(u64::from(n)),
+        }
+    }
+
+    /// RabbitMQ's convention, used by management: -1 = no limit, 0 = none
+    /// allowed, N = at most N.
+    fn from_management(what: &str, value: i64) -> Result<Self, ServiceError> {
+        match value {
+            -1 => Ok(Limit::Unlimited),
+            n => u64::try_from(n).map(Limit::Max).map_err(|_| {
+                ServiceError::InvalidArgument(format!(
+                    "{what} must be -1 (no limit), 0 or more, not {n}"
+                ))
+            }),
+        }
+    }
+
+    fn as_management(self) -> i64 {
+        match self {
+            Limit::Unlimited => -1,
+            Limit::Max(n) => i64::try_from(n).unwrap_or(i64::MAX),
+        }
+    }
+
+    /// The maximum, when `open` already reaches it (one more is refused).
+    fn reached(self, open: usize) -> Option<u64> {
+        match self {
+            Limit::Max(max) if open as u64 >= max => Some(max),
+            _ => None,
+        }
+    }
+}
+
+/// One vhost's or user's limits set through management; `None` = the
+/// configuration's default.
+#[derive(Clone, Copy, Debug, Default)]
+struct Overrides {
+    max_connections: Option<Limit>,
+    max_queues: Option<Limit>,
+    max_channels: Option<Limit>,
+}
+
+impl Overrides {
+    fn names(&self) -> Vec<String> {
+        [
+            ("max_connections", self.max_connections),
+            ("max_queues", self.max_queues),
+            ("max_channels", self.max_channels),
+        ]
+        .into_iter()
+        .filter(|(_, limit)| limit.is_some())
+        .map(|(name, _)| name.to_string())
+        .collect()
+    }
+}
+
+/// The limits in force and the refusals they caused.
+#[derive(Debug)]
+pub struct Limits {
+    config: LimitConfig,
+    vhosts: HashMap<String, Overrides>,
+    users: HashMap<String, Overrides>,
+    refusals: LimitRefusals,
+}
+
+impl Limits {
+    pub fn new(config: LimitConfig) -> Self {
+        Self {
+            config,
+            vhosts: HashMap::new(),
+            users: HashMap::new(),
+            refusals: LimitRefusals::new(&ENGINE_LIMITS),
+        }
+    }
+
+    /// The engine's refusal counts, for `/metrics`.
+    pub fn refusals(&self) -> LimitRefusals {
+        self.refusals.clone()
+    }
+
+    fn vhost(&self, vhost: &str) -> Overrides {
+        self.vhosts.get(vhost).copied().unwrap_or_default()
+    }
+
+    fn user(&self, user: &str) -> Overrides {
+        self.users.get(user).copied().unwrap_or_default()
+    }
+
+    fn vhost_max_connections(&self, vhost: &str) -> Limit {
+        self.vhost(vhost)
+            .max_connections
+            .unwrap_or(Limit::from_config(self.config.vhost_max_connections))
+    }
+
+    fn vhost_max_queues(&self, vhost: &str) -> Limit {
+        self.vhost(vhost)
+            .max_queues
+            .unwrap_or(Limit::from_config(self.config.vhost_max_queues))
+    }
+
+    fn user_max_connections(&self, user: &str) -> Limit {
+        self.user(user)
+            .max_connections
+            .unwrap_or(Limit::from_config(self.config.user_max_connections))
+    }
+
+    fn user_max_channels(&self, user: &str) -> Limit {
+        self.user(user)
+            .max_channels
+            .unwrap_or(Limit::from_config(self.config.user_max_channels))
+    }
+
+    /// A vhost deleted through management takes its overrides with it.
+    pub(crate) fn forget_vhost(&mut self, vhost: &str) {
+        self.vhosts.remove(vhost);
+    }
+
+    fn refuse(&self, limit: &'static str, code: u16, text: String) -> AmqpError {
+        self.refusals.count(limit);
+        tracing::warn!(limit, reply_code = code, reason = %text, "refused by a limit");
+        AmqpError::new(code, text)
+    }
+}
+
+// ------------------------------------------------------------ enforcement
+
+impl Broker {
+    /// At connection.open: the vhost's and the user's connection limits
+    /// (RabbitMQ checks them in this order, with these words).
+    pub(crate) fn admit_session(&self, open: &pb::OpenSession) -> OpResult<()> {
+        if !self.vhosts.contains_key(&open.vhost) {
+            // `open_session` refuses it, saying why.
+            return Ok(());
+        }
+        let limits = &self.limits;
+        let vhost_limit = limits.vhost_max_connections(&open.vhost);
+        if vhost_limit != Limit::Unlimited {
+            let open_now = self
+                .sessions
+                .values()
+                .filter(|s| s.vhost == open.vhost)
+                .count();
+            if let Some(max) = vhost_limit.reached(open_now) {
+                return Err(limits.refuse(
+                    VHOST_MAX_CONNECTIONS,
+                    reply_code::NOT_ALLOWED,
+                    format!(
+                        "access to vhost '{}' refused for user '{}': connection limit ({max}) is reached",
+                        open.vhost, open.user
+                    ),
+                ));
+            }
+        }
+        let user_limit = limits.user_max_connections(&open.user);
+        if user_limit != Limit::Unlimited {
+            let open_now = self
+                .sessions
+                .values()
+                .filter(|s| s.user == open.user)
+                .count();
+            if let Some(max) = user_limit.reached(open_now) {
+                return Err(limits.refuse(
+                    USER_MAX_CONNECTIONS,
+                    reply_code::NOT_ALLOWED,
+                    format!(
+                        "connection refused for user '{}': user connection limit ({max}) is reached",
+                        open.user
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// At channel.open: the user's channel limit, over all their
+    /// connections (530, which closes the connection, as in RabbitMQ).
+    pub(crate) fn admit_channel(&self, session: SessionId) -> OpResult<()> {
+        let Some(user) = self.sessions.get(&session).map(|s| s.user.as_str()) else {
+            return Ok(());
+        };
+        let limit = self.limits.user_max_channels(user);
+        if limit == Limit::Unlimited {
+            return Ok(());
+        }
+        let open_now: usize = self
+            .sessions
+            .values()
+            .filter(|s| s.user == user)
+            .map(|s| s.channels.len())
+            .sum();
+        match limit.reached(open_now) {
+            Some(max) => Err(self.limits.refuse(
+                USER_MAX_CHANNELS,
+                reply_code::NOT_ALLOWED,
+                format!(
+                    "number of channels opened for user '{user}' has reached the maximum allowed user limit of {max}"
+                ),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Before a queue is created (not at a redeclare or a passive declare):
+    /// the vhost's queue limit and the connection's.
+    pub(crate) fn admit_queue(
+        &self,
+        session: SessionId,
+        vhost_name: &str,
+        queue: &str,
+    ) -> OpResult<()> {
+        let Some(vhost) = self.vhosts.get(vhost_name) else {
+            return Ok(());
+        };
+        if let Some(max) = self
+            .limits
+            .vhost_max_queues(vhost_name)
+            .reached(vhost.queues.len())
+        {
+            return Err(self.limits.refuse(
+                VHOST_MAX_QUEUES,
+                reply_code::PRECONDITION_FAILED,
+                format!(
+                    "cannot declare queue '{queue}': queue limit in vhost '{vhost_name}' ({max}) is reached"
+                ),
+            ));
+        }
+        let limit = Limit::from_config(self.limits.config.max_queues_per_connection);
+        if limit != Limit::Unlimited {
+            let created = vhost
+                .queues
+                .values()
+                .filter(|q| q.created_by == Some(session))
+                .count();
+            if let Some(max) = limit.reached(created) {
+                return Err(self.limits.refuse(
+                    MAX_QUEUES_PER_CONNECTION,
+                    reply_code::PRECONDITION_FAILED,
+                    format!(
+                        "cannot declare queue '{queue}': queue limit per connection ({max}) is reached"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// At basic.consume: the connection's consumer limit (in the words of
+    /// RabbitMQ's `consumer_max_per_channel`, but 406 on the channel).
+    pub(crate) fn admit_consumer(&self, session: SessionId) -> OpResult<()> {
+        let limit = Limit::from_config(self.limits.config.max_consumers_per_connection);
+        if limit == Limit::Unlimited {
+            return Ok(());
+        }
+        let Some(state) = self.sessions.get(&session) else {
+            return Ok(());
+        };
+        let consumers: usize = state.channels.values().map(|c| c.consumers.len()).sum();
+        match limit.reached(consumers) {
+            Some(max) => Err(self.limits.refuse(
+                MAX_CONSUMERS_PER_CONNECTION,
+                reply_code::PRECONDITION_FAILED,
+                format!("reached maximum ({max}) of consumers per connection"),
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+// ------------------------------------------------------------ management
+
+/// Whose limits a management call is about.
+enum Target {
+    Vhost(String),
+    User(String),
+}
+
+fn target(vhost: &str, user: &str) -> Result<Target, ServiceError> {
+    match (vhost.is_empty(), user.is_empty()) {
+        (false, true) => Ok(Target::Vhost(vhost.to_string())),
+        (true, false) if user.len() <= 255 => Ok(Target::User(user.to_string())),
+        (true, false) => Err(ServiceError::InvalidArgument(
+            "user name must be 1 to 255 bytes".into(),
+        )),
+        _ => Err(ServiceError::InvalidArgument(
+            "give exactly one of vhost and user".into(),
+        )),
+    }
+}
+
+fn vhost_exists(broker: &Broker, vhost: &str) -> Result<(), ServiceError> {
+    if broker.vhosts.contains_key(vhost) {
+        return Ok(());
+    }
+    Err(ServiceError::NotFound(format!("vhost '{vhost}' not found")))
+}
+
+/// Management's SetLimits: overrides one vhost's or user's limits.
+pub(crate) fn set(
+    broker: &mut Broker,
+    request: &m::SetLimitsRequest,
+) -> Result<m::Limits, ServiceError> {
+    let limit = |what: &str, value: Option<i64>| -> Result<Option<Limit>, ServiceError> {
+        value
+            .map(|value| Limit::from_management(what, value))
+            .transpose()
+    };
+    let max_connections = limit("max_connections", request.max_connections)?;
+    let max_queues = limit("max_queues", request.max_queues)?;
+    let max_channels = limit("max_channels", request.max_channels)?;
+    match target(&request.vhost, &request.user)? {
+        Target::Vhost(vhost) => {
+            vhost_exists(broker, &vhost)?;
+            if max_channels.is_some() {
+                return Err(ServiceError::InvalidArgument(
+                    "max_channels is a user limit; a vhost has max_connections and max_queues"
+                        .into(),
+                ));
+            }
+            let overrides = broker.limits.vhosts.entry(vhost.clone()).or_default();
+            overrides.max_connections = max_connections.or(overrides.max_connections);
+            overrides.max_queues = max_queues.or(overrides.max_queues);
+            tracing::info!(vhost = %vhost, ?max_connections, ?max_queues, "vhost limits set");
+            Ok(vhost_view(broker, &vhost))
+        }
+        Target::User(user) => {
+            if max_queues.is_some() {
+                return Err(ServiceError::InvalidArgument(
+                    "max_queues is a vhost limit; a user has max_connections and max_channels"
+                        .into(),
+                ));
+            }
+            let overrides = broker.limits.users.entry(user.clone()).or_default();
+            overrides.max_connections = max_connections.or(overrides.max_connections);
+            overrides.max_channels = max_channels.or(overrides.max_channels);
+            tracing::info!(user = %user, ?max_connections, ?max_channels, "user limits set");
+            Ok(user_view(broker, &user))
+        }
+    }
+}
+
+/// Management's ClearLimits: the defaults apply again.
+pub(crate) fn clear(
+    broker: &mut Broker,
+    request: &m::ClearLimitsRequest,
+) -> Result<(), ServiceError> {
+    match target(&request.vhost, &request.user)? {
+        Target::Vhost(vhost) => {
+            vhost_exists(broker, &vhost)?;
+            broker.limits.vhosts.remove(&vhost);
+            tracing::info!(vhost = %vhost, "vhost limits cleared");
+        }
+        Target::User(user) => {
+            broker.limits.users.remove(&user);
+            tracing::info!(user = %user, "user limits cleared");
+        }
+    }
+    Ok(())
+}
+
+/// Management's ListLimits: every vhost, then every user with an override
+/// or an open connection, each sorted by name.
+pub(crate) fn list(broker: &Broker) -> m::ListLimitsResponse {
+    let vhosts: BTreeSet<&String> = broker.vhosts.keys().collect();
+    let users: BTreeSet<&String> = broker
+        .limits
+        .users
+        .keys()
+        .chain(broker.sessions.values().map(|s| &s.user))
+        .collect();
+    let mut limits: Vec<m::Limits> = vhosts.into_iter().map(|v| vhost_view(broker, v)).collect();
+    limits.extend(users.into_iter().map(|u| user_view(broker, u)));
+    let config = &broker.limits.config;
+    m::ListLimitsResponse {
+        limits,
+        connection_max_consumers: Limit::from_config(config.max_consumers_per_connection)
+            .as_management(),
+        connection_max_queues: Limit::from_config(config.max_queues_per_connection).as_management(),
+    }
+}
+
+fn vhost_view(broker: &Broker, vhost: &str) -> m::Limits {
+    let limits = &broker.limits;
+    m::Limits {
+        kind: "vhost".into(),
+        name: vhost.to_string(),
+        max_connections: Some(limits.vhost_max_connections(vhost).as_management()),
+        max_queues: Some(limits.vhost_max_queues(vhost).as_management()),
+        max_channels: None,
+        connections: broker
+            .sessions
+            .values()
+            .filter(|s| s.vhost == vhost)
+            .count() as u64,
+        queues: broker.vhosts.get(vhost).map_or(0, |v| v.queues.len()) as u64,
+        channels: broker
+            .sessions
+            .values()
+            .filter(|s| s.vhost == vhost)
+            .map(|s| s.channels.len() as u64)
+            .sum(),
+        overridden: limits.vhost(vhost).names(),
+    }
+}
+
+fn user_view(broker: &Broker, user: &str) -> m::Limits {
+    let limits = &broker.limits;
+    let sessions = || broker.sessions.values().filter(|s| s.user == user);
+    m::Limits {
+        kind: "user".into(),
+        name: user.to_string(),
+        max_connections: Some(limits.user_max_connections(user).as_management()),
+        max_queues: None,
+        max_channels: Some(limits.user_max_channels(user).as_management()),
+        connections: sessions().count() as u64,
+        queues: 0,
+        channels: sessions().map(|s| s.channels.len() as u64).sum(),
+        overridden: limits.user(user).names(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_zero_is_no_limit_and_management_minus_one_is_no_limit() {
+        assert_eq!(Limit::from_config(0), Limit::Unlimited);
+        assert_eq!(Limit::from_config(3), Limit::Max(3));
+        assert_eq!(Limit::from_management("x", -1).ok(), Some(Limit::Unlimited));
+        assert_eq!(Limit::from_management("x", 0).ok(), Some(Limit::Max(0)));
+        assert!(Limit::from_management("x", -2).is_err());
+        assert_eq!(Limit::Max(0).reached(0), Some(0));
+        assert_eq!(Limit::Max(2).reached(1), None);
+        assert_eq!(Limit::Max(2).reached(2), Some(2));
+        assert_eq!(Limit::Unlimited.reached(usize::MAX), None);
+    }
+}

@@ -1,0 +1,447 @@
+//! The limits operators expect (docs/limits.md), through real clients in
+//! both wirings: per-vhost and per-user connection limits (530 in
+//! RabbitMQ's words, a freed slot taken again), the vhost queue limit and
+//! the per-connection queue and consumer limits (406 on the channel, the
+//! connection lives on), the negotiated channel_max and the user channel
+//! limit (530), limits set and cleared at runtime with `spillctl`, on the
+//! default vhost and on one created through management, and
+//! `spillway_limit_refusals_total` counting each refusal in the process that
+//! refused it.
+
+use std::time::Duration;
+
+use amq_protocol::frame::{gen_frame, parse_frame, AMQPFrame, WriteContext};
+use amq_protocol::protocol::{channel, connection, AMQPClass};
+use amq_protocol::types::FieldTable as RawFieldTable;
+use lapin::options::{BasicConsumeOptions, QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::FieldTable;
+use spillway_integration_tests::{
+    both_wirings, eventually, http_get, metric_value, spillctl_bin, Component, Sandbox, Wiring,
+    MANAGEMENT_TOKEN,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+both_wirings!(
+    own_sandbox, timeout_secs = 90;
+    vhost_and_user_connection_limits,
+    queue_and_consumer_limits,
+    channel_limits,
+);
+
+/// Runs spillctl against the sandbox; its stdout, or its stderr as the error.
+fn spillctl(sandbox: &Sandbox, args: &[&str]) -> anyhow::Result<String> {
+    let output = std::process::Command::new(spillctl_bin()?)
+        .arg("--addr")
+        .arg(sandbox.management_addr().to_string())
+        .args(args)
+        .env("SPILLCTL_TOKEN", MANAGEMENT_TOKEN)
+        .output()?;
+    let stdout = String::from_utf8(output.stdout)?;
+    anyhow::ensure!(
+        output.status.success(),
+        "spillctl {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(stdout)
+}
+
+/// `spillway_limit_refusals_total{limit="…"}` of the process running
+/// `component`.
+async fn refusals(sandbox: &Sandbox, component: Component, limit: &str) -> anyhow::Result<f64> {
+    let (status, text) = http_get(sandbox.metrics_addr(component)?, "/metrics").await?;
+    anyhow::ensure!(status == 200, "/metrics answered {status}");
+    let name = format!("spillway_limit_refusals_total{{limit=\"{limit}\"}}");
+    metric_value(&text, &name).ok_or_else(|| anyhow::anyhow!("{name} not in /metrics:\n{text}"))
+}
+
+/// One entry of `spillctl limits list --output json`.
+fn limits_of(sandbox: &Sandbox, kind: &str, name: &str) -> anyhow::Result<serde_json::Value> {
+    let list: serde_json::Value =
+        serde_json::from_str(&spillctl(sandbox, &["--output", "json", "limits", "list"])?)?;
+    list["limits"]
+        .as_array()
+        .and_then(|limits| {
+            limits
+                .iter()
+                .find(|l| l["kind"] == kind && l["name"] == name)
+                .cloned()
+        })
+        .ok_or_else(|| anyhow::anyhow!("no {kind} '{name}' in {list}"))
+}
+
+async fn connect_to(sandbox: &Sandbox, vhost: &str) -> lapin::Result<lapin::Connection> {
+    let uri = format!("amqp://guest:guest@{}/{vhost}", sandbox.amqp_addr());
+    lapin::Connection::connect(&uri, lapin::ConnectionProperties::default()).await
+}
+
+/// The error a refused step ended with, or a failure if it was not refused.
+fn refused<T, E: std::fmt::Display>(result: Result<T, E>, what: &str) -> anyhow::Result<String> {
+    match result {
+        Ok(_) => anyhow::bail!("{what} was not refused"),
+        Err(error) => Ok(format!("{error:#}")),
+    }
+}
+
+fn ensure_refusal(error: &str, code: &str, text: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        error.contains(code) && error.contains(text),
+        "expected {code} with '{text}', got: {error}"
+    );
+    Ok(())
+}
+
+/// `broker.default_vhost_max_connections = 2`: the third connection to `/`
+/// is refused with 530 in RabbitMQ's words, and a slot freed by a close is
+/// taken again. Then, at runtime through spillctl: the vhost limit is
+/// lifted and a per-user limit set (a fourth connection of guest refused,
+/// then allowed once the user limit is cleared).
+async fn vhost_and_user_connection_limits(wiring: Wiring) -> anyhow::Result<()> {
+    let sandbox =
+        Sandbox::start_with_config(wiring, "[broker]\ndefault_vhost_max_connections = 2\n").await?;
+    let first = sandbox.connect().await?;
+    let second = sandbox.connect().await?;
+    let error = refused(sandbox.connect().await, "a third connection to '/'")?;
+    ensure_refusal(
+        &error,
+        "NOT_ALLOWED",
+        "access to vhost '/' refused for user 'guest': connection limit (2) is reached",
+    )?;
+    anyhow::ensure!(
+        refusals(&sandbox, Component::Engine, "vhost_max_connections").await? >= 1.0,
+        "the vhost refusal is not counted"
+    );
+    // The open ones are untouched; a closed one frees its slot.
+    second.create_channel().await?;
+    first.close(200, "bye".into()).await?;
+    let third = eventually(Duration::from_secs(10), || sandbox.connect()).await?;
+
+    // Runtime: lift the vhost's limit, limit the user to 3 connections.
+    spillctl(&sandbox, &["limits", "set", "--max-connections", "-1"])?;
+    spillctl(
+        &sandbox,
+        &[
+            "limits",
+            "set",
+            "--for-user",
+            "guest",
+            "--max-connections",
+            "3",
+        ],
+    )?;
+    let guest = limits_of(&sandbox, "user", "guest")?;
+    anyhow::ensure!(
+        guest["max_connections"] == 3
+            && guest["connections"] == 2
+            && guest["overridden"] == serde_json::json!(["max_connections"]),
+        "limits list shows for guest: {guest}"
+    );
+    let root = limits_of(&sandbox, "vhost", "/")?;
+    anyhow::ensure!(
+        root["max_connections"] == -1 && root["connections"] == 2,
+        "limits list shows for '/': {root}"
+    );
+    let fourth = sandbox.connect().await?;
+    let before = refusals(&sandbox, Component::Engine, "user_max_connections").await?;
+    let error = refused(sandbox.connect().await, "a fourth connection of guest")?;
+    ensure_refusal(
+        &error,
+        "NOT_ALLOWED",
+        "connection refused for user 'guest': user connection limit (3) is reached",
+    )?;
+    let after = refusals(&sandbox, Component::Engine, "user_max_connections").await?;
+    anyhow::ensure!(after == before + 1.0, "user refusals {before} → {after}");
+
+    spillctl(&sandbox, &["limits", "clear", "--for-user", "guest"])?;
+    let fifth = sandbox.connect().await?;
+    for connection in [second, third, fourth, fifth] {
+        connection.close(200, "bye".into()).await?;
+    }
+    Ok(())
+}
+
+/// `broker.max_queues_per_connection = 2` and
+/// `broker.max_consumers_per_connection = 2`: the third of each is refused
+/// with 406 on its channel and the connection serves on; a deleted queue no
+/// longer counts, and another connection has its own allowance. A vhost
+/// created through management with `max-queues 1` set by spillctl refuses
+/// its second queue, and with `max-connections 0` every connection.
+async fn queue_and_consumer_limits(wiring: Wiring) -> anyhow::Result<()> {
+    let sandbox = Sandbox::start_with_config(
+        wiring,
+        "[broker]\nmax_queues_per_connection = 2\nmax_consumers_per_connection = 2\n",
+    )
+    .await?;
+    let connection = sandbox.connect().await?;
+    let declare = |channel: lapin::Channel, name: &'static str| async move {
+        channel
+            .queue_declare(
+                name.into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+    };
+    let channel = connection.create_channel().await?;
+    declare(channel.clone(), "q1").await?;
+    declare(channel.clone(), "q2").await?;
+    let error = refused(declare(channel, "q3").await, "a third queue")?;
+    ensure_refusal(
+        &error,
+        "PRECONDITION_FAILED",
+        "cannot declare queue 'q3': queue limit per connection (2) is reached",
+    )?;
+    // Redeclaring is not creating; a deleted queue no longer counts.
+    let channel = connection.create_channel().await?;
+    declare(channel.clone(), "q1").await?;
+    channel
+        .queue_delete("q1".into(), QueueDeleteOptions::default())
+        .await?;
+    declare(channel.clone(), "q3").await?;
+
+    let consume = |channel: lapin::Channel, tag: &'static str| async move {
+        channel
+            .basic_consume(
+                "q2".into(),
+                tag.into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+    };
+    let _c1 = consume(channel.clone(), "c1").await?;
+    let other = connection.create_channel().await?;
+    let _c2 = consume(other.clone(), "c2").await?;
+    let error = refused(consume(other, "c3").await, "a third consumer")?;
+    ensure_refusal(
+        &error,
+        "PRECONDITION_FAILED",
+        "reached maximum (2) of consumers per connection",
+    )?;
+    anyhow::ensure!(
+        connection.status().connected(),
+        "a 406 closed the connection"
+    );
+    let neighbour = sandbox.connect().await?;
+    let _n1 = consume(neighbour.create_channel().await?, "n1").await?;
+
+    // A vhost made through management, limited at runtime.
+    spillctl(&sandbox, &["vhost", "create", "limited"])?;
+    spillctl(
+        &sandbox,
+        &["--vhost", "limited", "limits", "set", "--max-queues", "1"],
+    )?;
+    let limited = connect_to(&sandbox, "limited").await?;
+    let channel = limited.create_channel().await?;
+    declare(channel.clone(), "a").await?;
+    let error = refused(declare(channel, "b").await, "a second queue in 'limited'")?;
+    ensure_refusal(
+        &error,
+        "PRECONDITION_FAILED",
+        "cannot declare queue 'b': queue limit in vhost 'limited' (1) is reached",
+    )?;
+    spillctl(
+        &sandbox,
+        &[
+            "--vhost",
+            "limited",
+            "limits",
+            "set",
+            "--max-connections",
+            "0",
+        ],
+    )?;
+    let error = refused(
+        connect_to(&sandbox, "limited").await,
+        "a connection to 'limited'",
+    )?;
+    ensure_refusal(&error, "NOT_ALLOWED", "connection limit (0) is reached")?;
+
+    for (limit, expected) in [
+        ("max_queues_per_connection", 1.0),
+        ("max_consumers_per_connection", 1.0),
+        ("vhost_max_queues", 1.0),
+        ("vhost_max_connections", 1.0),
+        ("user_max_channels", 0.0),
+    ] {
+        let counted = refusals(&sandbox, Component::Engine, limit).await?;
+        anyhow::ensure!(
+            counted == expected,
+            "{limit}: {counted} refusals, expected {expected}"
+        );
+    }
+    for connection in [connection, neighbour, limited] {
+        connection.close(200, "bye".into()).await?;
+    }
+    Ok(())
+}
+
+/// `gateway.channel_max = 2`: a third channel is refused with 530 in
+/// RabbitMQ's words (lapin never asks past channel_max, so a raw client
+/// does), counted by the gateway. A user channel limit set by spillctl
+/// counts over all the user's connections and closes the connection that
+/// asks for one more with 530.
+async fn channel_limits(wiring: Wiring) -> anyhow::Result<()> {
+    let sandbox = Sandbox::start_with_config(wiring, "[gateway]\nchannel_max = 2\n").await?;
+    spillctl(
+        &sandbox,
+        &[
+            "limits",
+            "set",
+            "--for-user",
+            "guest",
+            "--max-channels",
+            "3",
+        ],
+    )?;
+    let first = sandbox.connect().await?;
+    let second = sandbox.connect().await?;
+    let _a = first.create_channel().await?;
+    let _b = first.create_channel().await?;
+    let _c = second.create_channel().await?;
+    let error = refused(second.create_channel().await, "a fourth channel of guest")?;
+    ensure_refusal(
+        &error,
+        "NOT_ALLOWED",
+        "number of channels opened for user 'guest' has reached the maximum allowed user limit of 3",
+    )?;
+    eventually(Duration::from_secs(10), || async {
+        !second.status().connected()
+    })
+    .await?;
+    anyhow::ensure!(
+        first.status().connected(),
+        "the other connection was closed"
+    );
+    anyhow::ensure!(
+        refusals(&sandbox, Component::Engine, "user_max_channels").await? == 1.0,
+        "the user channel refusal is not counted"
+    );
+    // The closed connection's channel no longer counts (lapin itself keeps
+    // each connection within channel_max 2, so a third connection asks).
+    eventually(Duration::from_secs(10), || async {
+        limits_of(&sandbox, "user", "guest").is_ok_and(|g| g["channels"] == 2)
+    })
+    .await?;
+    let third = sandbox.connect().await?;
+    let _d = third.create_channel().await?;
+    spillctl(&sandbox, &["limits", "clear", "--for-user", "guest"])?;
+    first.close(200, "bye".into()).await?;
+    third.close(200, "bye".into()).await?;
+
+    let mut socket = raw_open(&sandbox).await?;
+    for channel in [1, 2] {
+        raw_channel_open(&mut socket, channel).await?;
+        let AMQPFrame::Method(n, AMQPClass::Channel(channel::AMQPMethod::OpenOk(_))) =
+            read_frame(&mut socket).await?
+        else {
+            anyhow::bail!("channel {channel} was not opened");
+        };
+        anyhow::ensure!(n == channel, "open-ok on channel {n}");
+    }
+    raw_channel_open(&mut socket, 3).await?;
+    let (code, text) = connection_close(&mut socket).await?;
+    anyhow::ensure!(
+        code == 530
+            && text.contains(
+                "number of channels opened (2) has reached the negotiated channel_max (2)"
+            ),
+        "{code} {text}"
+    );
+    anyhow::ensure!(
+        refusals(&sandbox, Component::Gateway, "channel_max").await? == 1.0,
+        "the channel_max refusal is not counted"
+    );
+    Ok(())
+}
+
+// ------------------------------------------------------------ raw frames
+
+const HEADER: &[u8] = b"AMQP\x00\x00\x09\x01";
+
+fn encode(frame: AMQPFrame) -> anyhow::Result<Vec<u8>> {
+    let context = gen_frame(&frame)(WriteContext::from(Vec::new()))
+        .map_err(|e| anyhow::anyhow!("cannot encode a frame: {e:?}"))?;
+    Ok(context.write)
+}
+
+async fn read_frame(socket: &mut TcpStream) -> anyhow::Result<AMQPFrame> {
+    let mut head = [0u8; 7];
+    tokio::time::timeout(Duration::from_secs(5), socket.read_exact(&mut head)).await??;
+    let size = u32::from_be_bytes([head[3], head[4], head[5], head[6]]) as usize;
+    let mut rest = vec![0u8; size + 1];
+    tokio::time::timeout(Duration::from_secs(5), socket.read_exact(&mut rest)).await??;
+    let mut whole = head.to_vec();
+    whole.extend(rest);
+    let (_, frame) =
+        parse_frame(&whole[..]).map_err(|e| anyhow::anyhow!("unparsable frame: {e:?}"))?;
+    Ok(frame)
+}
+
+async fn send(socket: &mut TcpStream, channel: u16, method: AMQPClass) -> anyhow::Result<()> {
+    socket
+        .write_all(&encode(AMQPFrame::Method(channel, method))?)
+        .await?;
+    Ok(())
+}
+
+/// A raw connection to `/` as guest, accepting the broker's channel_max.
+async fn raw_open(sandbox: &Sandbox) -> anyhow::Result<TcpStream> {
+    let mut socket = TcpStream::connect(sandbox.amqp_addr()).await?;
+    socket.write_all(HEADER).await?;
+    let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Start(_))) =
+        read_frame(&mut socket).await?
+    else {
+        anyhow::bail!("expected connection.start");
+    };
+    let start_ok = connection::StartOk {
+        client_properties: RawFieldTable::default(),
+        mechanism: "PLAIN".into(),
+        response: "\0guest\0guest".into(),
+        locale: "en_US".into(),
+    };
+    let method = AMQPClass::Connection(connection::AMQPMethod::StartOk(start_ok));
+    send(&mut socket, 0, method).await?;
+    let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Tune(tune))) =
+        read_frame(&mut socket).await?
+    else {
+        anyhow::bail!("expected connection.tune");
+    };
+    let tune_ok = connection::TuneOk {
+        channel_max: tune.channel_max,
+        frame_max: 4096,
+        heartbeat: 0,
+    };
+    let method = AMQPClass::Connection(connection::AMQPMethod::TuneOk(tune_ok));
+    send(&mut socket, 0, method).await?;
+    let open = connection::Open {
+        virtual_host: "/".into(),
+    };
+    let method = AMQPClass::Connection(connection::AMQPMethod::Open(open));
+    send(&mut socket, 0, method).await?;
+    let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::OpenOk(_))) =
+        read_frame(&mut socket).await?
+    else {
+        anyhow::bail!("expected connection.open-ok");
+    };
+    Ok(socket)
+}
+
+async fn raw_channel_open(socket: &mut TcpStream, channel: u16) -> anyhow::Result<()> {
+    let method = AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {}));
+    send(socket, channel, method).await
+}
+
+/// Waits for connection.close; answers close-ok; returns its code and text.
+async fn connection_close(socket: &mut TcpStream) -> anyhow::Result<(u16, String)> {
+    loop {
+        if let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Close(close))) =
+            read_frame(socket).await?
+        {
+            let close_ok =
+                AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {}));
+            let _ = send(socket, 0, close_ok).await;
+            return Ok((close.reply_code, close.reply_text.to_string()));
+        }
+    }
+}
