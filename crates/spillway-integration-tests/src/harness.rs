@@ -125,6 +125,10 @@ macro_rules! both_wirings {
 /// What a probe of [`eventually`] answers: `true`, `Some(value)` or
 /// `Ok(value)` when the condition holds; `false`, `None` or `Err(why)` when
 /// it does not yet.
+///
+/// Beware: `Ok(false)` and `Ok(None)` are `Ok`, so they count as holding. A
+/// probe that can fail and must also meet a condition answers an `Option`
+/// (`probe().await.ok().filter(|n| *n == 3)`), not `probe().await.map(|n| n == 3)`.
 pub trait ProbeOutcome {
     type Value;
     fn into_result(self) -> anyhow::Result<Self::Value>;

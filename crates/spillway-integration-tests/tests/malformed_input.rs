@@ -378,6 +378,20 @@ async fn hostile_nesting(sandbox: &mut Sandbox) -> anyhow::Result<()> {
         "{code} {text}"
     );
 
+    // After login, a server method sent by the client: connection.start,
+    // whose server-properties table nests 18,000 levels (found by the fuzzer:
+    // it aborted the broker).
+    let mut socket = open_connection_with(sandbox, 131_072).await?;
+    let mut start = vec![0, 10, 0, 10, 0, 9];
+    start.extend_from_slice(&deep_table(18_000));
+    start.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0]);
+    let _ = socket.write_all(&raw_frame(1, 0, &start)).await;
+    let (code, text) = expect_connection_close_text(&mut socket).await?;
+    anyhow::ensure!(
+        code == 501 && text.contains("nested deeper than 64"),
+        "{code} {text}"
+    );
+
     // A publish whose headers property nests 18,000 levels.
     let mut socket = open_connection_with(sandbox, 131_072).await?;
     open_channel_one(&mut socket).await?;
