@@ -112,7 +112,10 @@ impl Broker {
             .max(1);
         let mut spill = Spill::default();
         let Self {
-            vhosts, persist, ..
+            vhosts,
+            persist,
+            sessions,
+            ..
         } = self;
         for queue in vhosts.values_mut().flat_map(|v| v.queues.values_mut()) {
             let share = u128::from(threshold) * u128::from(queue_weight(queue)) / u128::from(total);
@@ -121,6 +124,19 @@ impl Broker {
                 continue;
             }
             evict_tail(queue, &mut spill);
+            if spill.bytes >= SPILL_CHUNK_BYTES {
+                submit_spill(persist, &mut spill);
+            }
+        }
+        // Delivered, unacknowledged payloads count in the budget too, and
+        // are needed again only if requeued: a consumer that never acks a
+        // spilled backlog must not bring it all back into memory.
+        for unacked in sessions
+            .values_mut()
+            .flat_map(|s| s.channels.values_mut())
+            .flat_map(|c| c.unacked.values_mut())
+        {
+            evict_unacked(&mut unacked.message, &mut spill);
             if spill.bytes >= SPILL_CHUNK_BYTES {
                 submit_spill(persist, &mut spill);
             }
@@ -360,17 +376,42 @@ fn spill_entry(queue: &mut Queue, position: usize, spill: &mut Spill) {
     let Some(message) = entry.message.clone() else {
         return;
     };
-    if message.stored_seq() == 0 {
-        spill
-            .ops
-            .push(op(write_op::Op::PutMessage(message.record(entry.id))));
-        spill.bytes += message.accounted_size();
-        // Marked now so a sibling queue evicting the same message in this
-        // pass does not write it twice; the real sequence number follows.
-        message.mark_stored(u64::MAX);
-        spill.messages.push(message);
-    }
+    write_unless_stored(message, entry.id, spill);
     queue.evict_at(position);
+}
+
+/// Adds the record of message `id` to the spill unless the store already
+/// has (or is getting) one.
+fn write_unless_stored(message: Arc<Message>, id: u64, spill: &mut Spill) {
+    if message.stored_seq() != 0 {
+        return;
+    }
+    spill
+        .ops
+        .push(op(write_op::Op::PutMessage(message.record(id))));
+    spill.bytes += message.accounted_size();
+    // Marked now so a sibling queue evicting the same message in this pass
+    // does not write it twice; the real sequence number follows.
+    message.mark_stored(u64::MAX);
+    spill.messages.push(message);
+}
+
+/// Drops a delivered, unacknowledged message's payload from memory when the
+/// store has its record already (it flowed to disk before, or is
+/// persistent): nothing to write. If it is requeued, read-ahead brings it
+/// back like any spilled message.
+pub(crate) fn release_stored_payload(entry: &mut QueuedMessage) {
+    if entry.message.as_ref().is_some_and(|m| m.stored_seq() != 0) {
+        entry.message = None;
+    }
+}
+
+/// Moves a delivered, unacknowledged message's payload to the store,
+/// writing its record first unless the store has (or is getting) one.
+fn evict_unacked(entry: &mut QueuedMessage, spill: &mut Spill) {
+    if let Some(message) = entry.message.take() {
+        write_unless_stored(message, entry.id, spill);
+    }
 }
 
 fn submit_spill(persist: &crate::persistence::StoreWriter, spill: &mut Spill) {

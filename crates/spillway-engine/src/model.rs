@@ -413,6 +413,12 @@ impl Queue {
         if message.message.is_some() && message.id >= self.spilled_from {
             self.spilled_from = message.id.saturating_add(1);
         }
+        if message.message.is_none() {
+            // Its payload went to the store while it was unacknowledged:
+            // read-ahead must look at it again.
+            message.loading = false;
+            self.read_ahead_until = self.read_ahead_until.min(message.id);
+        }
         let position = self.messages.partition_point(|m| m.id < message.id);
         self.messages.insert(position, message);
     }
@@ -592,6 +598,9 @@ pub struct SessionState {
     pub channels: HashMap<ChannelId, ChannelState>,
     /// What the gateway may still receive before it reports some written.
     pub credit: crate::credit::DeliveryCredit,
+    /// basic.gets waiting for room in `credit`; woken when the gateway
+    /// reports deliveries written.
+    pub credit_waiters: Vec<oneshot::Sender<()>>,
     /// What the gateway was last told: blocked (and why), or not.
     pub flow_blocked: Option<String>,
     /// Has published: the store quota blocks producers only, so consumers

@@ -6,6 +6,7 @@
 //! (holding up its later commands, and so its client's socket) only where
 //! memory is at stake.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +17,8 @@ use spillway_proto::engine::{
     self as pb, reply, session_command::Command, session_event::Event, AmqpError, Reply,
     SessionCommand, SessionEvent,
 };
-use tokio::sync::mpsc;
+use spillway_proto::{CommandReceiver, QueuedCommand};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::broker::{event, GetOutcome, PublishOutcome};
 use crate::budget::MemoryBudget;
@@ -28,7 +30,7 @@ use crate::model::SessionId;
 pub(crate) async fn run_session(
     shared: Arc<Shared>,
     id: SessionId,
-    mut commands: spillway_proto::CommandReceiver,
+    mut commands: CommandReceiver,
     events: mpsc::UnboundedSender<SessionEvent>,
 ) {
     let mut session = Session {
@@ -37,12 +39,19 @@ pub(crate) async fn run_session(
         events,
         opened: false,
         confirms: FuturesOrdered::new(),
+        deferred: VecDeque::new(),
     };
     loop {
+        if let Some(queued) = session.deferred.pop_front() {
+            // Its bytes stay counted in the command queue's bound until now.
+            let (command, _bytes) = queued.into_parts();
+            session.apply(command, &mut commands).await;
+            continue;
+        }
         tokio::select! {
             command = commands.recv() => {
                 let Some(command) = command else { break };
-                session.apply(command).await;
+                session.apply(command, &mut commands).await;
             }
             Some((channel, seq)) = session.confirms.next(), if !session.confirms.is_empty() => {
                 session.send(Event::Confirm(pb::Confirm { channel, seq, ack: true }));
@@ -62,6 +71,24 @@ struct Session {
     events: mpsc::UnboundedSender<SessionEvent>,
     opened: bool,
     confirms: FuturesOrdered<ConfirmFuture>,
+    /// Commands received while a basic.get waited for delivery credit, to
+    /// apply in order once it is answered. They keep their bytes in the
+    /// command queue's bound, so the gateway stops reading the client.
+    deferred: VecDeque<QueuedCommand>,
+}
+
+/// How long a basic.get waits for delivery credit before it is answered
+/// beyond it. A client that reads nothing gets one answer per second this
+/// way at most; one that reads but queues commands behind its get is not
+/// stalled for good.
+const GET_CREDIT_WAIT: Duration = Duration::from_secs(1);
+
+/// What a basic.get waits for before it can be answered.
+enum GetWait {
+    /// The head message's payload, being read back from the store.
+    Loaded(oneshot::Receiver<()>),
+    /// Room in the delivery credit.
+    Credit(oneshot::Receiver<()>),
 }
 
 impl Session {
@@ -88,7 +115,7 @@ impl Session {
     /// commands, and so its socket) only where memory is at stake: a publish
     /// while the store is behind on spilled payloads, a basic.get whose
     /// message is being read back.
-    async fn apply(&mut self, command: SessionCommand) {
+    async fn apply(&mut self, command: SessionCommand, commands: &mut CommandReceiver) {
         let Some(command) = command.command else {
             return;
         };
@@ -103,26 +130,80 @@ impl Session {
                 wait_for_spill_room(self.shared.budget.clone()).await;
                 self.apply_now(Command::Publish(cmd));
             }
-            Command::Get(cmd) => self.get(cmd).await,
+            Command::Get(cmd) => self.get(cmd, commands).await,
             command => self.apply_now(command),
         }
     }
 
-    async fn get(&mut self, cmd: pb::Get) {
+    async fn get(&mut self, cmd: pb::Get, commands: &mut CommandReceiver) {
+        let mut overdraw = false;
         loop {
-            let outcome = self.shared.broker.lock().get(self.id, &cmd);
-            let result = match outcome {
-                Ok(GetOutcome::Got(get_ok)) => Ok(reply::Result::GetOk(get_ok)),
-                Ok(GetOutcome::Empty) => Ok(reply::Result::GetEmpty(pb::Empty {})),
-                Ok(GetOutcome::Wait(loaded)) => {
-                    // Dropped when the queue goes: ask again, and hear why.
+            match self.try_get(&cmd, overdraw) {
+                None => return,
+                // Dropped when the queue goes: ask again, and hear why.
+                Some(GetWait::Loaded(loaded)) => {
                     let _ = loaded.await;
-                    continue;
                 }
-                Err(error) => Err(error),
-            };
-            self.reply(cmd.request_id, result);
-            return;
+                Some(GetWait::Credit(room)) => {
+                    match tokio::time::timeout(
+                        GET_CREDIT_WAIT,
+                        self.wait_for_credit(room, commands),
+                    )
+                    .await
+                    {
+                        Ok(true) => {}
+                        Ok(false) => return,
+                        // The reports that would make room may be queued
+                        // behind this client's own later commands, held in
+                        // `deferred` and blocking the queue: answer anyway
+                        // rather than stall the connection.
+                        Err(_) => overdraw = true,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Answers a basic.get, or says what it must wait for.
+    fn try_get(&self, cmd: &pb::Get, overdraw: bool) -> Option<GetWait> {
+        let mut broker = self.shared.broker.lock();
+        let result = match broker.get(self.id, cmd, overdraw) {
+            Ok(GetOutcome::Got(get_ok)) => Ok(reply::Result::GetOk(get_ok)),
+            Ok(GetOutcome::Empty) => Ok(reply::Result::GetEmpty(pb::Empty {})),
+            Ok(GetOutcome::Wait(loaded)) => return Some(GetWait::Loaded(loaded)),
+            Ok(GetOutcome::WaitForCredit(room)) => return Some(GetWait::Credit(room)),
+            Err(error) => Err(error),
+        };
+        // Answered under the lock: a get-ok is charged to the delivery
+        // credit, whose sizes must be in the order the gateway receives
+        // deliveries, and consumers' deliveries are sent under the lock too.
+        self.reply(cmd.request_id, result);
+        None
+    }
+
+    /// Waits for delivery credit. The gateway reports deliveries written
+    /// on the same command queue, so those are applied meanwhile; anything
+    /// else waits its turn in `deferred`. False when the gateway is gone.
+    async fn wait_for_credit(
+        &mut self,
+        mut room: oneshot::Receiver<()>,
+        commands: &mut CommandReceiver,
+    ) -> bool {
+        loop {
+            tokio::select! {
+                woken = &mut room => return woken.is_ok(),
+                queued = commands.recv_queued() => {
+                    let Some(queued) = queued else { return false };
+                    if matches!(queued.command().command, Some(Command::DeliveriesWritten(_))) {
+                        let (command, _bytes) = queued.into_parts();
+                        if let Some(command) = command.command {
+                            self.apply_now(command);
+                        }
+                    } else {
+                        self.deferred.push_back(queued);
+                    }
+                }
+            }
         }
     }
 

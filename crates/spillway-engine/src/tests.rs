@@ -403,3 +403,80 @@ async fn refused_arguments_say_the_caller_got_them_wrong() {
     );
     assert_eq!(error.effective_kind(), ErrorKind::FailedPrecondition);
 }
+
+/// basic.get answers are charged to the delivery credit like deliveries:
+/// with the credit spent, later gets wait (and the commands behind them,
+/// in order) until the gateway reports deliveries written.
+#[tokio::test]
+async fn gets_wait_for_delivery_credit_and_later_commands_keep_their_order() {
+    let store = MemoryStore::new();
+    let config = EngineConfig {
+        session_credit: 2,
+        ..EngineConfig::default()
+    };
+    let engine = Engine::start(Arc::new(store.clone()), config)
+        .await
+        .expect("the engine starts on a memory store");
+    let mut client = Client::open(&engine).await;
+    client.declare("q", false, &FieldTable::default()).await;
+    for body in [&b"1"[..], b"2", b"3", b"4", b"5"] {
+        client.publish("q", body, false, 0).await;
+    }
+    for request_id in 100..105 {
+        client
+            .send(Command::Get(pb::Get {
+                request_id,
+                channel: 1,
+                queue: "q".into(),
+                no_ack: false,
+            }))
+            .await;
+    }
+    client
+        .send(Command::Qos(pb::Qos {
+            request_id: 200,
+            channel: 1,
+            prefetch_count: 10,
+            ..Default::default()
+        }))
+        .await;
+    let mut answered = Vec::new();
+    let got = |event: Event, answered: &mut Vec<(u64, Vec<u8>)>| match event {
+        Event::Reply(pb::Reply {
+            request_id,
+            result: Some(reply::Result::GetOk(ok)),
+        }) => answered.push((request_id, ok.body.to_vec())),
+        Event::Reply(pb::Reply { request_id, .. }) => answered.push((request_id, Vec::new())),
+        other => panic!("expected a reply, got {other:?}"),
+    };
+    for _ in 0..2 {
+        let event = client.event().await;
+        got(event, &mut answered);
+    }
+    assert_eq!(answered, vec![(100, b"1".to_vec()), (101, b"2".to_vec())]);
+    // An absence: a wrong engine answers within microseconds, a right one
+    // never does.
+    let silent = tokio::time::timeout(Duration::from_millis(200), client.event()).await;
+    assert!(
+        silent.is_err(),
+        "a get was answered beyond the credit: {silent:?}"
+    );
+
+    let written = |count| Command::DeliveriesWritten(pb::DeliveriesWritten { count });
+    client.send(written(1)).await;
+    let event = client.event().await;
+    got(event, &mut answered);
+    assert_eq!(answered[2], (102, b"3".to_vec()));
+    client.send(written(2)).await;
+    for _ in 0..3 {
+        let event = client.event().await;
+        got(event, &mut answered);
+    }
+    let order: Vec<u64> = answered.iter().map(|(id, _)| *id).collect();
+    assert_eq!(
+        order,
+        vec![100, 101, 102, 103, 104, 200],
+        "qos answered after the gets"
+    );
+    assert_eq!(answered[4], (104, b"5".to_vec()));
+}

@@ -101,6 +101,10 @@ pub struct QueuedCommand {
 }
 
 impl QueuedCommand {
+    pub fn command(&self) -> &SessionCommand {
+        &self.command
+    }
+
     /// The command, and what keeps its bytes counted until dropped.
     pub fn into_parts(self) -> (SessionCommand, OwnedSemaphorePermit) {
         (self.command, self.bytes)
@@ -118,6 +122,12 @@ impl CommandReceiver {
     /// is gone.
     pub async fn recv(&mut self) -> Option<SessionCommand> {
         self.rx.recv().await.map(|queued| queued.command)
+    }
+
+    /// The next command, still holding its bytes. None once every sender
+    /// is gone.
+    pub async fn recv_queued(&mut self) -> Option<QueuedCommand> {
+        self.rx.recv().await
     }
 
     /// Up to `limit` commands that are ready (waiting for the first), still

@@ -36,7 +36,8 @@ pub use boundary::{
     StorageApi,
 };
 pub use command_queue::{
-    command_queue, CommandReceiver, CommandSender, SESSION_COMMAND_BUFFER, SESSION_COMMAND_BYTES,
+    command_queue, CommandReceiver, CommandSender, QueuedCommand, SESSION_COMMAND_BUFFER,
+    SESSION_COMMAND_BYTES,
 };
 
 pub use status::{RemoteError, ServiceError};

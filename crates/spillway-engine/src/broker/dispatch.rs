@@ -19,6 +19,10 @@ pub enum GetOutcome {
     /// The head's payload is being read back from the store: ask again once
     /// this fires.
     Wait(oneshot::Receiver<()>),
+    /// The session's delivery credit is spent: ask again once the gateway
+    /// reports deliveries written (this fires then). A get-ok carries a
+    /// body to the socket as a delivery does, so it is bounded the same way.
+    WaitForCredit(oneshot::Receiver<()>),
 }
 
 impl Broker {
@@ -126,12 +130,34 @@ impl Broker {
         Ok(())
     }
 
-    pub fn get(&mut self, session: SessionId, cmd: &pb::Get) -> OpResult<GetOutcome> {
+    /// basic.get. With `overdraw`, answered even when the session's delivery
+    /// credit is spent (the caller has waited long enough for it).
+    pub fn get(
+        &mut self,
+        session: SessionId,
+        cmd: &pb::Get,
+        overdraw: bool,
+    ) -> OpResult<GetOutcome> {
         let vhost_name = self.session_vhost(session)?;
         self.channel_mut(session, cmd.channel)?;
         let vhost = self.vhost_mut(&vhost_name)?;
         let queue = find_queue_mut(vhost, &cmd.queue, &vhost_name)?;
         check_exclusive(queue, session, &vhost_name)?;
+        let head_resident = match queue.messages.front() {
+            None => return Ok(GetOutcome::Empty),
+            Some(head) => head.message.is_some(),
+        };
+        if head_resident && !overdraw {
+            if let Some(state) = self.sessions.get_mut(&session) {
+                if !state.credit.has_room() {
+                    let (waiter, wait) = oneshot::channel();
+                    state.credit_waiters.push(waiter);
+                    return Ok(GetOutcome::WaitForCredit(wait));
+                }
+            }
+        }
+        let vhost = self.vhost_mut(&vhost_name)?;
+        let queue = find_queue_mut(vhost, &cmd.queue, &vhost_name)?;
         let Some(head) = queue.messages.front() else {
             return Ok(GetOutcome::Empty);
         };
@@ -141,7 +167,7 @@ impl Broker {
             self.read_ahead(&vhost_name, &cmd.queue);
             return Ok(GetOutcome::Wait(wait));
         }
-        let Some(entry) = queue.dequeue() else {
+        let Some(mut entry) = queue.dequeue() else {
             return Ok(GetOutcome::Empty);
         };
         let Some(message) = entry.message.clone() else {
@@ -149,6 +175,10 @@ impl Broker {
         };
         let message_count = queue.messages.len() as u32;
         let stores = queue.stores_messages();
+        if let Some(state) = self.sessions.get_mut(&session) {
+            state.credit.spend(message.body.len());
+        }
+        let flow_active = self.flow_active;
         let channel = self.channel_mut(session, cmd.channel)?;
         let delivery_tag = channel.take_delivery_tag();
         let get_ok = pb::GetOk {
@@ -172,6 +202,9 @@ impl Broker {
             );
             self.persist.submit(ops, Durability::Logged, None);
         } else {
+            if flow_active {
+                crate::flow::release_stored_payload(&mut entry);
+            }
             channel.unacked.insert(
                 delivery_tag,
                 Unacked {
@@ -202,6 +235,9 @@ impl Broker {
         if !state.credit.written(count) {
             return;
         }
+        for waiter in state.credit_waiters.drain(..) {
+            let _ = waiter.send(());
+        }
         let vhost = state.vhost.clone();
         let queues: Vec<String> = state
             .channels
@@ -228,8 +264,10 @@ impl Broker {
             sessions,
             persist,
             shared_refs,
+            flow_active,
             ..
         } = self;
+        let flow_active = *flow_active;
         let Some(queue) = vhosts
             .get_mut(vhost_name)
             .and_then(|v| v.queues.get_mut(queue_name))
@@ -268,7 +306,7 @@ impl Broker {
             };
             queue.next_consumer = (index + 1) % count;
             let consumer_ref = queue.consumers[index].clone();
-            let Some(entry) = queue.dequeue() else {
+            let Some(mut entry) = queue.dequeue() else {
                 break;
             };
             let Some(message) = entry.message.as_ref() else {
@@ -315,6 +353,9 @@ impl Broker {
             } else {
                 if let Some(consumer) = channel.consumers.get_mut(&consumer_ref.tag) {
                     consumer.unacked += 1;
+                }
+                if flow_active {
+                    crate::flow::release_stored_payload(&mut entry);
                 }
                 channel.unacked.insert(
                     delivery_tag,

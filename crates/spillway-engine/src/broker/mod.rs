@@ -145,6 +145,7 @@ impl Broker {
                     self.session_credit,
                     self.session_credit_bytes,
                 ),
+                credit_waiters: Vec::new(),
                 flow_blocked: None,
                 has_published: false,
             },

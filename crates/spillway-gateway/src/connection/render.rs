@@ -48,6 +48,11 @@ impl Connection {
                 spillway_proto::trace::set_parent(&span, &deliver.trace_context);
                 let _entered = span.enter();
                 let channel_id = deliver.channel as u16;
+                // Counted as written even when dropped: the engine's
+                // delivery credit frees deliveries in the order it handed
+                // them over, so one never reported would hold its place
+                // for the rest of the connection.
+                self.deliveries += 1;
                 if !self.is_live(channel_id) {
                     // The engine requeues it when it releases the channel.
                     return Ok(());
@@ -68,7 +73,6 @@ impl Connection {
                     &deliver.body,
                     self.negotiated.frame_max as usize,
                 );
-                self.deliveries += 1;
                 Ok(())
             }
             Event::Confirm(confirm) => {
@@ -154,6 +158,11 @@ impl Connection {
         out: &mut FrameWriter,
         commands: &mut Vec<SessionCommand>,
     ) -> Result<(), ConnectionError> {
+        if matches!(reply.result, Some(reply::Result::GetOk(_))) {
+            // A get-ok is charged to the engine's delivery credit like a
+            // delivery, written or dropped.
+            self.deliveries += 1;
+        }
         let Some(pending) = self.pending.remove(&reply.request_id) else {
             tracing::warn!(request = reply.request_id, "reply to an unknown request");
             return Ok(());

@@ -455,3 +455,27 @@ fn an_unparsable_method_names_its_class() {
     assert_eq!(short.code, reply_code::SYNTAX_ERROR);
     assert_eq!(short.method, MethodId::new(60, 0));
 }
+
+#[test]
+fn a_delivery_to_a_channel_that_is_not_open_still_counts_as_written() {
+    let (mut connection, mut out) = open_connection(GatewayConfig::default());
+    let mut commands = Vec::new();
+    // Channel 9 was never opened (or is being released): the delivery is
+    // dropped, and the engine requeues it when it releases the channel.
+    let deliver = SessionEvent {
+        event: Some(Event::Deliver(pb::Deliver {
+            channel: 9,
+            consumer_tag: "ctag".into(),
+            delivery_tag: 1,
+            body: vec![1u8; 100].into(),
+            ..Default::default()
+        })),
+    };
+    connection
+        .on_event(deliver, &mut out, &mut commands)
+        .expect("dropped quietly");
+    assert!(written(&mut out).is_empty(), "nothing reaches the client");
+    // Reported with the next write, so the engine's credit does not keep a
+    // delivery in flight for ever.
+    assert_eq!(connection.deliveries, 1);
+}
