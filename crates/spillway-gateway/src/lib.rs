@@ -39,6 +39,12 @@ pub struct GatewayConfig {
     pub channel_max: u16,
     /// Heartbeat interval offered to clients, seconds (0 = off).
     pub heartbeat: u16,
+    /// Shortest heartbeat interval a client may choose in `tune-ok`,
+    /// seconds; 0 = no minimum. A shorter one is refused with 530.
+    pub min_heartbeat: u16,
+    /// Longest heartbeat interval a client may choose, seconds; 0 = no
+    /// maximum. When set, turning heartbeats off (0) is refused too.
+    pub max_heartbeat: u16,
     /// Largest message body accepted, bytes; larger publishes get 406.
     pub max_message_size: u64,
     /// Users allowed to connect (PLAIN / AMQPLAIN).
@@ -60,12 +66,40 @@ pub struct GatewayConfig {
     pub max_unfinished_content: u64,
 }
 
+impl GatewayConfig {
+    /// Why a client's chosen heartbeat interval (seconds, 0 = off) is not
+    /// allowed, if it is not.
+    pub fn heartbeat_refusal(&self, heartbeat: u16) -> Option<String> {
+        if heartbeat == 0 && self.max_heartbeat > 0 {
+            return Some(format!(
+                "heartbeat 0 (off) not allowed: at most {} s (gateway.max_heartbeat)",
+                self.max_heartbeat
+            ));
+        }
+        if heartbeat > 0 && heartbeat < self.min_heartbeat {
+            return Some(format!(
+                "heartbeat {heartbeat} s below the minimum {} s (gateway.min_heartbeat)",
+                self.min_heartbeat
+            ));
+        }
+        if self.max_heartbeat > 0 && heartbeat > self.max_heartbeat {
+            return Some(format!(
+                "heartbeat {heartbeat} s above the maximum {} s (gateway.max_heartbeat)",
+                self.max_heartbeat
+            ));
+        }
+        None
+    }
+}
+
 impl Default for GatewayConfig {
     fn default() -> Self {
         Self {
             frame_max: 131_072,
             channel_max: 2047,
             heartbeat: 60,
+            min_heartbeat: 0,
+            max_heartbeat: 0,
             max_message_size: 128 * 1024 * 1024,
             users: vec![User::guest()],
             blocked_overdraft: 1024 * 1024,
@@ -73,6 +107,35 @@ impl Default for GatewayConfig {
             max_connections: 0,
             write_timeout: std::time::Duration::from_secs(15),
             max_unfinished_content: 128 * 1024 * 1024,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::GatewayConfig;
+
+    #[test]
+    fn heartbeats_outside_the_bounds_are_refused_naming_the_bound() {
+        let unbounded = GatewayConfig::default();
+        for heartbeat in [0, 1, 60, u16::MAX] {
+            assert_eq!(unbounded.heartbeat_refusal(heartbeat), None, "{heartbeat}");
+        }
+        let bounded = GatewayConfig {
+            min_heartbeat: 5,
+            max_heartbeat: 120,
+            ..GatewayConfig::default()
+        };
+        for heartbeat in [5, 60, 120] {
+            assert_eq!(bounded.heartbeat_refusal(heartbeat), None, "{heartbeat}");
+        }
+        for (heartbeat, bound) in [
+            (0, "gateway.max_heartbeat"),
+            (4, "gateway.min_heartbeat"),
+            (121, "gateway.max_heartbeat"),
+        ] {
+            let refusal = bounded.heartbeat_refusal(heartbeat).unwrap_or_default();
+            assert!(refusal.contains(bound), "{heartbeat}: {refusal}");
         }
     }
 }

@@ -39,6 +39,11 @@ pub struct GatewaySettings {
     pub frame_max: u32,
     pub channel_max: u16,
     pub heartbeat: u16,
+    /// Shortest heartbeat a client may choose, seconds; 0 = no minimum.
+    pub min_heartbeat: u16,
+    /// Longest heartbeat a client may choose, seconds (0 = off refused
+    /// too); 0 = no maximum.
+    pub max_heartbeat: u16,
     pub max_message_size: u64,
     pub users: Vec<spillway_gateway::User>,
     /// Body bytes a connection blocked by producer flow control may still
@@ -68,6 +73,8 @@ impl Default for GatewaySettings {
             frame_max: protocol.frame_max,
             channel_max: protocol.channel_max,
             heartbeat: protocol.heartbeat,
+            min_heartbeat: protocol.min_heartbeat,
+            max_heartbeat: protocol.max_heartbeat,
             max_message_size: protocol.max_message_size,
             users: protocol.users,
             blocked_overdraft: protocol.blocked_overdraft,
@@ -85,6 +92,8 @@ impl GatewaySettings {
             frame_max: self.frame_max,
             channel_max: self.channel_max,
             heartbeat: self.heartbeat,
+            min_heartbeat: self.min_heartbeat,
+            max_heartbeat: self.max_heartbeat,
             max_message_size: self.max_message_size,
             users: self.users.clone(),
             blocked_overdraft: self.blocked_overdraft,
@@ -616,6 +625,21 @@ impl Settings {
             "gateway.channel_max",
             &gateway.channel_max,
             "1 to 65535",
+        );
+        check(
+            gateway.max_heartbeat == 0 || gateway.min_heartbeat <= gateway.max_heartbeat,
+            "gateway.min_heartbeat",
+            &gateway.min_heartbeat,
+            "at most gateway.max_heartbeat",
+        );
+        check(
+            gateway
+                .protocol()
+                .heartbeat_refusal(gateway.heartbeat)
+                .is_none(),
+            "gateway.heartbeat",
+            &gateway.heartbeat,
+            "within gateway.min_heartbeat and gateway.max_heartbeat (0 = off only without a maximum)",
         );
         check(
             gateway.max_message_size >= 1,
@@ -1283,6 +1307,33 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn heartbeat_bounds_must_hold_the_offered_heartbeat() {
+        let (file, result) = load("[gateway]\nmin_heartbeat = 10\nmax_heartbeat = 5\n", &[]);
+        let lines: Vec<String> = problems(result).iter().map(ToString::to_string).collect();
+        let file = file.display();
+        assert_eq!(
+            lines,
+            [
+                format!(
+                    "`gateway.min_heartbeat` = 10 (in {file}) is out of range: at most \
+                     gateway.max_heartbeat"
+                ),
+                "`gateway.heartbeat` = 60 is out of range: within \
+                 gateway.min_heartbeat and gateway.max_heartbeat (0 = off only without a \
+                 maximum)"
+                    .to_string(),
+            ]
+        );
+        let (_, result) = load(
+            "[gateway]\nheartbeat = 30\nmin_heartbeat = 5\nmax_heartbeat = 120\n",
+            &[],
+        );
+        let settings = result.expect("bounds around the offered heartbeat load");
+        assert_eq!(settings.gateway.protocol().heartbeat_refusal(30), None);
+        assert!(settings.gateway.protocol().heartbeat_refusal(0).is_some());
     }
 
     #[test]

@@ -203,6 +203,10 @@ impl<'a> Handshake<'a> {
             )
             .on(MethodId::CONNECTION_TUNE_OK));
         }
+        if let Some(refusal) = self.config.heartbeat_refusal(tune_ok.heartbeat) {
+            return Err(ConnectionError::new(reply_code::NOT_ALLOWED, refusal)
+                .on(MethodId::CONNECTION_TUNE_OK));
+        }
         let channel_max = match tune_ok.channel_max {
             0 => self.config.channel_max,
             n => n.min(self.config.channel_max),
