@@ -151,6 +151,23 @@ impl Sandbox {
         )
     }
 
+    /// A fresh lapin client gets service: connects, declares a queue,
+    /// closes cleanly. What a test of a misbehaving client ends with.
+    pub async fn serves_a_fresh_client(&self) -> anyhow::Result<()> {
+        let connection = self.connect().await?;
+        let channel = connection.create_channel().await?;
+        channel
+            .queue_declare(
+                "alive".into(),
+                lapin::options::QueueDeclareOptions::default(),
+                lapin::types::FieldTable::default(),
+            )
+            .await?;
+        channel.close(200, "bye".into()).await?;
+        connection.close(200, "bye".into()).await?;
+        Ok(())
+    }
+
     fn data_dir(&self) -> PathBuf {
         self.dir.path().join("data")
     }
@@ -459,4 +476,26 @@ fn parse_addr(ready: &BTreeMap<String, String>, key: &str) -> anyhow::Result<Soc
         .with_context(|| format!("ready file has no '{key}'"))?
         .parse()
         .with_context(|| format!("bad '{key}' address"))
+}
+
+/// Waits, at most `limit`, for the consumer timeout to close a lapin
+/// consumer's channel: the next thing its stream yields must be RabbitMQ's
+/// `406 PRECONDITION_FAILED - delivery acknowledgement … timed out`.
+pub async fn consumer_timed_out(
+    deliveries: &mut lapin::Consumer,
+    limit: Duration,
+) -> anyhow::Result<()> {
+    use futures::StreamExt;
+    let closed = tokio::time::timeout(limit, deliveries.next())
+        .await
+        .map_err(|_| anyhow::anyhow!("the consumer timeout did not close the channel"))?;
+    let error = match closed {
+        Some(Err(error)) => error.to_string(),
+        other => bail!("expected the channel's close, got {other:?}"),
+    };
+    anyhow::ensure!(
+        error.contains("PRECONDITION_FAILED") && error.contains("delivery acknowledgement"),
+        "not the consumer timeout's 406: {error}"
+    );
+    Ok(())
 }

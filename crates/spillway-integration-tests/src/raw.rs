@@ -88,34 +88,74 @@ pub async fn open_connection(
     frame_max: u32,
     channel_max: u16,
 ) -> anyhow::Result<TcpStream> {
-    let mut socket = TcpStream::connect(sandbox.amqp_addr()).await?;
+    handshake(sandbox, frame_max, Some(channel_max)).await
+}
+
+/// As [`open_connection`], taking the channel_max the broker offers.
+pub async fn open_connection_as_offered(
+    sandbox: &Sandbox,
+    frame_max: u32,
+) -> anyhow::Result<TcpStream> {
+    handshake(sandbox, frame_max, None).await
+}
+
+/// Sends the protocol header and waits for connection.start.
+pub async fn await_start(socket: &mut TcpStream) -> anyhow::Result<()> {
     socket.write_all(HEADER).await?;
     let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Start(_))) =
-        read_frame(&mut socket).await?
+        read_frame(socket).await?
     else {
         anyhow::bail!("expected connection.start");
     };
+    Ok(())
+}
+
+async fn handshake(
+    sandbox: &Sandbox,
+    frame_max: u32,
+    channel_max: Option<u16>,
+) -> anyhow::Result<TcpStream> {
+    let mut socket = send_handshake(sandbox, frame_max, channel_max, 0).await?;
+    let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::OpenOk(_))) =
+        read_frame(&mut socket).await?
+    else {
+        anyhow::bail!("expected connection.open-ok");
+    };
+    Ok(socket)
+}
+
+/// Connects as guest and sends everything up to connection.open with the
+/// given tuning (`channel_max` None: the broker's), without waiting for
+/// open-ok: for tests of a refused handshake.
+pub async fn send_handshake(
+    sandbox: &Sandbox,
+    frame_max: u32,
+    channel_max: Option<u16>,
+    heartbeat: u16,
+) -> anyhow::Result<TcpStream> {
+    let mut socket = TcpStream::connect(sandbox.amqp_addr()).await?;
+    await_start(&mut socket).await?;
     let start_ok = connection::StartOk {
         client_properties: FieldTable::default(),
         mechanism: "PLAIN".into(),
         response: "\0guest\0guest".into(),
         locale: "en_US".into(),
     };
-    socket
-        .write_all(&method(
-            0,
-            AMQPClass::Connection(connection::AMQPMethod::StartOk(start_ok)),
-        )?)
-        .await?;
-    let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Tune(_))) =
+    send_method(
+        &mut socket,
+        0,
+        AMQPClass::Connection(connection::AMQPMethod::StartOk(start_ok)),
+    )
+    .await?;
+    let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Tune(tune))) =
         read_frame(&mut socket).await?
     else {
         anyhow::bail!("expected connection.tune");
     };
     let tune_ok = connection::TuneOk {
-        channel_max,
+        channel_max: channel_max.unwrap_or(tune.channel_max),
         frame_max,
-        heartbeat: 0,
+        heartbeat,
     };
     let open = connection::Open {
         virtual_host: "/".into(),
@@ -129,12 +169,27 @@ pub async fn open_connection(
         AMQPClass::Connection(connection::AMQPMethod::Open(open)),
     )?);
     socket.write_all(&bytes).await?;
-    let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::OpenOk(_))) =
-        read_frame(&mut socket).await?
-    else {
-        anyhow::bail!("expected connection.open-ok");
-    };
     Ok(socket)
+}
+
+/// Writes one method frame.
+pub async fn send_method(
+    socket: &mut TcpStream,
+    channel: u16,
+    method_: AMQPClass,
+) -> anyhow::Result<()> {
+    socket.write_all(&method(channel, method_)?).await?;
+    Ok(())
+}
+
+/// Sends channel.open for `id` without waiting for the answer.
+pub async fn send_channel_open(socket: &mut TcpStream, id: u16) -> anyhow::Result<()> {
+    send_method(
+        socket,
+        id,
+        AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+    )
+    .await
 }
 
 /// Opens channels `1..=count` and waits for every open-ok.
@@ -183,15 +238,29 @@ pub async fn read_until_connection_close<R: AsyncRead + Unpin>(
     }
 }
 
-/// Reads (and drops) until the broker closes the socket, at most `limit`.
-pub async fn closed_within(socket: &mut TcpStream, limit: Duration) -> anyhow::Result<()> {
+/// Reads (and drops) until the broker closes the socket, at most `limit`;
+/// returns when that was.
+pub async fn closed_within(
+    socket: &mut TcpStream,
+    limit: Duration,
+) -> anyhow::Result<std::time::Instant> {
     let deadline = tokio::time::Instant::now() + limit;
     let mut sink = vec![0u8; 64 * 1024];
     loop {
         match tokio::time::timeout_at(deadline, socket.read(&mut sink)).await {
             Err(_) => anyhow::bail!("still open after {limit:?}"),
-            Ok(Ok(0)) | Ok(Err(_)) => return Ok(()),
+            Ok(Ok(0)) | Ok(Err(_)) => return Ok(std::time::Instant::now()),
             Ok(Ok(_)) => {}
         }
     }
+}
+
+/// Everything the broker sends until it closes the socket (within the
+/// read timeout).
+pub async fn read_to_end(socket: &mut TcpStream) -> anyhow::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    tokio::time::timeout(READ_TIMEOUT, socket.read_to_end(&mut bytes))
+        .await
+        .context("the broker did not close in time")??;
+    Ok(bytes)
 }

@@ -5,7 +5,8 @@
 //!
 //! - A consumer that never reads its socket: the gateway holds at most the
 //!   delivery credit in bytes for it, drops it at `gateway.write_timeout`,
-//!   and its deliveries go back to the queue.
+//!   and its deliveries go back to the queue. The same for pipelined
+//!   basic.gets, whose answers are charged to the same credit.
 //! - A publisher that starts hundreds of huge messages and never finishes
 //!   them: closed with 506 once its unfinished bodies pass
 //!   `gateway.max_unfinished_content`.
@@ -16,12 +17,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+use futures::StreamExt;
+use lapin::options::{
+    BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
+};
 use lapin::types::FieldTable;
 use lapin::BasicProperties;
 use spillway_integration_tests::raw::{self, FRAME_BODY};
 use spillway_integration_tests::{
-    both_wirings, eventually, http_get, metric_value, Component, Sandbox, Wiring,
+    both_wirings, consumer_timed_out, eventually, http_get, metric_value, Component, Sandbox,
+    Wiring,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -29,6 +34,8 @@ use tokio::net::TcpStream;
 both_wirings!(
     own_sandbox, timeout_secs = 120;
     a_consumer_that_never_reads_is_dropped_and_its_deliveries_requeued,
+    pipelined_gets_that_are_never_read_are_bounded_and_requeued,
+    a_consumer_that_never_acks_a_spilled_backlog_stays_within_the_budget,
     unfinished_bodies_past_the_limit_close_the_connection,
     hundreds_of_stalled_handshakes_are_closed_at_the_timeout,
 );
@@ -52,17 +59,6 @@ async fn ready_messages(channel: &lapin::Channel, queue: &str) -> anyhow::Result
     Ok(declared.message_count())
 }
 
-/// A fresh lapin client still gets service.
-async fn broker_still_serves(sandbox: &Sandbox) -> anyhow::Result<()> {
-    let connection = sandbox.connect().await?;
-    let channel = connection.create_channel().await?;
-    channel
-        .queue_declare("alive".into(), Default::default(), FieldTable::default())
-        .await?;
-    connection.close(200, "bye".into()).await?;
-    Ok(())
-}
-
 /// 150 one-MiB messages and a consumer (no prefetch) that never reads: the
 /// engine hands the gateway at most `engine.session_credit_bytes` (8 MiB)
 /// that the socket has not taken, the gateway gives up on the socket after
@@ -71,6 +67,32 @@ async fn broker_still_serves(sandbox: &Sandbox) -> anyhow::Result<()> {
 async fn a_consumer_that_never_reads_is_dropped_and_its_deliveries_requeued(
     wiring: Wiring,
 ) -> anyhow::Result<()> {
+    // basic.consume "unread", tag "", no-local/no-ack/exclusive/no-wait off,
+    // no arguments.
+    let mut consume = vec![0, 60, 0, 20, 0, 0, 6];
+    consume.extend_from_slice(b"unread");
+    consume.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+    a_reader_that_never_reads(wiring, &raw::raw_frame(raw::FRAME_METHOD, 1, &consume)).await
+}
+
+/// The same with 150 pipelined basic.gets (acknowledged mode) instead of a
+/// consumer: get-ok answers are charged to the same credit. Before they
+/// were, the engine answered all 150 and the separate gateway buffered
+/// 150 MiB for a client that read nothing.
+async fn pipelined_gets_that_are_never_read_are_bounded_and_requeued(
+    wiring: Wiring,
+) -> anyhow::Result<()> {
+    // basic.get "unread", no-ack off.
+    let mut get = vec![0, 60, 0, 70, 0, 0, 6];
+    get.extend_from_slice(b"unread");
+    get.push(0);
+    let frame = raw::raw_frame(raw::FRAME_METHOD, 1, &get);
+    a_reader_that_never_reads(wiring, &frame.repeat(150)).await
+}
+
+/// Fills "unread" with 150 one-MiB messages, then opens a raw connection
+/// that sends `request` on channel 1 and reads nothing more.
+async fn a_reader_that_never_reads(wiring: Wiring, request: &[u8]) -> anyhow::Result<()> {
     const MESSAGES: u32 = 150;
     let sandbox = Sandbox::start_with_config(wiring, "[gateway]\nwrite_timeout = \"1s\"\n").await?;
     let connection = sandbox.connect().await?;
@@ -97,14 +119,7 @@ async fn a_consumer_that_never_reads_is_dropped_and_its_deliveries_requeued(
 
     let mut reader = raw::open_connection(&sandbox, 131_072, 16).await?;
     raw::open_channels(&mut reader, 1).await?;
-    // basic.consume "unread", tag "", no-local/no-ack/exclusive/no-wait off,
-    // no arguments; then this client reads nothing more.
-    let mut consume = vec![0, 60, 0, 20, 0, 0, 6];
-    consume.extend_from_slice(b"unread");
-    consume.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
-    reader
-        .write_all(&raw::raw_frame(raw::FRAME_METHOD, 1, &consume))
-        .await?;
+    reader.write_all(request).await?;
 
     eventually(Duration::from_secs(10), || async {
         let ready = ready_messages(&channel, "unread").await.ok();
@@ -127,8 +142,121 @@ async fn a_consumer_that_never_reads_is_dropped_and_its_deliveries_requeued(
         );
     }
     raw::closed_within(&mut reader, Duration::from_secs(10)).await?;
+    channel.close(200, "bye".into()).await?;
     connection.close(200, "bye".into()).await?;
-    broker_still_serves(&sandbox).await
+    sandbox.serves_a_fresh_client().await
+}
+
+/// A 150 MiB backlog flowed to disk under a 16 MiB threshold, and a
+/// consumer (no prefetch) that takes all of it and never acks: its
+/// unacknowledged payloads leave memory as they are delivered (the store
+/// has them), so resident message bytes stay near the threshold instead of
+/// the backlog's size; the consumer timeout then closes its channel with
+/// 406, and all 600 messages are ready again, in order.
+async fn a_consumer_that_never_acks_a_spilled_backlog_stays_within_the_budget(
+    wiring: Wiring,
+) -> anyhow::Result<()> {
+    const MESSAGES: u32 = 600;
+    const SIZE: usize = 256 * 1024;
+    const THRESHOLD: u64 = 16 * MIB as u64;
+    let config = "[broker]\nflow_to_disk_threshold = \"16MiB\"\nconsumer_timeout = \"20s\"\n\
+                  housekeeping_interval = \"100ms\"\n";
+    let sandbox = Sandbox::start_with_config(wiring, config).await?;
+    let connection = sandbox.connect().await?;
+    let channel = connection.create_channel().await?;
+    channel
+        .queue_declare("backlog".into(), Default::default(), FieldTable::default())
+        .await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    for n in 0..MESSAGES {
+        let mut body = vec![0u8; SIZE];
+        body[..4].copy_from_slice(&n.to_be_bytes());
+        channel
+            .basic_publish(
+                "".into(),
+                "backlog".into(),
+                BasicPublishOptions::default(),
+                &body,
+                BasicProperties::default(),
+            )
+            .await?
+            .await?;
+    }
+
+    let hoarder = sandbox.connect().await?;
+    let hoarding = hoarder.create_channel().await?;
+    let mut deliveries = hoarding
+        .basic_consume(
+            "backlog".into(),
+            "hoarder".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let mut taken = 0;
+    while taken < MESSAGES {
+        tokio::time::timeout(Duration::from_secs(30), deliveries.next())
+            .await
+            .map_err(|_| anyhow::anyhow!("only {taken} of {MESSAGES} delivered"))?
+            .ok_or_else(|| anyhow::anyhow!("consumer ended after {taken}"))??;
+        taken += 1;
+    }
+    // All 150 MiB delivered and unacknowledged: what stays resident is
+    // the threshold's worth at most (plus one housekeeping pass of slack).
+    let resident = eventually(Duration::from_secs(10), || async {
+        let bytes = sandbox
+            .engine_metric("spillway_broker_resident_message_bytes")
+            .await
+            .ok();
+        bytes.filter(|b| *b <= (THRESHOLD + 4 * MIB as u64) as f64)
+    })
+    .await;
+    anyhow::ensure!(
+        resident.is_ok(),
+        "resident message bytes stayed above the threshold with {MESSAGES} unacked: {:?}",
+        sandbox
+            .engine_metric("spillway_broker_resident_message_bytes")
+            .await
+    );
+    if let Some(peak) = sandbox.peak_rss("engine") {
+        anyhow::ensure!(
+            peak < THRESHOLD + 112 * MIB as u64,
+            "the engine's peak RSS was {} MiB for a 16 MiB threshold",
+            peak / MIB as u64
+        );
+    }
+
+    // The consumer timeout closes the hoarder's channel; all come back.
+    consumer_timed_out(&mut deliveries, Duration::from_secs(30)).await?;
+    eventually(Duration::from_secs(10), || async {
+        let ready = ready_messages(&channel, "backlog").await.ok();
+        ready.filter(|n| *n == MESSAGES)
+    })
+    .await?;
+    // In order, flagged redelivered, payloads intact.
+    let mut n = 0u32;
+    while n < MESSAGES {
+        let got = channel
+            .basic_get(
+                "backlog".into(),
+                lapin::options::BasicGetOptions { no_ack: true },
+            )
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("queue empty after {n}"))?;
+        let delivery = got.delivery;
+        anyhow::ensure!(
+            delivery.data.len() == SIZE && delivery.data[..4] == n.to_be_bytes(),
+            "message {n} came back wrong"
+        );
+        anyhow::ensure!(delivery.redelivered, "message {n} not flagged redelivered");
+        n += 1;
+    }
+    hoarder.close(200, "bye".into()).await.ok();
+    channel.close(200, "bye".into()).await?;
+    connection.close(200, "bye".into()).await?;
+    sandbox.serves_a_fresh_client().await
 }
 
 /// 500 channels each announce a 100 MiB message and send its body 128 KiB
@@ -194,7 +322,7 @@ async fn unfinished_bodies_past_the_limit_close_the_connection(
             peak / MIB as u64
         );
     }
-    broker_still_serves(&sandbox).await
+    sandbox.serves_a_fresh_client().await
 }
 
 /// 100 sockets that say nothing, 100 that stop after the protocol header and
@@ -217,9 +345,9 @@ async fn hundreds_of_stalled_handshakes_are_closed_at_the_timeout(
         }
         sockets.push(socket);
     }
-    broker_still_serves(&sandbox).await?;
+    sandbox.serves_a_fresh_client().await?;
     for socket in &mut sockets {
         raw::closed_within(socket, Duration::from_secs(15)).await?;
     }
-    broker_still_serves(&sandbox).await
+    sandbox.serves_a_fresh_client().await
 }

@@ -10,23 +10,22 @@
 
 use std::time::Duration;
 
-use amq_protocol::frame::{gen_frame, parse_frame, AMQPFrame, WriteContext};
-use amq_protocol::protocol::{channel, connection, AMQPClass};
-use amq_protocol::types::FieldTable as RawFieldTable;
+use amq_protocol::frame::AMQPFrame;
+use amq_protocol::protocol::{channel, AMQPClass};
 use lapin::options::{BasicConsumeOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::FieldTable;
+use spillway_integration_tests::raw;
 use spillway_integration_tests::{
     both_wirings, eventually, http_get, metric_value, spillctl_bin, Component, Sandbox, Wiring,
     MANAGEMENT_TOKEN,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 both_wirings!(
     own_sandbox, timeout_secs = 90;
     vhost_and_user_connection_limits,
     queue_and_consumer_limits,
     channel_limits,
+    heartbeat_bounds,
 );
 
 /// Runs spillctl against the sandbox; its stdout, or its stderr as the error.
@@ -157,6 +156,52 @@ async fn vhost_and_user_connection_limits(wiring: Wiring) -> anyhow::Result<()> 
     for connection in [second, third, fourth, fifth] {
         connection.close(200, "bye".into()).await?;
     }
+    Ok(())
+}
+
+/// `gateway.min_heartbeat = 5` and `max_heartbeat = 120`: a client that
+/// chooses 1 s, 600 s or no heartbeat in tune-ok is refused with 530 naming
+/// the bound; lapin choosing 10 s is served.
+async fn heartbeat_bounds(wiring: Wiring) -> anyhow::Result<()> {
+    let sandbox = Sandbox::start_with_config(
+        wiring,
+        "[gateway]\nheartbeat = 30\nmin_heartbeat = 5\nmax_heartbeat = 120\n",
+    )
+    .await?;
+    for (heartbeat, expected) in [
+        (
+            1,
+            "heartbeat 1 s below the minimum 5 s (gateway.min_heartbeat)",
+        ),
+        (
+            600,
+            "heartbeat 600 s above the maximum 120 s (gateway.max_heartbeat)",
+        ),
+        (
+            0,
+            "heartbeat 0 (off) not allowed: at most 120 s (gateway.max_heartbeat)",
+        ),
+    ] {
+        let mut socket = raw::send_handshake(&sandbox, 4096, None, heartbeat).await?;
+        let (code, text) = raw::expect_connection_close(&mut socket).await?;
+        anyhow::ensure!(
+            code == 530 && text.contains(expected),
+            "heartbeat {heartbeat}: {code} {text}"
+        );
+    }
+    let uri = format!("{}?heartbeat=10", sandbox.amqp_uri());
+    let connection =
+        lapin::Connection::connect(&uri, lapin::ConnectionProperties::default()).await?;
+    let channel = connection.create_channel().await?;
+    channel
+        .queue_declare(
+            "heartbeat-bounds".into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    channel.close(200, "bye".into()).await?;
+    connection.close(200, "bye".into()).await?;
     Ok(())
 }
 
@@ -329,18 +374,18 @@ async fn channel_limits(wiring: Wiring) -> anyhow::Result<()> {
     first.close(200, "bye".into()).await?;
     third.close(200, "bye".into()).await?;
 
-    let mut socket = raw_open(&sandbox).await?;
+    let mut socket = raw::open_connection_as_offered(&sandbox, 4096).await?;
     for channel in [1, 2] {
-        raw_channel_open(&mut socket, channel).await?;
+        raw::send_channel_open(&mut socket, channel).await?;
         let AMQPFrame::Method(n, AMQPClass::Channel(channel::AMQPMethod::OpenOk(_))) =
-            read_frame(&mut socket).await?
+            raw::read_frame(&mut socket).await?
         else {
             anyhow::bail!("channel {channel} was not opened");
         };
         anyhow::ensure!(n == channel, "open-ok on channel {n}");
     }
-    raw_channel_open(&mut socket, 3).await?;
-    let (code, text) = connection_close(&mut socket).await?;
+    raw::send_channel_open(&mut socket, 3).await?;
+    let (code, text) = raw::expect_connection_close(&mut socket).await?;
     anyhow::ensure!(
         code == 530
             && text.contains(
@@ -353,95 +398,4 @@ async fn channel_limits(wiring: Wiring) -> anyhow::Result<()> {
         "the channel_max refusal is not counted"
     );
     Ok(())
-}
-
-// ------------------------------------------------------------ raw frames
-
-const HEADER: &[u8] = b"AMQP\x00\x00\x09\x01";
-
-fn encode(frame: AMQPFrame) -> anyhow::Result<Vec<u8>> {
-    let context = gen_frame(&frame)(WriteContext::from(Vec::new()))
-        .map_err(|e| anyhow::anyhow!("cannot encode a frame: {e:?}"))?;
-    Ok(context.write)
-}
-
-async fn read_frame(socket: &mut TcpStream) -> anyhow::Result<AMQPFrame> {
-    let mut head = [0u8; 7];
-    tokio::time::timeout(Duration::from_secs(5), socket.read_exact(&mut head)).await??;
-    let size = u32::from_be_bytes([head[3], head[4], head[5], head[6]]) as usize;
-    let mut rest = vec![0u8; size + 1];
-    tokio::time::timeout(Duration::from_secs(5), socket.read_exact(&mut rest)).await??;
-    let mut whole = head.to_vec();
-    whole.extend(rest);
-    let (_, frame) =
-        parse_frame(&whole[..]).map_err(|e| anyhow::anyhow!("unparsable frame: {e:?}"))?;
-    Ok(frame)
-}
-
-async fn send(socket: &mut TcpStream, channel: u16, method: AMQPClass) -> anyhow::Result<()> {
-    socket
-        .write_all(&encode(AMQPFrame::Method(channel, method))?)
-        .await?;
-    Ok(())
-}
-
-/// A raw connection to `/` as guest, accepting the broker's channel_max.
-async fn raw_open(sandbox: &Sandbox) -> anyhow::Result<TcpStream> {
-    let mut socket = TcpStream::connect(sandbox.amqp_addr()).await?;
-    socket.write_all(HEADER).await?;
-    let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Start(_))) =
-        read_frame(&mut socket).await?
-    else {
-        anyhow::bail!("expected connection.start");
-    };
-    let start_ok = connection::StartOk {
-        client_properties: RawFieldTable::default(),
-        mechanism: "PLAIN".into(),
-        response: "\0guest\0guest".into(),
-        locale: "en_US".into(),
-    };
-    let method = AMQPClass::Connection(connection::AMQPMethod::StartOk(start_ok));
-    send(&mut socket, 0, method).await?;
-    let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Tune(tune))) =
-        read_frame(&mut socket).await?
-    else {
-        anyhow::bail!("expected connection.tune");
-    };
-    let tune_ok = connection::TuneOk {
-        channel_max: tune.channel_max,
-        frame_max: 4096,
-        heartbeat: 0,
-    };
-    let method = AMQPClass::Connection(connection::AMQPMethod::TuneOk(tune_ok));
-    send(&mut socket, 0, method).await?;
-    let open = connection::Open {
-        virtual_host: "/".into(),
-    };
-    let method = AMQPClass::Connection(connection::AMQPMethod::Open(open));
-    send(&mut socket, 0, method).await?;
-    let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::OpenOk(_))) =
-        read_frame(&mut socket).await?
-    else {
-        anyhow::bail!("expected connection.open-ok");
-    };
-    Ok(socket)
-}
-
-async fn raw_channel_open(socket: &mut TcpStream, channel: u16) -> anyhow::Result<()> {
-    let method = AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {}));
-    send(socket, channel, method).await
-}
-
-/// Waits for connection.close; answers close-ok; returns its code and text.
-async fn connection_close(socket: &mut TcpStream) -> anyhow::Result<(u16, String)> {
-    loop {
-        if let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Close(close))) =
-            read_frame(socket).await?
-        {
-            let close_ok =
-                AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {}));
-            let _ = send(socket, 0, close_ok).await;
-            return Ok((close.reply_code, close.reply_text.to_string()));
-        }
-    }
 }

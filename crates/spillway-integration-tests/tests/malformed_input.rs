@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use amq_protocol::frame::{gen_frame, parse_frame, AMQPFrame, WriteContext};
-use amq_protocol::protocol::{channel, connection, queue, AMQPClass};
-use amq_protocol::types::FieldTable;
+use amq_protocol::frame::AMQPFrame;
+use amq_protocol::protocol::{channel, queue, AMQPClass};
+use spillway_integration_tests::raw;
 use spillway_integration_tests::{both_wirings, eventually, run_wiring_case, Sandbox, Wiring};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -48,200 +48,68 @@ async fn separate_processes_connections_past_max_connections_are_refused() {
     .await
 }
 
-const HEADER: &[u8] = b"AMQP\x00\x00\x09\x01";
-
-fn encode(frame: AMQPFrame) -> Vec<u8> {
-    let context = gen_frame(&frame)(WriteContext::from(Vec::new())).expect("encode");
-    context.write
-}
-
-async fn read_frame(socket: &mut TcpStream) -> anyhow::Result<AMQPFrame> {
-    let mut head = [0u8; 7];
-    tokio::time::timeout(Duration::from_secs(5), socket.read_exact(&mut head)).await??;
-    let size = u32::from_be_bytes([head[3], head[4], head[5], head[6]]) as usize;
-    let mut rest = vec![0u8; size + 1];
-    tokio::time::timeout(Duration::from_secs(5), socket.read_exact(&mut rest)).await??;
-    let mut whole = head.to_vec();
-    whole.extend(rest);
-    let (_, frame) =
-        parse_frame(&whole[..]).map_err(|e| anyhow::anyhow!("unparsable frame: {e:?}"))?;
-    Ok(frame)
-}
-
-/// Connects and completes the handshake with frame_max 4096.
-async fn open_connection(sandbox: &Sandbox) -> anyhow::Result<TcpStream> {
-    open_connection_with(sandbox, 4096).await
-}
-
-/// Connects and completes the handshake with the given frame_max.
-async fn open_connection_with(sandbox: &Sandbox, frame_max: u32) -> anyhow::Result<TcpStream> {
-    let mut socket = TcpStream::connect(sandbox.amqp_addr()).await?;
-    socket.write_all(HEADER).await?;
-    let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Start(_))) =
-        read_frame(&mut socket).await?
-    else {
-        anyhow::bail!("expected connection.start");
-    };
-    let start_ok = connection::StartOk {
-        client_properties: FieldTable::default(),
-        mechanism: "PLAIN".into(),
-        response: "\0guest\0guest".into(),
-        locale: "en_US".into(),
-    };
-    socket
-        .write_all(&encode(AMQPFrame::Method(
-            0,
-            AMQPClass::Connection(connection::AMQPMethod::StartOk(start_ok)),
-        )))
-        .await?;
-    let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Tune(_))) =
-        read_frame(&mut socket).await?
-    else {
-        anyhow::bail!("expected connection.tune");
-    };
-    let tune_ok = connection::TuneOk {
-        channel_max: 16,
-        frame_max,
-        heartbeat: 0,
-    };
-    socket
-        .write_all(&encode(AMQPFrame::Method(
-            0,
-            AMQPClass::Connection(connection::AMQPMethod::TuneOk(tune_ok)),
-        )))
-        .await?;
-    let open = connection::Open {
-        virtual_host: "/".into(),
-    };
-    socket
-        .write_all(&encode(AMQPFrame::Method(
-            0,
-            AMQPClass::Connection(connection::AMQPMethod::Open(open)),
-        )))
-        .await?;
-    let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::OpenOk(_))) =
-        read_frame(&mut socket).await?
-    else {
-        anyhow::bail!("expected connection.open-ok");
-    };
-    Ok(socket)
-}
-
-/// Opens channel 1 on an open connection and waits for open-ok.
-async fn open_channel_one(socket: &mut TcpStream) -> anyhow::Result<()> {
-    socket
-        .write_all(&encode(AMQPFrame::Method(
-            1,
-            AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
-        )))
-        .await?;
-    let AMQPFrame::Method(1, AMQPClass::Channel(channel::AMQPMethod::OpenOk(_))) =
-        read_frame(socket).await?
-    else {
-        anyhow::bail!("expected channel.open-ok");
-    };
-    Ok(())
-}
-
-/// Reads until a connection.close arrives; returns its reply code.
-async fn expect_connection_close(socket: &mut TcpStream) -> anyhow::Result<u16> {
-    Ok(expect_connection_close_text(socket).await?.0)
-}
-
-/// Reads until a connection.close arrives; returns its reply code and text.
-async fn expect_connection_close_text(socket: &mut TcpStream) -> anyhow::Result<(u16, String)> {
-    loop {
-        if let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Close(close))) =
-            read_frame(socket).await?
-        {
-            let close_ok = AMQPFrame::Method(
-                0,
-                AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {})),
-            );
-            let _ = socket.write_all(&encode(close_ok)).await;
-            return Ok((close.reply_code, close.reply_text.to_string()));
-        }
-    }
-}
-
-async fn read_to_end(socket: &mut TcpStream) -> anyhow::Result<Vec<u8>> {
-    let mut bytes = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), socket.read_to_end(&mut bytes)).await??;
-    Ok(bytes)
-}
-
-/// A real client still gets service.
-async fn broker_still_serves(sandbox: &Sandbox) -> anyhow::Result<()> {
-    let conn = sandbox.connect().await?;
-    let ch = conn.create_channel().await?;
-    ch.queue_declare("alive".into(), Default::default(), Default::default())
-        .await?;
-    conn.close(200, "bye".into()).await?;
-    Ok(())
-}
-
 async fn malformed_input(sandbox: &mut Sandbox) -> anyhow::Result<()> {
     // Garbage instead of a protocol header: the spec's answer is our header, then close.
     let mut socket = TcpStream::connect(sandbox.amqp_addr()).await?;
     socket
         .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         .await?;
-    assert_eq!(read_to_end(&mut socket).await?, HEADER);
-    broker_still_serves(sandbox).await?;
+    assert_eq!(raw::read_to_end(&mut socket).await?, raw::HEADER);
+    sandbox.serves_a_fresh_client().await?;
 
     // A protocol header for another version: same answer.
     let mut socket = TcpStream::connect(sandbox.amqp_addr()).await?;
     socket.write_all(b"AMQP\x01\x01\x00\x0a").await?;
-    assert_eq!(read_to_end(&mut socket).await?, HEADER);
+    assert_eq!(raw::read_to_end(&mut socket).await?, raw::HEADER);
 
     // A frame larger than the negotiated frame-max: 501 FRAME_ERROR.
-    let mut socket = open_connection(sandbox).await?;
+    let mut socket = raw::open_connection(sandbox, 4096, 16).await?;
     let mut oversized = vec![3u8, 0, 1];
     oversized.extend_from_slice(&100_000u32.to_be_bytes());
     oversized.extend(vec![0u8; 100_000]);
     oversized.push(0xCE);
     let _ = socket.write_all(&oversized).await;
-    assert_eq!(expect_connection_close(&mut socket).await?, 501);
+    assert_eq!(raw::expect_connection_close(&mut socket).await?.0, 501);
 
     // A method on a channel that was never opened: 504 CHANNEL_ERROR.
-    let mut socket = open_connection(sandbox).await?;
+    let mut socket = raw::open_connection(sandbox, 4096, 16).await?;
     let declare = queue::Declare {
         queue: "q".into(),
         ..Default::default()
     };
     socket
-        .write_all(&encode(AMQPFrame::Method(
+        .write_all(&raw::method(
             5,
             AMQPClass::Queue(queue::AMQPMethod::Declare(declare)),
-        )))
+        )?)
         .await?;
-    assert_eq!(expect_connection_close(&mut socket).await?, 504);
+    assert_eq!(raw::expect_connection_close(&mut socket).await?.0, 504);
 
     // A frame whose end octet is not 0xCE: 501.
-    let mut socket = open_connection(sandbox).await?;
+    let mut socket = raw::open_connection(sandbox, 4096, 16).await?;
     socket.write_all(&[8, 0, 0, 0, 0, 0, 0, 0x00]).await?;
-    assert_eq!(expect_connection_close(&mut socket).await?, 501);
+    assert_eq!(raw::expect_connection_close(&mut socket).await?.0, 501);
 
     // A content body with no publish before it: 505 UNEXPECTED_FRAME.
-    let mut socket = open_connection(sandbox).await?;
-    open_channel_one(&mut socket).await?;
+    let mut socket = raw::open_connection(sandbox, 4096, 16).await?;
+    raw::open_channels(&mut socket, 1).await?;
     socket
-        .write_all(&encode(AMQPFrame::Body(1, b"orphan".to_vec())))
+        .write_all(&raw::encode(AMQPFrame::Body(1, b"orphan".to_vec()))?)
         .await?;
-    assert_eq!(expect_connection_close(&mut socket).await?, 505);
+    assert_eq!(raw::expect_connection_close(&mut socket).await?.0, 505);
 
     // An unknown frame type: 501.
-    let mut socket = open_connection(sandbox).await?;
+    let mut socket = raw::open_connection(sandbox, 4096, 16).await?;
     socket.write_all(&[42, 0, 0, 0, 0, 0, 0, 0xCE]).await?;
-    assert_eq!(expect_connection_close(&mut socket).await?, 501);
+    assert_eq!(raw::expect_connection_close(&mut socket).await?.0, 501);
 
     // Truncated garbage mid-connection and an abrupt disconnect: nothing breaks.
-    let mut socket = open_connection(sandbox).await?;
+    let mut socket = raw::open_connection(sandbox, 4096, 16).await?;
     socket.write_all(&[1, 0, 1, 0, 0, 0, 200, 0, 10]).await?;
     drop(socket);
 
     random_frames(sandbox).await?;
-    broker_still_serves(sandbox).await
+    sandbox.serves_a_fresh_client().await
 }
 
 /// Well-framed but random payloads (method ids, content headers, bodies on
@@ -256,12 +124,12 @@ async fn random_frames(sandbox: &Sandbox) -> anyhow::Result<()> {
         seed
     };
     for _ in 0..40 {
-        let mut socket = open_connection(sandbox).await?;
+        let mut socket = raw::open_connection(sandbox, 4096, 16).await?;
         let _ = socket
-            .write_all(&encode(AMQPFrame::Method(
+            .write_all(&raw::method(
                 1,
                 AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
-            )))
+            )?)
             .await;
         let mut bytes = Vec::new();
         for _ in 0..(next() % 8 + 1) {
@@ -311,15 +179,6 @@ fn deep_table(depth: usize) -> Vec<u8> {
     bytes
 }
 
-fn raw_frame(kind: u8, channel: u16, payload: &[u8]) -> Vec<u8> {
-    let mut frame = vec![kind];
-    frame.extend_from_slice(&channel.to_be_bytes());
-    frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    frame.extend_from_slice(payload);
-    frame.push(0xCE);
-    frame
-}
-
 /// A connection.start-ok whose client properties are `properties`.
 fn start_ok_with(properties: &[u8]) -> Vec<u8> {
     let mut payload = vec![0, 10, 0, 11];
@@ -329,17 +188,7 @@ fn start_ok_with(properties: &[u8]) -> Vec<u8> {
     payload.extend_from_slice(&(response.len() as u32).to_be_bytes());
     payload.extend_from_slice(response);
     payload.extend_from_slice(&[5, b'e', b'n', b'_', b'U', b'S']);
-    raw_frame(1, 0, &payload)
-}
-
-async fn await_start(socket: &mut TcpStream) -> anyhow::Result<()> {
-    socket.write_all(HEADER).await?;
-    let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Start(_))) =
-        read_frame(socket).await?
-    else {
-        anyhow::bail!("expected connection.start");
-    };
-    Ok(())
+    raw::raw_frame(1, 0, &payload)
 }
 
 /// Field tables nested thousands deep, where a client can put them, once
@@ -349,17 +198,17 @@ async fn hostile_nesting(sandbox: &mut Sandbox) -> anyhow::Result<()> {
     // Before login: 18,000 levels in one 126 KB start-ok. Frames past 4096
     // bytes are refused until tune-ok.
     let mut socket = TcpStream::connect(sandbox.amqp_addr()).await?;
-    await_start(&mut socket).await?;
+    raw::await_start(&mut socket).await?;
     let _ = socket.write_all(&start_ok_with(&deep_table(18_000))).await;
-    let (code, text) = expect_connection_close_text(&mut socket).await?;
+    let (code, text) = raw::expect_connection_close(&mut socket).await?;
     anyhow::ensure!(code == 501 && text.contains("4096"), "{code} {text}");
-    broker_still_serves(sandbox).await?;
+    sandbox.serves_a_fresh_client().await?;
 
     // Before login, within 4096 bytes: 500 levels, refused by depth.
     let mut socket = TcpStream::connect(sandbox.amqp_addr()).await?;
-    await_start(&mut socket).await?;
+    raw::await_start(&mut socket).await?;
     let _ = socket.write_all(&start_ok_with(&deep_table(500))).await;
-    let (code, text) = expect_connection_close_text(&mut socket).await?;
+    let (code, text) = raw::expect_connection_close(&mut socket).await?;
     anyhow::ensure!(
         code == 501 && text.contains("nested deeper than 64"),
         "{code} {text}"
@@ -367,12 +216,12 @@ async fn hostile_nesting(sandbox: &mut Sandbox) -> anyhow::Result<()> {
 
     // After login with a 128 KiB frame-max: queue.declare arguments 18,000
     // levels deep.
-    let mut socket = open_connection_with(sandbox, 131_072).await?;
-    open_channel_one(&mut socket).await?;
+    let mut socket = raw::open_connection(sandbox, 131_072, 16).await?;
+    raw::open_channels(&mut socket, 1).await?;
     let mut declare = vec![0, 50, 0, 10, 0, 0, 1, b'q', 0];
     declare.extend_from_slice(&deep_table(18_000));
-    let _ = socket.write_all(&raw_frame(1, 1, &declare)).await;
-    let (code, text) = expect_connection_close_text(&mut socket).await?;
+    let _ = socket.write_all(&raw::raw_frame(1, 1, &declare)).await;
+    let (code, text) = raw::expect_connection_close(&mut socket).await?;
     anyhow::ensure!(
         code == 501 && text.contains("nested deeper than 64"),
         "{code} {text}"
@@ -381,48 +230,35 @@ async fn hostile_nesting(sandbox: &mut Sandbox) -> anyhow::Result<()> {
     // After login, a server method sent by the client: connection.start,
     // whose server-properties table nests 18,000 levels (found by the fuzzer:
     // it aborted the broker).
-    let mut socket = open_connection_with(sandbox, 131_072).await?;
+    let mut socket = raw::open_connection(sandbox, 131_072, 16).await?;
     let mut start = vec![0, 10, 0, 10, 0, 9];
     start.extend_from_slice(&deep_table(18_000));
     start.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0]);
-    let _ = socket.write_all(&raw_frame(1, 0, &start)).await;
-    let (code, text) = expect_connection_close_text(&mut socket).await?;
+    let _ = socket.write_all(&raw::raw_frame(1, 0, &start)).await;
+    let (code, text) = raw::expect_connection_close(&mut socket).await?;
     anyhow::ensure!(
         code == 501 && text.contains("nested deeper than 64"),
         "{code} {text}"
     );
 
     // A publish whose headers property nests 18,000 levels.
-    let mut socket = open_connection_with(sandbox, 131_072).await?;
-    open_channel_one(&mut socket).await?;
+    let mut socket = raw::open_connection(sandbox, 131_072, 16).await?;
+    raw::open_channels(&mut socket, 1).await?;
     // basic.publish: reserved short, exchange "", routing key "q", flags.
     let publish = [0, 60, 0, 40, 0, 0, 0, 1, b'q', 0];
     // content header: class 60, weight 0, body size 1, flags: headers only.
     let mut header = vec![0, 60, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0x20, 0x00];
     header.extend_from_slice(&deep_table(18_000));
-    let mut bytes = raw_frame(1, 1, &publish);
-    bytes.extend(raw_frame(2, 1, &header));
+    let mut bytes = raw::raw_frame(1, 1, &publish);
+    bytes.extend(raw::raw_frame(2, 1, &header));
     let _ = socket.write_all(&bytes).await;
-    let (code, text) = expect_connection_close_text(&mut socket).await?;
+    let (code, text) = raw::expect_connection_close(&mut socket).await?;
     anyhow::ensure!(
         code == 501 && text.contains("nested deeper than 64"),
         "{code} {text}"
     );
 
-    broker_still_serves(sandbox).await
-}
-
-/// Reads until the broker closes the socket; returns when that was.
-async fn closed_at(socket: &mut TcpStream, limit: Duration) -> anyhow::Result<std::time::Instant> {
-    let deadline = tokio::time::Instant::now() + limit;
-    let mut sink = [0u8; 512];
-    loop {
-        match tokio::time::timeout_at(deadline, socket.read(&mut sink)).await {
-            Err(_) => anyhow::bail!("still open after {limit:?}"),
-            Ok(Ok(0)) | Ok(Err(_)) => return Ok(std::time::Instant::now()),
-            Ok(Ok(_)) => {}
-        }
-    }
+    sandbox.serves_a_fresh_client().await
 }
 
 /// A client that connects and says nothing, or stops after the protocol
@@ -433,13 +269,13 @@ async fn silent_clients_are_closed_at_the_handshake_timeout(wiring: Wiring) -> a
     let connected = std::time::Instant::now();
     let mut silent = TcpStream::connect(sandbox.amqp_addr()).await?;
     let mut after_header = TcpStream::connect(sandbox.amqp_addr()).await?;
-    await_start(&mut after_header).await?;
+    raw::await_start(&mut after_header).await?;
     for socket in [&mut silent, &mut after_header] {
-        let took = closed_at(socket, Duration::from_secs(10)).await? - connected;
+        let took = raw::closed_within(socket, Duration::from_secs(10)).await? - connected;
         // Counted from connect: the second must have passed, give or take.
         anyhow::ensure!(took >= Duration::from_millis(900), "closed after {took:?}");
     }
-    broker_still_serves(&sandbox).await
+    sandbox.serves_a_fresh_client().await
 }
 
 /// `gateway.max_connections`: the connection past the maximum is refused
