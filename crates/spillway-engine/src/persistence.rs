@@ -11,13 +11,15 @@
 //! If the storage node is unreachable the batch is retried until it lands:
 //! confirms wait (publishers see their confirms stall), nothing is dropped.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use prost::Message;
 use spillway_proto::backoff::Backoff;
+use spillway_proto::cluster::BATCH_BYTES;
 use spillway_proto::storage::{write_op, Durability, MessageRecord, WriteBatch, WriteOp};
 use spillway_proto::trace::SpanContext;
 use spillway_proto::StorageApi;
@@ -164,7 +166,15 @@ async fn run_writer(
     state: Arc<WriterState>,
 ) {
     let mut ready = Vec::with_capacity(MAX_REQUESTS_PER_BATCH);
-    while requests.recv_many(&mut ready, MAX_REQUESTS_PER_BATCH).await > 0 {
+    // Requests taken off the channel that did not fit into the last batch.
+    let mut carried = VecDeque::with_capacity(MAX_REQUESTS_PER_BATCH);
+    loop {
+        if carried.is_empty() {
+            if requests.recv_many(&mut ready, MAX_REQUESTS_PER_BATCH).await == 0 {
+                return;
+            }
+            carried.extend(ready.drain(..));
+        }
         let mut ops = Vec::new();
         let mut waiters = Vec::new();
         let mut durability = Durability::Volatile;
@@ -172,7 +182,21 @@ async fn run_writer(
         let mut last_seq = None;
         let mut stop = None;
         let mut traces = Vec::new();
-        for request in ready.drain(..) {
+        // A batch stays within one gRPC message to a remote storage node
+        // (`BATCH_BYTES`; one request larger than that goes alone). A request
+        // is never split: its ops land together or not at all.
+        let mut bytes = 0;
+        while let Some(request) = carried.front() {
+            if let WriteRequest::Write { ops: more, .. } = request {
+                let size: usize = more.iter().map(Message::encoded_len).sum();
+                if !ops.is_empty() && bytes + size > BATCH_BYTES {
+                    break;
+                }
+                bytes += size;
+            }
+            let Some(request) = carried.pop_front() else {
+                break;
+            };
             match request {
                 WriteRequest::Write {
                     seq,
