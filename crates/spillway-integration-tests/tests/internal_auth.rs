@@ -301,13 +301,16 @@ async fn a_separate_role_will_not_listen_beyond_loopback_without_a_secret() -> a
     Ok(())
 }
 
+/// Environment variables for one run.
+type Env = [(&'static str, String)];
+
 #[tokio::test]
 async fn a_secret_that_is_too_short_missing_or_given_twice_stops_start_up() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let file = dir.path().join("secret");
     std::fs::write(&file, "0123456789abcdef0123456789\n")?;
     let missing = dir.path().join("no-such-secret");
-    let cases: [(&[(&str, String)], &[&str]); 3] = [
+    let cases: [(&Env, &[&str]); 3] = [
         (
             &[("SPILLWAY_CLUSTER__SECRET", "too-short".into())],
             &["`cluster.secret` = (not shown, 9 bytes) (in environment variable SPILLWAY_CLUSTER__SECRET) is out of range: at least 16"],
