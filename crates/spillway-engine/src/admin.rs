@@ -1306,3 +1306,26 @@ macro_rules! serve_calls {
 }
 
 spillway_proto::for_each_engine_admin_call!(serve_calls);
+
+#[cfg(test)]
+mod batch_tests {
+    use super::*;
+
+    fn peeked(body: usize) -> m::PeekedMessage {
+        m::PeekedMessage {
+            body: vec![0; body].into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_peek_answer_stops_at_the_batch_budget_but_keeps_one_message() {
+        let mb = 1 << 20;
+        let kept = within_batch_bytes(vec![peeked(6 * mb), peeked(6 * mb), peeked(6 * mb)]);
+        assert_eq!(kept.len(), 2);
+        let kept = within_batch_bytes(vec![peeked(20 * mb), peeked(1)]);
+        assert_eq!(kept.len(), 1);
+        let kept = within_batch_bytes((0..10).map(|_| peeked(10)).collect());
+        assert_eq!(kept.len(), 10);
+    }
+}
