@@ -30,6 +30,8 @@ compose_setup() {
     export SPILLWAY_AMQP_PORT="${SPILLWAY_AMQP_PORT:-0}"
     export SPILLWAY_AMQP_PORT2="${SPILLWAY_AMQP_PORT2:-0}"
     export SPILLWAY_MANAGEMENT_PORT="${SPILLWAY_MANAGEMENT_PORT:-0}"
+    # The internal gRPC secret docker-compose.yml mounts (made once, kept).
+    "$root/deploy/cluster-secret.sh"
 }
 
 compose() {

@@ -38,6 +38,24 @@ say "project $PROJECT, using ${COMPOSE[*]}; down ${DOWN} s per kill, ${SETTLE} s
 start=$SECONDS
 compose up -d >"$log" 2>&1
 for s in storage engine gateway gateway2 management; do wait_healthy "$s" 120; done
+
+# Isolation (docs/security.md): a client container on `front` reaches the
+# gateways, and neither the engine nor storage nor management (each probed on
+# its /healthz port, 9470, which answers anyone who can connect).
+front_net="$(docker network ls -q --filter "label=com.docker.compose.project=$PROJECT" \
+    --filter "label=com.docker.compose.network=front")"
+[[ -n "$front_net" ]] || die "no front network for $PROJECT"
+from_front() {
+    docker run --rm --network "$front_net" --entrypoint /usr/local/bin/spillway \
+        spillway:local healthcheck --addr "$1" >/dev/null 2>&1
+}
+from_front gateway:9470 || die "a client on the front network cannot reach the gateway"
+for target in engine:9470 storage:9470 management:9470; do
+    if from_front "$target"; then
+        die "a client on the front network reached $target"
+    fi
+done
+say "isolation: a client on front reaches gateway, not engine, storage or management"
 export SPILLWAY_LOADGEN_LOG="${SPILLWAY_LOADGEN_LOG:-warn,lapin=off}"
 compose --profile faults up -d --no-deps loadgen-faults >>"$log" 2>&1
 loadgen="$(cid loadgen-faults)"

@@ -25,6 +25,7 @@ use amq_protocol_types::{AMQPValue, FieldTable, ShortString};
 use async_trait::async_trait;
 use bytes::Bytes;
 use spillway_proto::amqp;
+use spillway_proto::cluster::BATCH_BYTES;
 use spillway_proto::engine::engine_admin_server::{EngineAdmin, EngineAdminServer};
 use spillway_proto::engine::{self as pb, session_event::Event, AmqpError, ErrorKind};
 use spillway_proto::management::{self as m, argument_value};
@@ -1023,7 +1024,25 @@ async fn peek_messages(
             Some(peeked)
         })
         .collect();
-    Ok(m::PeekMessagesResponse { messages })
+    Ok(m::PeekMessagesResponse {
+        messages: within_batch_bytes(messages),
+    })
+}
+
+/// The first of `messages` that fit into [`BATCH_BYTES`] encoded (at least
+/// one): a peek answer must fit into one gRPC message, so a peek of large
+/// messages returns fewer than asked.
+fn within_batch_bytes(mut messages: Vec<m::PeekedMessage>) -> Vec<m::PeekedMessage> {
+    let mut bytes = 0;
+    let keep = messages
+        .iter()
+        .position(|message| {
+            bytes += prost::Message::encoded_len(message);
+            bytes > BATCH_BYTES
+        })
+        .map_or(messages.len(), |over| over.max(1));
+    messages.truncate(keep);
+    messages
 }
 
 /// Moves ready messages from the head of `source` to the tail of
@@ -1060,6 +1079,7 @@ async fn move_messages(
             &mut progress,
         )? {
             MoveRound::Done(remaining) => break remaining,
+            MoveRound::Again => {}
             // Dropped if the queue goes: the next round says so.
             MoveRound::Wait(payload) => {
                 let _ = payload.await;
@@ -1098,6 +1118,8 @@ enum MoveRound {
     Done(u64),
     /// The source's head is on disk: wait for it, then go on.
     Wait(oneshot::Receiver<()>),
+    /// This round's batch is full (`BATCH_BYTES`): go on with the next.
+    Again,
 }
 
 /// One round of a move, under the lock: moves resident messages from the
@@ -1139,6 +1161,7 @@ fn move_round(
     let mut ops: Vec<WriteOp> = Vec::new();
     let mut wait_for_payload = None;
     let mut batch: Vec<QueuedMessage> = Vec::new();
+    let mut batch_full = false;
     // The destination's room, checked as if each moved message were there.
     let mut target = queues
         .remove(destination)
@@ -1156,6 +1179,12 @@ fn move_round(
                 break;
             }
             let pending_bytes: u64 = batch.iter().map(|m| m.body_size).sum();
+            // One round's write stays within one gRPC message to a remote
+            // storage node; the next round moves the rest.
+            if !batch.is_empty() && pending_bytes + front.body_size > BATCH_BYTES as u64 {
+                batch_full = true;
+                break;
+            }
             let fits_count = target
                 .limits
                 .max_length
@@ -1226,6 +1255,9 @@ fn move_round(
             broker.read_ahead(vhost_name, source);
             Ok(MoveRound::Wait(wait))
         }
+        _ if batch_full && progress.moved < wanted && progress.stopped_reason.is_empty() => {
+            Ok(MoveRound::Again)
+        }
         _ => Ok(MoveRound::Done(remaining)),
     }
 }
@@ -1247,10 +1279,12 @@ impl EngineAdminService {
         Self { engine }
     }
 
-    pub fn into_server(self) -> EngineAdminServer<Self> {
+    /// The server, sending and accepting messages of up to
+    /// `max_message_bytes` (`spillway_proto::cluster::grpc_message_limit`).
+    pub fn into_server(self, max_message_bytes: usize) -> EngineAdminServer<Self> {
         EngineAdminServer::new(self)
-            .max_decoding_message_size(usize::MAX)
-            .max_encoding_message_size(usize::MAX)
+            .max_decoding_message_size(max_message_bytes)
+            .max_encoding_message_size(max_message_bytes)
     }
 }
 
@@ -1272,3 +1306,26 @@ macro_rules! serve_calls {
 }
 
 spillway_proto::for_each_engine_admin_call!(serve_calls);
+
+#[cfg(test)]
+mod batch_tests {
+    use super::*;
+
+    fn peeked(body: usize) -> m::PeekedMessage {
+        m::PeekedMessage {
+            body: vec![0; body].into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_peek_answer_stops_at_the_batch_budget_but_keeps_one_message() {
+        let mb = 1 << 20;
+        let kept = within_batch_bytes(vec![peeked(6 * mb), peeked(6 * mb), peeked(6 * mb)]);
+        assert_eq!(kept.len(), 2);
+        let kept = within_batch_bytes(vec![peeked(20 * mb), peeked(1)]);
+        assert_eq!(kept.len(), 1);
+        let kept = within_batch_bytes((0..10).map(|_| peeked(10)).collect());
+        assert_eq!(kept.len(), 10);
+    }
+}

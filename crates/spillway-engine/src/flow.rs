@@ -22,6 +22,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use spillway_proto::cluster::BATCH_BYTES;
 use spillway_proto::storage::{self as store, write_op, Durability, MessageRecord, WriteOp};
 
 use crate::broker::Broker;
@@ -195,20 +196,34 @@ impl Broker {
             return;
         }
         let mut ids = Vec::new();
+        // Bodies asked for in one read: the answer is one gRPC message from
+        // a remote storage node, so a chunk stops at `BATCH_BYTES` (a larger
+        // body goes alone).
+        let mut bytes = 0;
         let end = window.min(queue.messages.len());
         for entry in queue.messages.range_mut(start..end) {
             queue.read_ahead_until = entry.id.saturating_add(1);
             if entry.message.is_some() || entry.loading {
                 continue;
             }
+            if !ids.is_empty() && bytes + entry.body_size > BATCH_BYTES as u64 {
+                let _ = loads.send(LoadRequest {
+                    vhost: vhost.to_string(),
+                    queue: queue_name.to_string(),
+                    ids: std::mem::take(&mut ids),
+                });
+                bytes = 0;
+            }
             entry.loading = true;
             ids.push(entry.id);
+            bytes += entry.body_size;
             if ids.len() == LOAD_CHUNK {
                 let _ = loads.send(LoadRequest {
                     vhost: vhost.to_string(),
                     queue: queue_name.to_string(),
                     ids: std::mem::take(&mut ids),
                 });
+                bytes = 0;
             }
         }
         if !ids.is_empty() {

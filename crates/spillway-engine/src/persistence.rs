@@ -11,13 +11,15 @@
 //! If the storage node is unreachable the batch is retried until it lands:
 //! confirms wait (publishers see their confirms stall), nothing is dropped.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use prost::Message;
 use spillway_proto::backoff::Backoff;
+use spillway_proto::cluster::BATCH_BYTES;
 use spillway_proto::storage::{write_op, Durability, MessageRecord, WriteBatch, WriteOp};
 use spillway_proto::trace::SpanContext;
 use spillway_proto::StorageApi;
@@ -164,7 +166,15 @@ async fn run_writer(
     state: Arc<WriterState>,
 ) {
     let mut ready = Vec::with_capacity(MAX_REQUESTS_PER_BATCH);
-    while requests.recv_many(&mut ready, MAX_REQUESTS_PER_BATCH).await > 0 {
+    // Requests taken off the channel that did not fit into the last batch.
+    let mut carried = VecDeque::with_capacity(MAX_REQUESTS_PER_BATCH);
+    loop {
+        if carried.is_empty() {
+            if requests.recv_many(&mut ready, MAX_REQUESTS_PER_BATCH).await == 0 {
+                return;
+            }
+            carried.extend(ready.drain(..));
+        }
         let mut ops = Vec::new();
         let mut waiters = Vec::new();
         let mut durability = Durability::Volatile;
@@ -172,7 +182,7 @@ async fn run_writer(
         let mut last_seq = None;
         let mut stop = None;
         let mut traces = Vec::new();
-        for request in ready.drain(..) {
+        for request in next_batch(&mut carried) {
             match request {
                 WriteRequest::Write {
                     seq,
@@ -225,6 +235,34 @@ async fn run_writer(
     }
 }
 
+/// The requests of the next storage batch, taken from the front of
+/// `carried`. A batch stays within one gRPC message to a remote storage node:
+/// it stops before the request that would take its ops past `BATCH_BYTES`
+/// (one request larger than that goes alone). A request is never split, so
+/// its ops land together or not at all. A stop request ends its batch.
+fn next_batch(carried: &mut VecDeque<WriteRequest>) -> Vec<WriteRequest> {
+    let mut batch = Vec::new();
+    let mut bytes = 0;
+    while let Some(request) = carried.front() {
+        if let WriteRequest::Write { ops, .. } = request {
+            let size: usize = ops.iter().map(Message::encoded_len).sum();
+            if !batch.is_empty() && bytes + size > BATCH_BYTES {
+                break;
+            }
+            bytes += size;
+        }
+        let Some(request) = carried.pop_front() else {
+            break;
+        };
+        let stop = matches!(request, WriteRequest::Stop(_));
+        batch.push(request);
+        if stop {
+            break;
+        }
+    }
+    batch
+}
+
 /// The span of one storage batch, when it holds traced writes: in the trace
 /// of the first, linked to the others (a batch serves many publishes).
 fn batch_span(traces: &[SpanContext], ops: usize) -> tracing::Span {
@@ -251,5 +289,50 @@ async fn write_until_stored(store: &dyn StorageApi, batch: Arc<WriteBatch>) {
                 tokio::time::sleep(delay).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(body: usize) -> WriteRequest {
+        let record = MessageRecord {
+            body: vec![0; body].into(),
+            ..Default::default()
+        };
+        WriteRequest::Write {
+            seq: 0,
+            ops: vec![WriteOp {
+                op: Some(write_op::Op::PutMessage(record)),
+            }],
+            durability: Durability::Synced,
+            spilled_bytes: 0,
+            done: None,
+            trace: None,
+        }
+    }
+
+    fn sizes(carried: &mut VecDeque<WriteRequest>) -> Vec<usize> {
+        let mut sizes = Vec::new();
+        while !carried.is_empty() {
+            sizes.push(next_batch(carried).len());
+        }
+        sizes
+    }
+
+    #[test]
+    fn a_batch_stops_at_its_byte_budget_and_never_splits_a_request() {
+        let mb = 1 << 20;
+        // 10 + 10 MiB is over 16 MiB: one each; a 20 MiB request alone.
+        let mut carried: VecDeque<_> = [write(10 * mb), write(10 * mb), write(20 * mb)].into();
+        assert_eq!(sizes(&mut carried), [1, 1, 1]);
+        // Small requests share a batch up to the budget.
+        let mut carried: VecDeque<_> = (0..20).map(|_| write(mb)).collect();
+        assert_eq!(sizes(&mut carried), [15, 5]);
+        // Nothing after a stop goes into its batch.
+        let (stopped, _wait) = oneshot::channel();
+        let mut carried: VecDeque<_> = [write(10), WriteRequest::Stop(stopped), write(10)].into();
+        assert_eq!(sizes(&mut carried), [2, 1]);
     }
 }

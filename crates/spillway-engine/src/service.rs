@@ -21,10 +21,12 @@ impl EngineService {
         Self { engine }
     }
 
-    pub fn into_server(self) -> EngineServer<Self> {
+    /// The server, sending and accepting messages of up to
+    /// `max_message_bytes` (`spillway_proto::cluster::grpc_message_limit`).
+    pub fn into_server(self, max_message_bytes: usize) -> EngineServer<Self> {
         EngineServer::new(self)
-            .max_decoding_message_size(usize::MAX)
-            .max_encoding_message_size(usize::MAX)
+            .max_decoding_message_size(max_message_bytes)
+            .max_encoding_message_size(max_message_bytes)
     }
 }
 

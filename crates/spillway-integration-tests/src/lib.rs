@@ -13,6 +13,11 @@
 //! `Separate`, as a fourth process): [`Sandbox::management_addr`], with
 //! [`MANAGEMENT_TOKEN`] as its bearer token.
 //!
+//! In `Separate` the processes share a cluster secret made for the sandbox
+//! (random, in a file read through `SPILLWAY_CLUSTER__SECRET_FILE`):
+//! [`Sandbox::cluster_client`] is what an internal gRPC client of the
+//! sandbox needs.
+//!
 //! Every process serves `/metrics` and `/healthz` on an ephemeral port too:
 //! [`Sandbox::metrics_addr`] tells where, [`http_get`] fetches them.
 //!
@@ -32,6 +37,7 @@ use std::time::{Duration, Instant};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
+use spillway_proto::cluster::{ClusterClient, ClusterSecret};
 use spillway_proto::storage::StoreStatus;
 use spillway_proto::{RemoteStorage, StorageApi};
 use spillway_serve::{Role, Running, Settings};
@@ -77,6 +83,10 @@ pub struct Sandbox {
     config: Option<PathBuf>,
     /// The storage node's gRPC address (separate wiring).
     storage: Option<SocketAddr>,
+    /// The engine's gRPC address (separate wiring).
+    engine: Option<SocketAddr>,
+    /// The cluster secret the separate processes share.
+    secret: ClusterSecret,
     amqp: SocketAddr,
     management: SocketAddr,
     /// Role (`all-in-one`, `storage`, `engine`, `gateway`) → its `/metrics`
@@ -102,11 +112,14 @@ impl Sandbox {
             std::fs::write(&path, config).context("writing spillway.toml")?;
             Some(path)
         };
+        let secret = new_secret(dir.path())?;
         let mut sandbox = Self {
             wiring,
             dir,
             config,
             storage: None,
+            engine: None,
+            secret,
             amqp: SocketAddr::from(([127, 0, 0, 1], 0)),
             management: SocketAddr::from(([127, 0, 0, 1], 0)),
             metrics: BTreeMap::new(),
@@ -123,6 +136,30 @@ impl Sandbox {
 
     pub fn amqp_addr(&self) -> SocketAddr {
         self.amqp
+    }
+
+    /// The storage node's internal gRPC address (separate wiring only).
+    pub fn storage_addr(&self) -> Option<SocketAddr> {
+        self.storage
+    }
+
+    /// The engine's internal gRPC address (separate wiring only).
+    pub fn engine_addr(&self) -> Option<SocketAddr> {
+        self.engine
+    }
+
+    /// The cluster secret of the separate processes.
+    pub fn cluster_secret(&self) -> &ClusterSecret {
+        &self.secret
+    }
+
+    /// What an internal gRPC client needs to be let in: the sandbox's
+    /// secret and the default message limit.
+    pub fn cluster_client(&self) -> ClusterClient {
+        ClusterClient {
+            secret: Some(self.secret.clone()),
+            ..ClusterClient::default()
+        }
     }
 
     /// Where the process running `component` serves `/metrics` and
@@ -172,6 +209,10 @@ impl Sandbox {
         self.dir.path().join("data")
     }
 
+    fn secret_file(&self) -> PathBuf {
+        self.dir.path().join(SECRET_FILE)
+    }
+
     async fn boot(&mut self) -> anyhow::Result<()> {
         self.metrics.clear();
         match self.wiring {
@@ -214,6 +255,7 @@ impl Sandbox {
                     )
                     .await?;
                 let engine = parse_addr(&engine, "engine")?;
+                self.engine = Some(engine);
                 let management = self
                     .spawn(
                         "management",
@@ -268,6 +310,7 @@ impl Sandbox {
             .env("SPILLWAY_MANAGEMENT__TOKEN", MANAGEMENT_TOKEN)
             .env("SPILLWAY_TELEMETRY__METRICS_LISTEN", "127.0.0.1:0")
             .env("SPILLWAY_STORAGE__DATA_DIR", self.data_dir())
+            .env("SPILLWAY_CLUSTER__SECRET_FILE", self.secret_file())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
@@ -338,7 +381,10 @@ impl Sandbox {
     pub async fn store_status(&self, count_records: bool) -> anyhow::Result<StoreStatus> {
         let storage: Arc<dyn StorageApi> = match (&self.in_process, self.storage) {
             (Some(running), _) => running.storage().context("no in-process store")?,
-            (None, Some(addr)) => Arc::new(RemoteStorage::connect_lazy(&format!("http://{addr}"))?),
+            (None, Some(addr)) => Arc::new(RemoteStorage::connect_lazy(
+                &format!("http://{addr}"),
+                &self.cluster_client(),
+            )?),
             (None, None) => bail!("no storage node reachable in the {:?} wiring", self.wiring),
         };
         Ok(storage.status(count_records).await?)
@@ -374,6 +420,20 @@ impl Drop for Sandbox {
             let _ = child.wait();
         }
     }
+}
+
+/// The cluster secret's file in the sandbox's directory.
+const SECRET_FILE: &str = "cluster-secret";
+
+/// A new random secret (32 bytes from the kernel, hex), written to the
+/// sandbox's secret file.
+fn new_secret(dir: &Path) -> anyhow::Result<ClusterSecret> {
+    let mut bytes = [0u8; 32];
+    std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut bytes)
+        .context("reading /dev/urandom")?;
+    let text: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::write(dir.join(SECRET_FILE), format!("{text}\n")).context("writing the secret")?;
+    ClusterSecret::new(&text).map_err(|error| anyhow::anyhow!("the sandbox's secret: {error}"))
 }
 
 mod libc_signal {

@@ -4,13 +4,12 @@
 //! one over tonic ([`RemoteEngineAdmin`]). The calls carry the public API's
 //! own messages (`crate::management`).
 
-use async_trait::async_trait;
-use tonic::transport::Channel;
-
 use crate::boundary::lazy_channel;
+use crate::cluster::{ClusterChannel, ClusterClient};
 use crate::engine::engine_admin_client::EngineAdminClient;
 use crate::management as m;
 use crate::ServiceError;
+use async_trait::async_trait;
 
 /// Calls `$m! { method(Request) -> Response; ... }` with every engine admin
 /// call, so the remote client and the engine's gRPC server stay in step with
@@ -147,14 +146,15 @@ pub trait EngineAdminApi: Send + Sync + 'static {
 /// The engine's admin API over gRPC (management running in its own process).
 #[derive(Clone)]
 pub struct RemoteEngineAdmin {
-    client: EngineAdminClient<Channel>,
+    client: EngineAdminClient<ClusterChannel>,
 }
 
 impl RemoteEngineAdmin {
-    pub fn connect_lazy(addr: &str) -> Result<Self, ServiceError> {
-        let client = EngineAdminClient::new(lazy_channel(addr)?)
-            .max_decoding_message_size(usize::MAX)
-            .max_encoding_message_size(usize::MAX);
+    /// `cluster`: the secret sent with every call and the message limit.
+    pub fn connect_lazy(addr: &str, cluster: &ClusterClient) -> Result<Self, ServiceError> {
+        let client = EngineAdminClient::new(lazy_channel(addr, cluster)?)
+            .max_decoding_message_size(cluster.max_message_bytes)
+            .max_encoding_message_size(cluster.max_message_bytes);
         Ok(Self { client })
     }
 }

@@ -2,6 +2,7 @@
 //! implementation (in the component's own crate) and a remote one (here, over
 //! tonic). Callers hold an `Arc<dyn …>` and never know which they have.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,8 +11,9 @@ use async_trait::async_trait;
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 
+use crate::cluster::{ClusterChannel, ClusterClient, BATCH_BYTES};
 use crate::command_queue::{command_queue, CommandReceiver, CommandSender};
 use crate::engine::{session_command, session_event, CommandBatch, EventBatch};
 use crate::engine::{SessionCommand, SessionEvent};
@@ -64,15 +66,16 @@ pub type QuotaStream = Pin<Box<dyn Stream<Item = Result<QuotaState, ServiceError
 /// itself, so a storage node that restarts is picked up again.
 #[derive(Clone)]
 pub struct RemoteStorage {
-    client: crate::storage::storage_client::StorageClient<Channel>,
+    client: crate::storage::storage_client::StorageClient<ClusterChannel>,
 }
 
 impl RemoteStorage {
-    pub fn connect_lazy(addr: &str) -> Result<Self, ServiceError> {
-        let channel = lazy_channel(addr)?;
+    /// `cluster`: the secret sent with every call and the message limit.
+    pub fn connect_lazy(addr: &str, cluster: &ClusterClient) -> Result<Self, ServiceError> {
+        let channel = lazy_channel(addr, cluster)?;
         let client = crate::storage::storage_client::StorageClient::new(channel)
-            .max_decoding_message_size(usize::MAX)
-            .max_encoding_message_size(usize::MAX);
+            .max_decoding_message_size(cluster.max_message_bytes)
+            .max_encoding_message_size(cluster.max_message_bytes);
         Ok(Self { client })
     }
 }
@@ -118,12 +121,23 @@ impl StorageApi for RemoteStorage {
     }
 
     async fn read_messages(&self, ids: Vec<u64>) -> Result<Vec<MessageRecord>, ServiceError> {
-        let response = self
-            .client
-            .clone()
-            .read_messages(crate::storage::ReadMessagesRequest { ids })
-            .await?;
-        Ok(response.into_inner().messages)
+        // An answer too large for one gRPC message (many large bodies) is
+        // asked for again in halves, in order, down to one message each.
+        let mut chunks = VecDeque::from([ids]);
+        let mut messages = Vec::new();
+        while let Some(ids) = chunks.pop_front() {
+            let request = crate::storage::ReadMessagesRequest { ids: ids.clone() };
+            match self.client.clone().read_messages(request).await {
+                Ok(response) => messages.extend(response.into_inner().messages),
+                Err(status) if too_large(&status) && ids.len() > 1 => {
+                    let (first, second) = ids.split_at(ids.len() / 2);
+                    chunks.push_front(second.to_vec());
+                    chunks.push_front(first.to_vec());
+                }
+                Err(status) => return Err(status.into()),
+            }
+        }
+        Ok(messages)
     }
 
     async fn status(&self, count_records: bool) -> Result<StoreStatus, ServiceError> {
@@ -171,6 +185,16 @@ impl StorageApi for RemoteStorage {
     }
 }
 
+/// Whether a call failed because a message was over the gRPC message limit
+/// (tonic says so with OUT_OF_RANGE on either end; RESOURCE_EXHAUSTED is what
+/// other gRPC implementations use).
+fn too_large(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::OutOfRange | tonic::Code::ResourceExhausted
+    )
+}
+
 // ------------------------------------------------------------------- engine
 
 /// One client connection's conversation with the engine.
@@ -193,15 +217,16 @@ pub trait EngineApi: Send + Sync + 'static {
 /// whatever is ready packed into one stream message each way.
 #[derive(Clone)]
 pub struct RemoteEngine {
-    client: crate::engine::engine_client::EngineClient<Channel>,
+    client: crate::engine::engine_client::EngineClient<ClusterChannel>,
 }
 
 impl RemoteEngine {
-    pub fn connect_lazy(addr: &str) -> Result<Self, ServiceError> {
-        let channel = lazy_channel(addr)?;
+    /// `cluster`: the secret sent with every call and the message limit.
+    pub fn connect_lazy(addr: &str, cluster: &ClusterClient) -> Result<Self, ServiceError> {
+        let channel = lazy_channel(addr, cluster)?;
         let client = crate::engine::engine_client::EngineClient::new(channel)
-            .max_decoding_message_size(usize::MAX)
-            .max_encoding_message_size(usize::MAX);
+            .max_decoding_message_size(cluster.max_message_bytes)
+            .max_encoding_message_size(cluster.max_message_bytes);
         Ok(Self { client })
     }
 }
@@ -303,14 +328,40 @@ pub fn serve_remote_session(
             }
         }
     });
-    let stream = futures::stream::unfold(events, |mut events| async move {
-        let mut ready = Vec::with_capacity(MAX_STREAM_BATCH);
-        if events.recv_many(&mut ready, MAX_STREAM_BATCH).await == 0 {
-            return None;
-        }
-        Some((Ok(pack_events(ready)), events))
-    });
+    // Events taken from the channel that did not fit into the last stream
+    // message wait here for the next one.
+    let carried = VecDeque::new();
+    let stream =
+        futures::stream::unfold((events, carried), |(mut events, mut carried)| async move {
+            if carried.is_empty() {
+                let mut ready = Vec::with_capacity(MAX_STREAM_BATCH);
+                if events.recv_many(&mut ready, MAX_STREAM_BATCH).await == 0 {
+                    return None;
+                }
+                carried.extend(ready);
+            }
+            let batch = take_batch(&mut carried);
+            Some((Ok(pack_events(batch)), (events, carried)))
+        });
     Box::pin(stream)
+}
+
+/// The first items of `ready` that go into one stream message: at most
+/// [`MAX_STREAM_BATCH`] of them and [`BATCH_BYTES`] encoded, except that the
+/// first always goes (alone, if need be), so that a stream message stays
+/// within the gRPC message limit ([`crate::cluster::grpc_message_limit`]).
+fn take_batch<T: prost::Message>(ready: &mut VecDeque<T>) -> Vec<T> {
+    let mut batch = Vec::new();
+    let mut bytes = 0;
+    while let Some(next) = ready.front() {
+        let len = next.encoded_len();
+        if !batch.is_empty() && (bytes + len > BATCH_BYTES || batch.len() == MAX_STREAM_BATCH) {
+            break;
+        }
+        bytes += len;
+        batch.extend(ready.pop_front());
+    }
+    batch
 }
 
 fn pack_events(mut ready: Vec<SessionEvent>) -> SessionEvent {
@@ -339,12 +390,61 @@ fn pack_commands(mut ready: Vec<SessionCommand>) -> SessionCommand {
     }
 }
 
-pub(crate) fn lazy_channel(addr: &str) -> Result<Channel, ServiceError> {
+/// A lazily connecting channel to `addr` that adds the cluster secret to
+/// every call.
+pub(crate) fn lazy_channel(
+    addr: &str,
+    cluster: &ClusterClient,
+) -> Result<ClusterChannel, ServiceError> {
     let endpoint = Endpoint::from_shared(addr.to_string())
         .map_err(|err| ServiceError::InvalidArgument(format!("bad address {addr}: {err}")))?
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_while_idle(true);
-    Ok(endpoint.connect_lazy())
+    Ok(ClusterChannel::new(
+        endpoint.connect_lazy(),
+        cluster.credentials(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Deliver;
+
+    fn delivery(body: usize) -> SessionEvent {
+        SessionEvent {
+            event: Some(session_event::Event::Deliver(Deliver {
+                body: vec![0; body].into(),
+                ..Default::default()
+            })),
+        }
+    }
+
+    #[test]
+    fn a_batch_stops_at_its_byte_budget_but_a_large_event_goes_alone() {
+        let mut ready: VecDeque<_> = [
+            delivery(BATCH_BYTES / 2),
+            delivery(BATCH_BYTES / 2),
+            delivery(10),
+            delivery(BATCH_BYTES * 2),
+            delivery(10),
+        ]
+        .into();
+        let sizes = |batch: Vec<SessionEvent>| batch.len();
+        assert_eq!(
+            sizes(take_batch(&mut ready)),
+            1,
+            "two halves plus framing overflow"
+        );
+        assert_eq!(sizes(take_batch(&mut ready)), 2);
+        assert_eq!(sizes(take_batch(&mut ready)), 1, "the large one alone");
+        assert_eq!(sizes(take_batch(&mut ready)), 1);
+        assert!(ready.is_empty());
+
+        let mut many: VecDeque<_> = (0..MAX_STREAM_BATCH + 1).map(|_| delivery(1)).collect();
+        assert_eq!(take_batch(&mut many).len(), MAX_STREAM_BATCH);
+        assert_eq!(take_batch(&mut many).len(), 1);
+    }
 }

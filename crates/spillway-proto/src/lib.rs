@@ -28,6 +28,7 @@ pub mod management {
 pub mod amqp;
 pub mod backoff;
 mod boundary;
+pub mod cluster;
 pub mod command_queue;
 mod status;
 

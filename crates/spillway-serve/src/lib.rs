@@ -3,9 +3,11 @@
 //! or one role per process (gRPC across the boundaries). The components know
 //! nothing of each other's location; this crate is the only place that does.
 
+mod cluster;
 mod roles;
 mod settings;
 
+pub use cluster::{require_secret_off_loopback, ClusterAuth, ClusterInterceptor};
 pub use roles::{run, Role, Running};
 pub use settings::{Origin, Problem, Settings, SettingsError};
 

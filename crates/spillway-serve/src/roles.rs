@@ -8,6 +8,7 @@ use spillway_engine::{Engine, EngineAdminService, EngineConfig, EngineService};
 use spillway_gateway::{AmqpServer, GatewayMetrics, Server};
 use spillway_management::ManagementService;
 use spillway_proto::backoff::Backoff;
+use spillway_proto::cluster::{grpc_message_limit, ClusterClient};
 use spillway_proto::{
     EngineAdminApi, EngineApi, RemoteEngine, RemoteEngineAdmin, RemoteStorage, StorageApi,
 };
@@ -18,7 +19,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::StreamExt;
+use tonic::service::interceptor::InterceptedService;
 
+use crate::cluster::{require_secret_off_loopback, ClusterAuth};
 use crate::Settings;
 
 /// Which components this process runs.
@@ -123,6 +126,29 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
         grpc_servers: Vec::new(),
     };
     let metrics = Metrics::new();
+    // Internal gRPC (separate roles only): the secret every client sends and
+    // every server requires, and the message limit both ends keep to.
+    let secret = settings.cluster.secret.as_ref();
+    let cluster = ClusterClient {
+        secret: secret.cloned(),
+        max_message_bytes: grpc_message_limit(
+            settings.gateway.max_message_size,
+            settings.gateway.frame_max,
+        ),
+    };
+    let auth = ClusterAuth::new(secret.cloned());
+    // Before anything listens: no internal gRPC beyond loopback without one.
+    match role {
+        Role::Engine => {
+            let listen = &settings.engine.listen;
+            require_secret_off_loopback("engine", "engine.listen", listen, secret).await?;
+        }
+        Role::Storage => {
+            let listen = &settings.storage.listen;
+            require_secret_off_loopback("storage node", "storage.listen", listen, secret).await?;
+        }
+        Role::AllInOne | Role::Gateway | Role::Management => {}
+    }
     start_http(&mut running, role, settings, &metrics).await?;
     match role {
         Role::AllInOne => {
@@ -150,11 +176,14 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
         Role::Storage => {
             let store = open_store(settings)?;
             store.register_metrics(&metrics);
-            let router = tonic::transport::Server::builder().add_service(
-                StorageService::new(store)
-                    .with_shutdown(stopped.clone())
-                    .into_server(),
-            );
+            auth.register_metrics(&metrics);
+            let storage = StorageService::new(store)
+                .with_shutdown(stopped.clone())
+                .into_server(cluster.max_message_bytes);
+            let router = tonic::transport::Server::builder().add_service(InterceptedService::new(
+                storage,
+                auth.interceptor("storage"),
+            ));
             start_grpc(
                 &mut running,
                 "storage",
@@ -165,14 +194,26 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
             .await?;
         }
         Role::Engine => {
-            let storage: Arc<dyn StorageApi> =
-                Arc::new(RemoteStorage::connect_lazy(&settings.engine.storage_addr)?);
+            let storage: Arc<dyn StorageApi> = Arc::new(RemoteStorage::connect_lazy(
+                &settings.engine.storage_addr,
+                &cluster,
+            )?);
             let engine = start_engine(storage, settings).await?;
             engine.register_metrics(&metrics);
+            auth.register_metrics(&metrics);
             running.engine = Some(engine.clone());
+            let limit = cluster.max_message_bytes;
+            let sessions = EngineService::new(engine.clone()).into_server(limit);
+            let admin = EngineAdminService::new(engine).into_server(limit);
             let router = tonic::transport::Server::builder()
-                .add_service(EngineService::new(engine.clone()).into_server())
-                .add_service(EngineAdminService::new(engine).into_server());
+                .add_service(InterceptedService::new(
+                    sessions,
+                    auth.interceptor("engine"),
+                ))
+                .add_service(InterceptedService::new(
+                    admin,
+                    auth.interceptor("engine_admin"),
+                ));
             start_grpc(
                 &mut running,
                 "engine",
@@ -183,16 +224,20 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
             .await?;
         }
         Role::Gateway => {
-            let engine: Arc<dyn EngineApi> =
-                Arc::new(RemoteEngine::connect_lazy(&settings.gateway.engine_addr)?);
+            let engine: Arc<dyn EngineApi> = Arc::new(RemoteEngine::connect_lazy(
+                &settings.gateway.engine_addr,
+                &cluster,
+            )?);
             start_amqp(&mut running, engine, settings, &metrics).await?;
         }
         Role::Management => {
             let storage: Arc<dyn StorageApi> = Arc::new(RemoteStorage::connect_lazy(
                 &settings.management.storage_addr,
+                &cluster,
             )?);
             let admin: Arc<dyn EngineAdminApi> = Arc::new(RemoteEngineAdmin::connect_lazy(
                 &settings.management.engine_addr,
+                &cluster,
             )?);
             let routes =
                 ManagementService::new(admin, storage).routes(settings.management.auth())?;

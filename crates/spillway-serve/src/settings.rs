@@ -27,6 +27,67 @@ pub struct Settings {
     pub store: StoreSettings,
     pub management: ManagementSettings,
     pub telemetry: TelemetrySettings,
+    pub cluster: ClusterSettings,
+}
+
+/// How the separate processes of one broker recognise each other on the
+/// internal gRPC services (`docs/security.md`). Not read by all-in-one.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct ClusterSettings {
+    /// Sent by every internal client and required by every internal server.
+    /// After loading, this holds the secret read from `secret_file` too.
+    pub secret: Option<spillway_proto::cluster::ClusterSecret>,
+    /// A file holding the secret (surrounding whitespace ignored): what
+    /// compose uses, so the secret appears in no environment.
+    pub secret_file: Option<PathBuf>,
+}
+
+impl ClusterSettings {
+    /// Checks the secret, reads it from `secret_file` when that is set, and
+    /// returns what is wrong. Never shows the secret.
+    fn resolve(&mut self) -> Vec<Range> {
+        use spillway_proto::cluster::{ClusterSecret, MIN_SECRET_LEN};
+        let allowed = format!("at least {MIN_SECRET_LEN} visible ASCII characters");
+        let mut found = Vec::new();
+        match (self.secret.clone(), self.secret_file.clone()) {
+            (Some(_), Some(path)) => found.push(Range {
+                key: "cluster.secret_file".into(),
+                value: Quoted(&path.display().to_string()).to_string(),
+                allowed: "unset while cluster.secret is set: give one of the two".into(),
+            }),
+            (Some(secret), None) => {
+                let text = String::from_utf8_lossy(secret.expose()).into_owned();
+                if let Err(error) = ClusterSecret::new(&text) {
+                    found.push(Range {
+                        key: "cluster.secret".into(),
+                        value: format!("(not shown, {} bytes)", text.len()),
+                        allowed: format!("{allowed}; {error}"),
+                    });
+                }
+            }
+            (None, Some(path)) => {
+                let value = Quoted(&path.display().to_string()).to_string();
+                match std::fs::read_to_string(path) {
+                    Err(error) => found.push(Range {
+                        key: "cluster.secret_file".into(),
+                        value,
+                        allowed: format!("a readable file holding the secret ({error})"),
+                    }),
+                    Ok(text) => match ClusterSecret::new(&text) {
+                        Ok(secret) => self.secret = Some(secret),
+                        Err(error) => found.push(Range {
+                            key: "cluster.secret_file".into(),
+                            value,
+                            allowed: format!("a file holding {allowed}; in this one {error}"),
+                        }),
+                    },
+                }
+            }
+            (None, None) => {}
+        }
+        found
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -578,8 +639,10 @@ impl Settings {
                         .then(|| file_origin.clone())
                 })
         };
-        let problems: Vec<_> = settings
-            .out_of_range()
+        let mut settings = settings;
+        let mut ranges = settings.out_of_range();
+        ranges.extend(settings.cluster.resolve());
+        let problems: Vec<_> = ranges
             .into_iter()
             .map(|range| Problem::OutOfRange {
                 origin: origin_of(&range.key),
@@ -1334,6 +1397,99 @@ mod tests {
         let settings = result.expect("bounds around the offered heartbeat load");
         assert_eq!(settings.gateway.protocol().heartbeat_refusal(30), None);
         assert!(settings.gateway.protocol().heartbeat_refusal(0).is_some());
+    }
+
+    #[test]
+    fn the_cluster_secret_is_checked_read_from_its_file_and_never_shown() -> anyhow::Result<()> {
+        const SECRET: &str = "0123456789abcdef0123";
+        let (_, result) = load("[cluster]\nsecret = \"0123456789abcdef0123\"\n", &[]);
+        let settings = result?;
+        assert_eq!(
+            settings.cluster.secret.as_ref().map(|s| s.expose()),
+            Some(SECRET.as_bytes())
+        );
+        assert!(!format!("{settings:?}").contains(SECRET));
+
+        let dir = tempfile::tempdir()?;
+        let file = dir.path().join("secret");
+        std::fs::write(&file, format!("{SECRET}\n"))?;
+        let path = file.display().to_string();
+        let (_, result) = load("", &[("SPILLWAY_CLUSTER__SECRET_FILE", &path)]);
+        let settings = result?;
+        assert_eq!(
+            settings.cluster.secret.as_ref().map(|s| s.expose()),
+            Some(SECRET.as_bytes())
+        );
+
+        // All digits arrive from the environment as a number.
+        let (_, result) = load("", &[("SPILLWAY_CLUSTER__SECRET", "12345678901234567")]);
+        assert_eq!(
+            result?.cluster.secret.as_ref().map(|s| s.expose()),
+            Some(&b"12345678901234567"[..])
+        );
+
+        let (_, result) = load("", &[]);
+        assert!(result?.cluster.secret.is_none());
+        Ok(())
+    }
+
+    #[test]
+    fn a_short_doubled_or_unreadable_secret_is_refused() -> anyhow::Result<()> {
+        let (file, result) = load("[cluster]\nsecret = \"short one\"\n", &[]);
+        let lines: Vec<String> = problems(result).iter().map(ToString::to_string).collect();
+        assert_eq!(
+            lines,
+            [format!(
+                "`cluster.secret` = (not shown, 9 bytes) (in {}) is out of range: at least 16 \
+                 visible ASCII characters; it may hold only visible ASCII characters (no spaces \
+                 or control characters)",
+                file.display()
+            )]
+        );
+        let (_, result) = load("", &[("SPILLWAY_CLUSTER__SECRET", "")]);
+        let lines: Vec<String> = problems(result).iter().map(ToString::to_string).collect();
+        assert!(lines[0].ends_with("; it is empty"), "{lines:?}");
+
+        let dir = tempfile::tempdir()?;
+        let short = dir.path().join("short");
+        std::fs::write(&short, "abc\n")?;
+        let missing = dir.path().join("missing");
+        for (vars, expected) in [
+            (
+                vec![("SPILLWAY_CLUSTER__SECRET_FILE", short.display().to_string())],
+                "in this one it is 3 bytes long; at least 16 are needed",
+            ),
+            (
+                vec![(
+                    "SPILLWAY_CLUSTER__SECRET_FILE",
+                    missing.display().to_string(),
+                )],
+                "a readable file holding the secret (",
+            ),
+            (
+                vec![
+                    (
+                        "SPILLWAY_CLUSTER__SECRET",
+                        "0123456789abcdef0123".to_string(),
+                    ),
+                    ("SPILLWAY_CLUSTER__SECRET_FILE", short.display().to_string()),
+                ],
+                "unset while cluster.secret is set: give one of the two",
+            ),
+        ] {
+            let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let (_, result) = load("", &vars);
+            let lines: Vec<String> = problems(result).iter().map(ToString::to_string).collect();
+            assert_eq!(lines.len(), 1, "{lines:?}");
+            assert!(
+                lines[0].starts_with("`cluster.secret_file` = ")
+                    && lines[0].contains("(in environment variable SPILLWAY_CLUSTER__SECRET_FILE)")
+                    && lines[0].contains(expected),
+                "{lines:?}"
+            );
+            assert!(!lines[0].contains("0123456789abcdef0123"));
+        }
+        Ok(())
     }
 
     #[test]

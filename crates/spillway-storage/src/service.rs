@@ -38,10 +38,15 @@ impl StorageService {
         self
     }
 
-    pub fn into_server(self) -> spillway_proto::storage::storage_server::StorageServer<Self> {
+    /// The server, sending and accepting messages of up to
+    /// `max_message_bytes` (`spillway_proto::cluster::grpc_message_limit`).
+    pub fn into_server(
+        self,
+        max_message_bytes: usize,
+    ) -> spillway_proto::storage::storage_server::StorageServer<Self> {
         spillway_proto::storage::storage_server::StorageServer::new(self)
-            .max_decoding_message_size(usize::MAX)
-            .max_encoding_message_size(usize::MAX)
+            .max_decoding_message_size(max_message_bytes)
+            .max_encoding_message_size(max_message_bytes)
     }
 }
 

@@ -1,0 +1,229 @@
+//! What every internal gRPC call between Spillway's own components carries:
+//! the cluster secret (`cluster.secret`), as request metadata, and the
+//! message-size limit both ends enforce.
+//!
+//! The server side (the interceptor that checks the secret) lives with the
+//! wiring (`spillway-serve`); this module holds what clients and servers
+//! share: [`ClusterSecret`], the metadata key, the client interceptor
+//! [`ClusterCredentials`] and [`grpc_message_limit`].
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use tonic::metadata::AsciiMetadataValue;
+use tonic::service::interceptor::InterceptedService;
+use tonic::service::Interceptor;
+use tonic::transport::Channel;
+use tonic::{Request, Status};
+
+/// The request metadata key that carries the cluster secret.
+pub const SECRET_METADATA_KEY: &str = "spillway-cluster-secret";
+
+/// The shortest secret accepted, in bytes.
+pub const MIN_SECRET_LEN: usize = 16;
+
+/// Batches that carry several messages (a session's events, a storage write
+/// batch, a read-ahead, a peek) stop growing at this many encoded bytes; one
+/// item larger than this still goes, alone.
+pub const BATCH_BYTES: usize = 16 << 20;
+
+/// Beyond the largest body and the batch size: message names, routing keys,
+/// queue entries of a message routed to many durable queues, and protobuf
+/// framing.
+const FRAMING_OVERHEAD: u64 = 4 << 20;
+
+/// The largest gRPC message an internal client or server sends or accepts:
+/// the larger of `max_message_size` (the largest AMQP body) and
+/// [`BATCH_BYTES`], plus `frame_max` (AMQP properties travel in one frame, so
+/// they are never longer) plus 4 MiB of framing. With the defaults (128 MiB
+/// bodies, 128 KiB frames) that is 132 MiB + 128 KiB. gRPC frames a message
+/// with a 32-bit length, so the result never exceeds `u32::MAX`.
+pub fn grpc_message_limit(max_message_size: u64, frame_max: u32) -> usize {
+    let limit = max_message_size
+        .max(BATCH_BYTES as u64)
+        .saturating_add(u64::from(frame_max))
+        .saturating_add(FRAMING_OVERHEAD)
+        .min(u64::from(u32::MAX));
+    usize::try_from(limit).unwrap_or(usize::MAX)
+}
+
+/// Why a secret was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SecretError {
+    #[error("it is empty")]
+    Empty,
+    #[error("it is {0} bytes long; at least {MIN_SECRET_LEN} are needed")]
+    TooShort(usize),
+    #[error("it may hold only visible ASCII characters (no spaces or control characters)")]
+    NotPrintable,
+}
+
+/// The cluster secret. Never printed: `Debug` shows `ClusterSecret(..)`, and
+/// there is no `Display`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClusterSecret(Arc<str>);
+
+impl ClusterSecret {
+    /// Checks `text` (surrounding whitespace, such as a file's final newline,
+    /// removed): at least [`MIN_SECRET_LEN`] visible ASCII characters, since
+    /// it travels as an HTTP/2 header value.
+    pub fn new(text: &str) -> Result<Self, SecretError> {
+        let text = text.trim();
+        if text.is_empty() {
+            return Err(SecretError::Empty);
+        }
+        if !text.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(SecretError::NotPrintable);
+        }
+        if text.len() < MIN_SECRET_LEN {
+            return Err(SecretError::TooShort(text.len()));
+        }
+        Ok(Self(text.into()))
+    }
+
+    /// The secret's bytes, for a comparison in constant time.
+    pub fn expose(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
+impl fmt::Debug for ClusterSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ClusterSecret(..)")
+    }
+}
+
+/// As text, unchecked: the settings check it and say where it was set. An
+/// environment variable that looks like a number arrives as one.
+impl<'de> Deserialize<'de> for ClusterSecret {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Text(String),
+            Unsigned(u64),
+            Signed(i64),
+        }
+        let text = match Raw::deserialize(deserializer)? {
+            Raw::Text(text) => text,
+            Raw::Unsigned(number) => number.to_string(),
+            Raw::Signed(number) => number.to_string(),
+        };
+        Ok(Self(text.trim().into()))
+    }
+}
+
+/// What an internal gRPC client needs to be let in and to size its messages.
+#[derive(Clone, Debug)]
+pub struct ClusterClient {
+    /// Sent with every call; `None`: nothing is sent (a peer without a
+    /// secret of its own accepts that; one with a secret refuses it).
+    pub secret: Option<ClusterSecret>,
+    /// [`grpc_message_limit`], for encoding and decoding.
+    pub max_message_bytes: usize,
+}
+
+impl Default for ClusterClient {
+    /// No secret, the limit of the default settings.
+    fn default() -> Self {
+        Self {
+            secret: None,
+            max_message_bytes: grpc_message_limit(128 << 20, 131_072),
+        }
+    }
+}
+
+impl ClusterClient {
+    pub fn credentials(&self) -> ClusterCredentials {
+        ClusterCredentials::new(self.secret.as_ref())
+    }
+}
+
+/// The client interceptor: adds the secret to every call (unary and
+/// streaming alike: tonic runs it on each call's request head).
+#[derive(Clone, Debug, Default)]
+pub struct ClusterCredentials {
+    value: Option<AsciiMetadataValue>,
+}
+
+impl ClusterCredentials {
+    pub fn new(secret: Option<&ClusterSecret>) -> Self {
+        let value = secret
+            .and_then(|secret| AsciiMetadataValue::try_from(secret.expose()).ok())
+            .map(|mut value| {
+                // Kept out of hyper's and h2's debug output and HPACK tables.
+                value.set_sensitive(true);
+                value
+            });
+        Self { value }
+    }
+}
+
+impl Interceptor for ClusterCredentials {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(value) = &self.value {
+            request
+                .metadata_mut()
+                .insert(SECRET_METADATA_KEY, value.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// The channel every internal client uses: the secret added to each call.
+pub type ClusterChannel = InterceptedService<Channel, ClusterCredentials>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_must_be_long_printable_and_are_never_printed() {
+        assert_eq!(ClusterSecret::new("  \n"), Err(SecretError::Empty));
+        assert_eq!(ClusterSecret::new("short"), Err(SecretError::TooShort(5)));
+        assert_eq!(
+            ClusterSecret::new("sixteen bytes with spaces"),
+            Err(SecretError::NotPrintable)
+        );
+        let secret = ClusterSecret::new("0123456789abcdef\n");
+        assert!(matches!(&secret, Ok(s) if s.expose() == b"0123456789abcdef"));
+        let shown = format!("{secret:?}");
+        assert!(!shown.contains("0123"), "{shown}");
+    }
+
+    #[test]
+    fn credentials_are_added_to_every_request_and_marked_sensitive() {
+        let secret = ClusterSecret::new("0123456789abcdef").ok();
+        let mut credentials = ClusterCredentials::new(secret.as_ref());
+        let request = credentials.call(Request::new(()));
+        let Ok(request) = request else {
+            panic!("refused")
+        };
+        let value = request.metadata().get(SECRET_METADATA_KEY);
+        assert_eq!(
+            value.and_then(|v| v.to_str().ok()),
+            Some("0123456789abcdef")
+        );
+        assert!(value.is_some_and(|v| v.is_sensitive()));
+
+        let mut none = ClusterCredentials::new(None);
+        let Ok(request) = none.call(Request::new(())) else {
+            panic!("refused")
+        };
+        assert!(request.metadata().get(SECRET_METADATA_KEY).is_none());
+    }
+
+    #[test]
+    fn the_message_limit_covers_the_largest_body_or_a_batch() {
+        let default = grpc_message_limit(128 << 20, 131_072);
+        assert_eq!(default, (128 << 20) + 131_072 + (4 << 20));
+        // Small bodies: still room for a whole batch.
+        assert_eq!(
+            grpc_message_limit(1024, 4096),
+            BATCH_BYTES + 4096 + (4 << 20)
+        );
+        // Never beyond what gRPC's 32-bit length can frame.
+        assert_eq!(grpc_message_limit(u64::MAX, u32::MAX), u32::MAX as usize);
+    }
+}
