@@ -50,7 +50,11 @@ mod tests;
 
 pub use admin::EngineAdminService;
 pub use engine::{
-    Engine, EngineConfig, EngineError, DEFAULT_CONSUMER_TIMEOUT, DEFAULT_SESSION_CREDIT_BYTES,
+    Engine, EngineConfig, EngineError, DEFAULT_CONSUMER_TIMEOUT, DEFAULT_LEASE_TTL,
+    DEFAULT_SESSION_CREDIT_BYTES,
+};
+pub use persistence::{
+    StoreFailure, WriterLimits, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_QUEUED_WRITES,
 };
 pub use flow::FlowStatus;
 pub use limits::LimitConfig;
