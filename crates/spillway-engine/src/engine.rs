@@ -233,7 +233,10 @@ impl Engine {
 
     /// The permanent store failure in force (`MST-1101`), if any.
     pub fn store_failure(&self) -> Option<String> {
-        self.shared.writer.failure().map(|failure| failure.0.to_string())
+        self.shared
+            .writer
+            .failure()
+            .map(|failure| failure.0.to_string())
     }
 
     /// The channels producer flow control holds back right now.

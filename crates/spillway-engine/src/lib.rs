@@ -53,11 +53,11 @@ pub use engine::{
     Engine, EngineConfig, EngineError, DEFAULT_CONSUMER_TIMEOUT, DEFAULT_LEASE_TTL,
     DEFAULT_SESSION_CREDIT_BYTES,
 };
+pub use flow::FlowStatus;
+pub use limits::LimitConfig;
 pub use persistence::{
     StoreFailure, WriterLimits, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_QUEUED_WRITES,
 };
-pub use flow::FlowStatus;
-pub use limits::LimitConfig;
 pub use producer_flow::{thousands, BlockedChannel};
 pub use service::EngineService;
 pub use stats::QueueStats;

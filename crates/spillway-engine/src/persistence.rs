@@ -628,7 +628,10 @@ mod tests {
         .expect("the probe landed");
         assert!(writer.failure().is_none(), "cleared");
         let written = store.written.lock().clone();
-        assert!(written.iter().all(|batch| batch.epoch == 7), "epoch carried");
+        assert!(
+            written.iter().all(|batch| batch.epoch == 7),
+            "epoch carried"
+        );
         let first = written.first().map(|batch| batch.ops.clone());
         assert_eq!(first, Some(delete(1)), "the failed batch landed first");
         assert_eq!(writer.queued(), (0, 0));

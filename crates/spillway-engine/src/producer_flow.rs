@@ -225,7 +225,10 @@ impl Broker {
             return;
         }
         self.store_failed_since = self.store_failure.is_some().then(Instant::now);
-        tracing::info!(store_failed = self.store_failure.is_some(), "store failure state changed");
+        tracing::info!(
+            store_failed = self.store_failure.is_some(),
+            "store failure state changed"
+        );
         let sessions: Vec<SessionId> = self.sessions.keys().copied().collect();
         for session in sessions {
             self.update_session_flow(session);

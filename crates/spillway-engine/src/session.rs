@@ -57,8 +57,7 @@ pub(crate) async fn run_session(
 
 /// A publisher confirm once its write is settled: channel, sequence number,
 /// and ack (written) or nack (the store failed it).
-type ConfirmFuture =
-    std::pin::Pin<Box<dyn std::future::Future<Output = (u32, u64, bool)> + Send>>;
+type ConfirmFuture = std::pin::Pin<Box<dyn std::future::Future<Output = (u32, u64, bool)> + Send>>;
 
 /// A reply held back until the definition it reports is on disk (durable
 /// declare-ok, bind-ok).

@@ -16,8 +16,9 @@ use crate::command_queue::{command_queue, CommandReceiver, CommandSender};
 use crate::engine::{session_command, session_event, CommandBatch, EventBatch};
 use crate::engine::{SessionCommand, SessionEvent};
 use crate::storage::{
-    AcquireLeaseRequest, Definitions, Lease, LoadDefinitionsRequest, LoadMessagesRequest, MessageRecord, QueueEntry,
-    QuotaState, StatusRequest, StoreStatus, WatchQuotaRequest, WriteBatch,
+    AcquireLeaseRequest, Definitions, Lease, LoadDefinitionsRequest, LoadMessagesRequest,
+    MessageRecord, QueueEntry, QuotaState, StatusRequest, StoreStatus, WatchQuotaRequest,
+    WriteBatch,
 };
 use crate::ServiceError;
 

@@ -17,12 +17,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use parking_lot::RwLock;
 use prost::Message as _;
 use rocksdb::{DBCompressionType, Direction, IteratorMode, Options, WriteOptions, DB};
-use parking_lot::RwLock;
 use spillway_proto::storage::{
-    write_op, AcquireLeaseRequest, BindingDefinition, Lease, Definitions, Durability, ExchangeDefinition, MessageRecord,
-    QueueDefinition, QueueEntry, StoreStatus, WriteBatch,
+    write_op, AcquireLeaseRequest, BindingDefinition, Definitions, Durability, ExchangeDefinition,
+    Lease, MessageRecord, QueueDefinition, QueueEntry, StoreStatus, WriteBatch,
 };
 use spillway_proto::{ServiceError, StorageApi};
 
@@ -312,7 +312,6 @@ impl RocksStore {
             tracing::warn!(key = %shown, %error, "cannot delete a corrupt record");
         }
     }
-
 
     /// Deletes the message records no queue entry references. Run before the
     /// engine connects, so nothing can reference them any more.
@@ -776,8 +775,8 @@ mod tests {
     }
 
     #[test]
-    fn the_store_id_and_epoch_survive_reopen_and_stale_epochs_are_refused(
-    ) -> Result<(), StoreError> {
+    fn the_store_id_and_epoch_survive_reopen_and_stale_epochs_are_refused() -> Result<(), StoreError>
+    {
         let dir = tempfile::tempdir().expect("temp dir");
         let (id, epoch) = {
             let store = RocksStore::open(dir.path())?;
@@ -820,7 +819,9 @@ mod tests {
             put_entry("q", 2),
         ]))?;
         // Field 1 as a length-delimited field of 200 bytes, then nothing.
-        store.db.put(keys::message_key(1), [0x0a, 0xc8, 0x01, 0x01])?;
+        store
+            .db
+            .put(keys::message_key(1), [0x0a, 0xc8, 0x01, 0x01])?;
         store.db.put(keys::entry_key("/", "q", 2), [0xff, 0xff])?;
         let read: Vec<u64> = store.read_messages(&[1, 2])?.iter().map(|m| m.id).collect();
         assert_eq!(read, vec![2]);
