@@ -266,10 +266,10 @@ impl Broker {
             Some(format!("queue '{queue}' is overfull"))
         } else if store_overfull && state.has_published {
             Some("store overfull".to_string())
-        } else if let Some(failure) = store_failure.filter(|_| state.has_published_persistent) {
-            Some(format!("store failure: {failure}"))
         } else {
-            None
+            store_failure
+                .filter(|_| state.has_published_persistent)
+                .map(|failure| format!("store failure: {failure}"))
         };
         if reason == state.flow_blocked {
             return;
