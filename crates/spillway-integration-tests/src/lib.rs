@@ -225,6 +225,21 @@ impl Sandbox {
         Ok(())
     }
 
+    /// Starts the storage process again on its old address, on another
+    /// data directory (a wrong or empty volume mounted).
+    pub async fn start_storage_on(&mut self, data_dir: &Path) -> anyhow::Result<()> {
+        let addr = self.storage.context("no storage process in this wiring")?;
+        self.spawn(
+            "storage",
+            &[
+                ("SPILLWAY_STORAGE__LISTEN", addr.to_string()),
+                ("SPILLWAY_STORAGE__DATA_DIR", data_dir.display().to_string()),
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
     /// Stops the engine process gracefully (SIGTERM) and starts it again on
     /// its old address, with storage left running; returns how long the new
     /// engine took to be ready.

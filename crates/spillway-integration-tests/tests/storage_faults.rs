@@ -435,6 +435,83 @@ async fn still_works(sandbox: &Sandbox) -> anyhow::Result<()> {
     Ok(())
 }
 
+// ------------------------------------------------- a wrong data directory
+
+/// The storage node comes back on an empty data directory (another store
+/// id, epoch 0) under a running engine: the engine must not carry on as an
+/// empty broker. Its lease renewal is refused, the store counts as failed
+/// (`MST-1101`) and persistent publishes are nacked; back on the right
+/// directory, the lease renews, the failure clears and the messages are
+/// all there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_data_dir_is_a_store_failure_not_an_empty_broker() {
+    let mut sandbox = Sandbox::start(Wiring::Separate).await.expect("sandbox");
+    run!(sandbox, 120, wrong_data_dir(&mut sandbox));
+}
+
+async fn store_failed(sandbox: &Sandbox, failed: bool) -> anyhow::Result<()> {
+    let want = if failed { 1.0 } else { 0.0 };
+    eventually(Duration::from_secs(30), || async {
+        sandbox
+            .metric(Component::Engine, "spillway_store_failed")
+            .await
+            .ok()
+            .filter(|value| *value == want)
+    })
+    .await
+    .with_context(|| format!("spillway_store_failed did not become {want}"))?;
+    Ok(())
+}
+
+async fn wrong_data_dir(sandbox: &mut Sandbox) -> anyhow::Result<()> {
+    let conn = sandbox.connect().await?;
+    let channel = conn.create_channel().await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    channel
+        .queue_declare("precious".into(), durable(), FieldTable::default())
+        .await?;
+    let (acked, nacked) = publish_until_nacked(&channel, "precious", 0..20, 128).await?;
+    ensure!(acked.len() == 20 && nacked.is_none(), "not all confirmed");
+    close(channel, conn).await?;
+
+    let empty = tempfile::tempdir()?;
+    sandbox.kill_storage().await?;
+    sandbox.start_storage_on(empty.path()).await?;
+    store_failed(sandbox, true).await?;
+    let conn = sandbox.connect().await?;
+    let channel = conn.create_channel().await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    let (taken, refused) = publish_until_nacked(&channel, "precious", 100..101, 128).await?;
+    ensure!(
+        taken.is_empty() && refused.is_some(),
+        "a persistent publish was taken"
+    );
+    // Refused, it is blocked now: lapin sends nothing (a close included)
+    // until it is released.
+    let logs = sandbox.logs();
+    ensure!(
+        logs.contains("MST-1101 : Store failure : ") && logs.contains("stale"),
+        "no MST-1101 naming the stale lease"
+    );
+
+    sandbox.kill_storage().await?;
+    sandbox.start_storage().await?;
+    store_failed(sandbox, false).await?;
+    eventually(Duration::from_secs(10), || async {
+        !conn.status().blocked()
+    })
+    .await
+    .context("the refused producer was not released")?;
+    close(channel, conn).await?;
+    let delivered = drain(sandbox, "precious").await?;
+    ensure!(delivered == acked, "delivered {delivered:?}");
+    Ok(())
+}
+
 // ------------------------------------------------------------ a full disk
 
 /// A tmpfs mounted for one test, unmounted when dropped (also when the test
