@@ -1096,7 +1096,8 @@ async fn move_messages(
     if let Some(written) = last_write {
         written
             .await
-            .map_err(|_| ServiceError::Unavailable("the engine is shutting down".into()))?;
+            .map_err(|_| ServiceError::Unavailable("the engine is shutting down".into()))?
+            .map_err(|failure| ServiceError::ResourceExhausted(failure.to_string()))?;
     }
     Ok(m::MoveMessagesResponse {
         moved,
@@ -1110,7 +1111,7 @@ struct MoveProgress {
     moved: u64,
     wanted: Option<u64>,
     stopped_reason: String,
-    last_write: Option<oneshot::Receiver<()>>,
+    last_write: Option<oneshot::Receiver<crate::persistence::WriteOutcome>>,
 }
 
 enum MoveRound {

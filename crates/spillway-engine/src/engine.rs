@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, Notify, Semaphore};
 use crate::broker::{Broker, BrokerContext};
 use crate::budget::{self, MemoryBudget};
 use crate::flow::{FlowStatus, LoadRequest};
-use crate::persistence::StoreWriter;
+use crate::persistence::{FailureSource, StoreWriter, WriterLimits};
 use crate::recovery;
 use crate::session::run_session;
 
@@ -41,6 +41,12 @@ pub struct EngineConfig {
     pub consumer_timeout: Option<Duration>,
     /// Vhost, user and per-connection limits (`broker.default_vhost_max_connections`, ...).
     pub limits: crate::LimitConfig,
+    /// The bound of the store writer's queue (`engine.store_writer_max_writes`,
+    /// `engine.store_writer_max_bytes`).
+    pub writer_limits: WriterLimits,
+    /// How long the engine's lease on the store lasts unless renewed; it is
+    /// renewed every fifth of that.
+    pub lease_ttl: Duration,
 }
 
 impl Default for EngineConfig {
@@ -52,9 +58,17 @@ impl Default for EngineConfig {
             housekeeping_interval: Duration::from_secs(1),
             consumer_timeout: Some(DEFAULT_CONSUMER_TIMEOUT),
             limits: crate::LimitConfig::default(),
+            writer_limits: WriterLimits::default(),
+            lease_ttl: DEFAULT_LEASE_TTL,
         }
     }
 }
+
+/// How long an engine's lease on its store lasts unless renewed.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
+
+/// How long a clean shutdown waits for the store to take what is queued.
+const SHUTDOWN_FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Delivery bytes in flight to one connection, by default: 8 MiB.
 pub const DEFAULT_SESSION_CREDIT_BYTES: u64 = 8 * 1024 * 1024;
@@ -69,6 +83,19 @@ const CONCURRENT_LOADS: usize = 4;
 pub enum EngineError {
     #[error("cannot recover durable state from the store: {0}")]
     Recovery(#[from] ServiceError),
+    /// The store would not lease itself to this engine: another engine
+    /// holds it (one engine per store), or the storage node is not there.
+    #[error("cannot take the store's lease: {0}")]
+    Lease(ServiceError),
+}
+
+impl EngineError {
+    /// Another engine holds the store's lease (or the lease call was
+    /// refused otherwise): waiting longer than the lease lasts will not
+    /// help.
+    pub fn is_lease_refused(&self) -> bool {
+        matches!(self, EngineError::Lease(error) if !error.is_transient())
+    }
 }
 
 /// The queue engine. Cheap to clone; all clones share one broker.
@@ -86,6 +113,15 @@ pub(crate) struct Shared {
     /// For reading payloads back; taken at shutdown so the store is
     /// released even while clones of the engine linger.
     store: Mutex<Option<Arc<dyn StorageApi>>>,
+    /// The store this engine leased (its id), and the lease's terms.
+    lease: LeaseTerms,
+}
+
+#[derive(Clone, Debug)]
+struct LeaseTerms {
+    store_id: String,
+    holder: String,
+    ttl: Duration,
 }
 
 impl Shared {
@@ -101,9 +137,31 @@ impl Engine {
         store: Arc<dyn StorageApi>,
         config: EngineConfig,
     ) -> Result<Self, EngineError> {
-        let stored = recovery::read(store.as_ref()).await?;
+        let holder = lease_holder();
+        let lease = store
+            .acquire_lease(spillway_proto::storage::AcquireLeaseRequest {
+                epoch: 0,
+                ttl_ms: config.lease_ttl.as_millis() as u64,
+                holder: holder.clone(),
+            })
+            .await
+            .map_err(EngineError::Lease)?;
+        tracing::info!(epoch = lease.epoch, store_id = %lease.store_id, "store leased");
+        let stored = match recovery::read(store.as_ref(), lease.epoch).await {
+            Ok(stored) => stored,
+            Err(error) => {
+                // The next attempt must not wait for this lease to expire.
+                let _ = store.release_lease(lease.epoch).await;
+                return Err(error.into());
+            }
+        };
         let budget = Arc::new(MemoryBudget::new(config.flow_to_disk_threshold));
-        let writer = StoreWriter::start(store.clone(), budget.clone());
+        let writer = StoreWriter::start(
+            store.clone(),
+            budget.clone(),
+            lease.epoch,
+            config.writer_limits,
+        );
         let (loads, load_requests) = mpsc::unbounded_channel();
         let housekeeping_kick = Arc::new(Notify::new());
         let mut broker = Broker::new(BrokerContext {
@@ -123,8 +181,18 @@ impl Engine {
             budget,
             housekeeping_kick,
             store: Mutex::new(Some(store.clone())),
+            lease: LeaseTerms {
+                store_id: lease.store_id,
+                holder,
+                ttl: config.lease_ttl,
+            },
         });
         tokio::spawn(run_quota_watch(Arc::downgrade(&shared)));
+        tokio::spawn(run_lease_renewal(Arc::downgrade(&shared)));
+        tokio::spawn(run_failure_watch(
+            Arc::downgrade(&shared),
+            shared.writer.watch_failure(),
+        ));
         tokio::spawn(run_loader(Arc::downgrade(&shared), load_requests));
         tokio::spawn(run_housekeeping(
             Arc::downgrade(&shared),
@@ -138,8 +206,37 @@ impl Engine {
     /// Flushes pending writes and releases the store. Call after the
     /// gateways have stopped; later writes are refused (and logged).
     pub async fn shutdown(&self) {
-        self.shared.writer.stop().await;
-        self.shared.store.lock().take();
+        let writer = &self.shared.writer;
+        if tokio::time::timeout(SHUTDOWN_FLUSH_TIMEOUT, writer.stop())
+            .await
+            .is_err()
+        {
+            tracing::error!("the store did not take the last writes in time, giving up");
+            writer.abandon();
+            let _ = tokio::time::timeout(SHUTDOWN_FLUSH_TIMEOUT, writer.stop()).await;
+        }
+        let store = self.shared.store.lock().take();
+        if let Some(store) = store {
+            // The next engine on this store need not wait for it to expire.
+            let epoch = writer.epoch();
+            match store.release_lease(epoch).await {
+                Ok(()) => tracing::info!(epoch, "store lease released"),
+                Err(error) => tracing::warn!(%error, epoch, "cannot release the store lease"),
+            }
+        }
+    }
+
+    /// The store writer's queue: writes and their bytes.
+    pub fn store_writer_queue(&self) -> (u64, u64) {
+        self.shared.writer.queued()
+    }
+
+    /// The permanent store failure in force (`MST-1101`), if any.
+    pub fn store_failure(&self) -> Option<String> {
+        self.shared
+            .writer
+            .failure()
+            .map(|failure| failure.0.to_string())
     }
 
     /// The channels producer flow control holds back right now.
@@ -197,6 +294,84 @@ async fn run_quota_watch(shared: std::sync::Weak<Shared>) {
             }
         }
         backoff.wait().await;
+    }
+}
+
+/// Who asks for the lease: the host and the process, for the refusal a
+/// second engine sees.
+fn lease_holder() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|host| host.trim().to_string())
+        .filter(|host| !host.is_empty())
+        .unwrap_or_else(|| "unknown-host".to_string());
+    format!("engine pid {} on {host}", std::process::id())
+}
+
+/// Renews the engine's lease every fifth of its TTL for as long as the
+/// engine lives. A refusal (the lease went to another engine, or the
+/// storage node now serves another store: a wrong or empty data directory)
+/// is a permanent store failure (`MST-1101`); a renewal that works again
+/// clears it. A storage node that is down is the writer's business.
+async fn run_lease_renewal(shared: std::sync::Weak<Shared>) {
+    let Some(terms) = shared.upgrade().map(|engine| engine.lease.clone()) else {
+        return;
+    };
+    let every = (terms.ttl / 5).max(Duration::from_millis(50));
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(engine) = shared.upgrade() else {
+            return;
+        };
+        let Some(store) = engine.store() else {
+            return;
+        };
+        let writer = engine.writer.clone();
+        drop(engine);
+        let request = spillway_proto::storage::AcquireLeaseRequest {
+            epoch: writer.epoch(),
+            ttl_ms: terms.ttl.as_millis() as u64,
+            holder: terms.holder.clone(),
+        };
+        let renewed = tokio::time::timeout(terms.ttl, store.acquire_lease(request)).await;
+        drop(store);
+        match renewed {
+            Ok(Ok(lease)) if lease.store_id != terms.store_id => writer.set_failed(
+                FailureSource::Lease,
+                &format!(
+                    "the storage node now serves another store (id {}, this engine's is {}): \
+                     a wrong or empty data directory?",
+                    lease.store_id, terms.store_id
+                ),
+            ),
+            Ok(Ok(_)) => writer.clear_failed(FailureSource::Lease),
+            Ok(Err(error)) if !error.is_transient() => {
+                writer.set_failed(FailureSource::Lease, &format!("lease lost: {error}"))
+            }
+            Ok(Err(error)) => tracing::debug!(%error, "cannot renew the store lease yet"),
+            Err(_) => tracing::debug!("renewing the store lease timed out"),
+        }
+    }
+}
+
+/// Tells the broker when the store fails or recovers, so that it blocks or
+/// releases producers of persistent messages.
+async fn run_failure_watch(
+    shared: std::sync::Weak<Shared>,
+    mut failures: tokio::sync::watch::Receiver<
+        Option<(FailureSource, crate::persistence::StoreFailure)>,
+    >,
+) {
+    while failures.changed().await.is_ok() {
+        let failure = failures
+            .borrow_and_update()
+            .as_ref()
+            .map(|(_, failure)| failure.0.to_string());
+        let Some(engine) = shared.upgrade() else {
+            return;
+        };
+        engine.broker.lock().set_store_failure(failure);
     }
 }
 

@@ -259,6 +259,7 @@ impl Broker {
         // delivered: say so loudly and take it off the queue rather than
         // wedge the queue behind it.
         let mut lost = Vec::new();
+        let mut lost_ops: Vec<WriteOp> = Vec::new();
         for id in asked.iter().filter(|id| !found.contains(id)) {
             let Some(position) = queue.position(*id) else {
                 continue;
@@ -276,10 +277,28 @@ impl Broker {
         if !lost.is_empty() {
             tracing::error!(vhost, queue = queue_name, ids = ?lost,
                 "message records missing from the store: messages dropped");
+            // Their queue entries go too, so that a restart does not bring
+            // back what cannot be delivered (a corrupt record the store
+            // skipped and deleted, MST-1103).
+            if queue.stores_messages() {
+                lost_ops = lost
+                    .iter()
+                    .map(|id| {
+                        op(write_op::Op::DeleteQueueEntry(
+                            spillway_proto::storage::QueueEntryKey {
+                                vhost: vhost.to_string(),
+                                queue: queue_name.to_string(),
+                                id: *id,
+                            },
+                        ))
+                    })
+                    .collect();
+            }
         }
         for waiter in queue.get_waiters.drain(..) {
             let _ = waiter.send(());
         }
+        self.persist.submit(lost_ops, Durability::Logged, None);
         self.dispatch(vhost, queue_name);
     }
 

@@ -50,10 +50,14 @@ mod tests;
 
 pub use admin::EngineAdminService;
 pub use engine::{
-    Engine, EngineConfig, EngineError, DEFAULT_CONSUMER_TIMEOUT, DEFAULT_SESSION_CREDIT_BYTES,
+    Engine, EngineConfig, EngineError, DEFAULT_CONSUMER_TIMEOUT, DEFAULT_LEASE_TTL,
+    DEFAULT_SESSION_CREDIT_BYTES,
 };
 pub use flow::FlowStatus;
 pub use limits::LimitConfig;
+pub use persistence::{
+    StoreFailure, WriterLimits, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_QUEUED_WRITES,
+};
 pub use producer_flow::{thousands, BlockedChannel};
 pub use service::EngineService;
 pub use stats::QueueStats;

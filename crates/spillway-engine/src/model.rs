@@ -606,4 +606,8 @@ pub struct SessionState {
     /// Has published: the store quota blocks producers only, so consumers
     /// can go on freeing space.
     pub has_published: bool,
+    /// Has published a message the store had to keep: a store failure
+    /// (`MST-1101`) blocks these producers only, so transient traffic goes
+    /// on.
+    pub has_published_persistent: bool,
 }

@@ -6,24 +6,43 @@
 //! message's put always lands before its delete). One task drains whatever
 //! has queued into a single batch, writes it (one fsync on the storage node),
 //! then wakes the publishers waiting for their confirms: group commit, one
-//! batch in flight at a time.
+//! batch in flight at a time. Every batch carries the engine's lease epoch
+//! (`Engine::start` takes the lease): a deposed engine cannot write.
 //!
-//! If the storage node is unreachable the batch is retried until it lands:
-//! confirms wait (publishers see their confirms stall), nothing is dropped.
+//! Failures are told apart ([`ServiceError::is_transient`]):
+//!
+//! - **Transient** (storage node unreachable, timeouts): the batch is
+//!   retried with backoff until it lands; confirms wait, nothing is dropped.
+//! - **Permanent** (disk full, corruption, a stale lease, a store with
+//!   another id): `MST-1101 : Store failure : <reason>`. The waiters of the
+//!   failed batch are answered at once with the failure (their publishers
+//!   get basic.nack); the engine blocks producers of persistent messages and
+//!   refuses new ones (`Broker::set_store_failure`). The failed batch is
+//!   kept, in order, and retried with backoff as the store's probe: later
+//!   writes queue behind it (so a delete never lands before its put). When
+//!   it lands, `MST-1102 : Store failure cleared` and everything resumes. A
+//!   nacked message may so still be stored and delivered later: nack means
+//!   "not known to be stored", as in RabbitMQ. Nothing confirmed is ever
+//!   dropped: a confirm is only sent for a batch that landed.
+//!
+//! The queue is bounded ([`WriterLimits`]): past its bound, publishing
+//! sessions wait before their next publish (the gateway then stops reading
+//! their sockets); the other writes (acks, spills, definitions) are bounded
+//! by what the publishes brought in.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use prost::Message;
+use prost::Message as _;
 use spillway_proto::backoff::Backoff;
 use spillway_proto::cluster::BATCH_BYTES;
 use spillway_proto::storage::{write_op, Durability, MessageRecord, WriteBatch, WriteOp};
 use spillway_proto::trace::SpanContext;
-use spillway_proto::StorageApi;
-use tokio::sync::{mpsc, oneshot};
+use spillway_proto::{ServiceError, StorageApi};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tracing::Instrument;
 
 use crate::budget::MemoryBudget;
@@ -34,15 +53,54 @@ const MAX_REQUESTS_PER_BATCH: usize = 4096;
 /// Sequence numbers start above [`crate::model::STORED_EARLIER`].
 const FIRST_SEQ: u64 = 2;
 
+/// Default bound of the writer's queue in writes (`engine.store_writer_max_writes`).
+pub const DEFAULT_MAX_QUEUED_WRITES: u64 = 16_384;
+/// Default bound of the writer's queue in bytes (`engine.store_writer_max_bytes`).
+pub const DEFAULT_MAX_QUEUED_BYTES: u64 = 64 * 1024 * 1024;
+
+/// The bound of the writer's queue: writes submitted and not yet written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriterLimits {
+    pub max_writes: u64,
+    pub max_bytes: u64,
+}
+
+impl Default for WriterLimits {
+    fn default() -> Self {
+        Self {
+            max_writes: DEFAULT_MAX_QUEUED_WRITES,
+            max_bytes: DEFAULT_MAX_QUEUED_BYTES,
+        }
+    }
+}
+
+/// Why the store does not take writes: a permanent failure (`MST-1101`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("store failure: {0}")]
+pub struct StoreFailure(pub Arc<str>);
+
+/// What a write's waiter hears: written, or the store failed it.
+pub type WriteOutcome = Result<(), StoreFailure>;
+
+/// Which part of the engine found the store failed: each clears only its
+/// own finding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FailureSource {
+    Write,
+    Lease,
+}
+
 enum WriteRequest {
     Write {
         seq: u64,
         ops: Vec<WriteOp>,
+        /// The encoded bytes of `ops`, counted in the queue's bound.
+        bytes: u64,
         durability: Durability,
         /// Payload bytes this write takes out of memory (flow to disk):
         /// counted as in flight until it lands.
         spilled_bytes: u64,
-        done: Option<oneshot::Sender<()>>,
+        done: Option<oneshot::Sender<WriteOutcome>>,
         /// The span that submitted it (a publish), when traces are exported.
         trace: Option<SpanContext>,
     },
@@ -65,44 +123,85 @@ struct WriterState {
     /// not is sure the store has it.
     pending: Mutex<HashMap<u64, (u64, MessageRecord)>>,
     budget: Arc<MemoryBudget>,
+    /// The lease epoch every batch carries.
+    epoch: AtomicU64,
+    limits: WriterLimits,
+    queued_writes: AtomicU64,
+    queued_bytes: AtomicU64,
+    /// Woken whenever a batch lands or the failure state changes.
+    progress: Notify,
+    /// The permanent failure in force, if any.
+    failure: watch::Sender<Option<(FailureSource, StoreFailure)>>,
+    /// Set by [`StoreWriter::stop`]: retries give up.
+    stopping: AtomicBool,
+    stop_kick: Notify,
 }
 
 impl StoreWriter {
-    pub fn start(store: Arc<dyn StorageApi>, budget: Arc<MemoryBudget>) -> Self {
+    pub fn start(
+        store: Arc<dyn StorageApi>,
+        budget: Arc<MemoryBudget>,
+        epoch: u64,
+        limits: WriterLimits,
+    ) -> Self {
         let (requests, receiver) = mpsc::unbounded_channel();
         let state = Arc::new(WriterState {
             next_seq: AtomicU64::new(FIRST_SEQ),
             completed: AtomicU64::new(FIRST_SEQ - 1),
             pending: Mutex::new(HashMap::new()),
             budget,
+            epoch: AtomicU64::new(epoch),
+            limits,
+            queued_writes: AtomicU64::new(0),
+            queued_bytes: AtomicU64::new(0),
+            progress: Notify::new(),
+            failure: watch::Sender::new(None),
+            stopping: AtomicBool::new(false),
+            stop_kick: Notify::new(),
         });
         tokio::spawn(run_writer(store, receiver, state.clone()));
         Self { requests, state }
     }
 
     /// Writes everything submitted so far, then stops the writer so the
-    /// store is released (engine shutdown).
+    /// store is released (engine shutdown). A store that is failing is not
+    /// waited for: what it refuses is logged as not written.
     pub async fn stop(&self) {
         let (stopped, wait) = oneshot::channel();
         if self.requests.send(WriteRequest::Stop(stopped)).is_ok() {
+            if self.failure().is_some() {
+                self.state.stopping.store(true, Ordering::Release);
+                self.state.stop_kick.notify_waiters();
+            }
             let _ = wait.await;
         }
     }
 
+    /// Gives up retrying (shutdown with a store that does not answer).
+    pub fn abandon(&self) {
+        self.state.stopping.store(true, Ordering::Release);
+        self.state.stop_kick.notify_waiters();
+    }
+
     /// Queues ops for the next batch; `done` fires once they are written as
-    /// durably as asked. Returns the write's sequence number.
+    /// durably as asked (or the store failed them). Returns the write's
+    /// sequence number.
     pub fn submit(
         &self,
         ops: Vec<WriteOp>,
         durability: Durability,
-        done: Option<oneshot::Sender<()>>,
+        done: Option<oneshot::Sender<WriteOutcome>>,
     ) -> u64 {
         self.submit_spill(ops, durability, 0, done)
     }
 
     /// Definitions and other writes that must be on disk before anyone is
     /// told they happened.
-    pub fn submit_synced(&self, ops: Vec<WriteOp>, done: Option<oneshot::Sender<()>>) -> u64 {
+    pub fn submit_synced(
+        &self,
+        ops: Vec<WriteOp>,
+        done: Option<oneshot::Sender<WriteOutcome>>,
+    ) -> u64 {
         self.submit(ops, Durability::Synced, done)
     }
 
@@ -113,15 +212,16 @@ impl StoreWriter {
         ops: Vec<WriteOp>,
         durability: Durability,
         spilled_bytes: u64,
-        done: Option<oneshot::Sender<()>>,
+        done: Option<oneshot::Sender<WriteOutcome>>,
     ) -> u64 {
         if ops.is_empty() {
             if let Some(done) = done {
-                let _ = done.send(());
+                let _ = done.send(Ok(()));
             }
             return self.state.completed.load(Ordering::Acquire);
         }
         let seq = self.state.next_seq.fetch_add(1, Ordering::AcqRel);
+        let bytes = ops.iter().map(|op| op.encoded_len() as u64).sum::<u64>();
         {
             let mut pending = self.state.pending.lock();
             for op in &ops {
@@ -130,10 +230,13 @@ impl StoreWriter {
                 }
             }
         }
+        self.state.queued_writes.fetch_add(1, Ordering::AcqRel);
+        self.state.queued_bytes.fetch_add(bytes, Ordering::AcqRel);
         self.state.budget.add_in_flight(spilled_bytes);
         let request = WriteRequest::Write {
             seq,
             ops,
+            bytes,
             durability,
             spilled_bytes,
             done,
@@ -150,6 +253,33 @@ impl StoreWriter {
         seq <= self.state.completed.load(Ordering::Acquire)
     }
 
+    /// The sequence number of the last write submitted.
+    pub fn last_submitted(&self) -> u64 {
+        self.state.next_seq.load(Ordering::Acquire) - 1
+    }
+
+    /// Waits until the write numbered `seq` has landed; fails at once while
+    /// the store is failed (a write queued behind the failed batch does not
+    /// land before the failure clears).
+    pub async fn wait_written(&self, seq: u64) -> WriteOutcome {
+        loop {
+            let progress = self.state.progress.notified();
+            tokio::pin!(progress);
+            progress.as_mut().enable();
+            if self.is_written(seq) {
+                return Ok(());
+            }
+            if let Some(failure) = self.failure() {
+                return Err(failure);
+            }
+            if self.state.stopping.load(Ordering::Acquire) {
+                return Err(StoreFailure("the engine is shutting down".into()));
+            }
+            // A bounded wait: a missed wake-up costs 100 ms, not a hang.
+            let _ = tokio::time::timeout(Duration::from_millis(100), progress).await;
+        }
+    }
+
     /// The record of message `id` if it is still on its way to the store.
     pub fn pending_record(&self, id: u64) -> Option<MessageRecord> {
         self.state
@@ -157,6 +287,97 @@ impl StoreWriter {
             .lock()
             .get(&id)
             .map(|(_, record)| record.clone())
+    }
+
+    /// The lease epoch batches carry.
+    pub fn epoch(&self) -> u64 {
+        self.state.epoch.load(Ordering::Acquire)
+    }
+
+    /// Writes submitted and not yet written, and their encoded bytes.
+    pub fn queued(&self) -> (u64, u64) {
+        (
+            self.state.queued_writes.load(Ordering::Acquire),
+            self.state.queued_bytes.load(Ordering::Acquire),
+        )
+    }
+
+    /// Whether the queue is at its bound: publishers wait.
+    pub fn is_full(&self) -> bool {
+        let (writes, bytes) = self.queued();
+        writes >= self.state.limits.max_writes || bytes >= self.state.limits.max_bytes
+    }
+
+    /// Waits (bounded per round) until the queue is below its bound.
+    pub async fn wait_for_room(&self) {
+        while self.is_full() {
+            let progress = self.state.progress.notified();
+            tokio::pin!(progress);
+            progress.as_mut().enable();
+            if !self.is_full() {
+                return;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(100), progress).await;
+        }
+    }
+
+    /// The permanent store failure in force, if any.
+    pub fn failure(&self) -> Option<StoreFailure> {
+        self.state
+            .failure
+            .borrow()
+            .as_ref()
+            .map(|(_, failure)| failure.clone())
+    }
+
+    /// Follows the failure state (for the broker's producer blocking).
+    pub(crate) fn watch_failure(&self) -> watch::Receiver<Option<(FailureSource, StoreFailure)>> {
+        self.state.failure.subscribe()
+    }
+
+    /// Marks the store failed (`MST-1101`), unless it already is.
+    pub(crate) fn set_failed(&self, source: FailureSource, reason: &str) {
+        self.state.set_failed(source, reason);
+    }
+
+    /// Clears a failure `source` found (`MST-1102`).
+    pub(crate) fn clear_failed(&self, source: FailureSource) {
+        self.state.clear_failed(source);
+    }
+}
+
+impl WriterState {
+    fn set_failed(&self, source: FailureSource, reason: &str) {
+        let changed = self.failure.send_if_modified(|failure| {
+            if failure.is_some() {
+                return false;
+            }
+            *failure = Some((source, StoreFailure(reason.into())));
+            true
+        });
+        if changed {
+            tracing::error!(
+                code = "MST-1101",
+                reason,
+                source = ?source,
+                "MST-1101 : Store failure : {reason}"
+            );
+            self.progress.notify_waiters();
+        }
+    }
+
+    fn clear_failed(&self, source: FailureSource) {
+        let changed = self.failure.send_if_modified(|failure| {
+            if failure.as_ref().is_none_or(|(by, _)| *by != source) {
+                return false;
+            }
+            *failure = None;
+            true
+        });
+        if changed {
+            tracing::info!(code = "MST-1102", "MST-1102 : Store failure cleared");
+            self.progress.notify_waiters();
+        }
     }
 }
 
@@ -182,11 +403,13 @@ async fn run_writer(
         let mut last_seq = None;
         let mut stop = None;
         let mut traces = Vec::new();
+        let (mut writes, mut bytes) = (0u64, 0u64);
         for request in next_batch(&mut carried) {
             match request {
                 WriteRequest::Write {
                     seq,
                     ops: more,
+                    bytes: size,
                     durability: asked,
                     spilled_bytes,
                     done,
@@ -198,6 +421,8 @@ async fn run_writer(
                     durability = durability.max(asked);
                     spilled += spilled_bytes;
                     last_seq = Some(seq);
+                    writes += 1;
+                    bytes += size;
                 }
                 WriteRequest::Stop(stopped) => {
                     stop = Some(stopped);
@@ -208,11 +433,14 @@ async fn run_writer(
         let batch = Arc::new(WriteBatch {
             ops,
             durability: durability.into(),
+            epoch: state.epoch.load(Ordering::Acquire),
         });
-        write_until_stored(store.as_ref(), batch.clone())
+        let landed = write_until_stored(store.as_ref(), batch.clone(), &state, &mut waiters)
             .instrument(batch_span(&traces, batch.ops.len()))
             .await;
-        if let Some(seq) = last_seq {
+        state.queued_writes.fetch_sub(writes, Ordering::AcqRel);
+        state.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
+        if let (Some(seq), true) = (last_seq, landed) {
             state.completed.store(seq, Ordering::Release);
             let mut pending = state.pending.lock();
             for op in &batch.ops {
@@ -224,9 +452,15 @@ async fn run_writer(
             }
         }
         state.budget.remove_in_flight(spilled);
+        let outcome = if landed {
+            Ok(())
+        } else {
+            Err(StoreFailure("not written: the engine stopped first".into()))
+        };
         for waiter in waiters {
-            let _ = waiter.send(());
+            let _ = waiter.send(outcome.clone());
         }
+        state.progress.notify_waiters();
         if let Some(stopped) = stop {
             drop(store);
             let _ = stopped.send(());
@@ -242,14 +476,13 @@ async fn run_writer(
 /// its ops land together or not at all. A stop request ends its batch.
 fn next_batch(carried: &mut VecDeque<WriteRequest>) -> Vec<WriteRequest> {
     let mut batch = Vec::new();
-    let mut bytes = 0;
+    let mut total = 0u64;
     while let Some(request) = carried.front() {
-        if let WriteRequest::Write { ops, .. } = request {
-            let size: usize = ops.iter().map(Message::encoded_len).sum();
-            if !batch.is_empty() && bytes + size > BATCH_BYTES {
+        if let WriteRequest::Write { bytes, .. } = request {
+            if !batch.is_empty() && total + bytes > BATCH_BYTES as u64 {
                 break;
             }
-            bytes += size;
+            total += bytes;
         }
         let Some(request) = carried.pop_front() else {
             break;
@@ -274,38 +507,237 @@ fn batch_span(traces: &[SpanContext], ops: usize) -> tracing::Span {
     span
 }
 
-async fn write_until_stored(store: &dyn StorageApi, batch: Arc<WriteBatch>) {
+/// Writes `batch`, retrying with backoff until it lands (true) or the
+/// engine stops (false). A permanent failure marks the store failed and
+/// answers `waiters` with it at once; the batch is still retried, as the
+/// probe that finds the store working again.
+async fn write_until_stored(
+    store: &dyn StorageApi,
+    batch: Arc<WriteBatch>,
+    state: &WriterState,
+    waiters: &mut Vec<oneshot::Sender<WriteOutcome>>,
+) -> bool {
     if batch.ops.is_empty() {
-        return;
+        return true;
     }
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
-        match store.write(batch.clone()).await {
-            Ok(()) => return,
-            Err(error) => {
-                let delay = backoff.next_delay();
-                tracing::warn!(%error, ops = batch.ops.len(), retry_in_ms = delay.as_millis() as u64,
-                    "storage write failed, retrying");
-                tokio::time::sleep(delay).await;
+        let error = match store.write(batch.clone()).await {
+            Ok(()) => {
+                state.clear_failed(FailureSource::Write);
+                return true;
             }
+            Err(error) => error,
+        };
+        let delay = backoff.next_delay();
+        if error.is_transient() {
+            tracing::warn!(%error, ops = batch.ops.len(), retry_in_ms = delay.as_millis() as u64,
+                "storage write failed, retrying");
+        } else {
+            fail_batch(state, &error, waiters);
+            tracing::debug!(%error, ops = batch.ops.len(), retry_in_ms = delay.as_millis() as u64,
+                "storage write refused, probing again");
         }
+        if state.stopping.load(Ordering::Acquire) {
+            tracing::error!(
+                ops = batch.ops.len(),
+                %error,
+                "engine stopping: a storage batch was not written (its confirms were not sent; \
+                 acks in it are redelivered after a restart)"
+            );
+            return false;
+        }
+        let kicked = state.stop_kick.notified();
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = kicked => {}
+        }
+    }
+}
+
+fn fail_batch(
+    state: &WriterState,
+    error: &ServiceError,
+    waiters: &mut Vec<oneshot::Sender<WriteOutcome>>,
+) {
+    state.set_failed(FailureSource::Write, &error.to_string());
+    let failure = StoreFailure(error.to_string().into());
+    for waiter in waiters.drain(..) {
+        let _ = waiter.send(Err(failure.clone()));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use async_trait::async_trait;
+    use spillway_proto::storage::{
+        AcquireLeaseRequest, Definitions, Lease, MessageId, QueueEntry, StoreStatus,
+    };
 
-    fn write(body: usize) -> WriteRequest {
+    /// A store whose writes fail with `error` until it is told to work:
+    /// the classification is what is tested, not a store.
+    struct Failing {
+        error: Mutex<Option<ServiceError>>,
+        written: Mutex<Vec<Arc<WriteBatch>>>,
+    }
+
+    #[async_trait]
+    impl StorageApi for Failing {
+        async fn write(&self, batch: Arc<WriteBatch>) -> Result<(), ServiceError> {
+            if let Some(error) = self.error.lock().clone() {
+                return Err(error);
+            }
+            self.written.lock().push(batch);
+            Ok(())
+        }
+        async fn load_definitions(&self) -> Result<Definitions, ServiceError> {
+            Ok(Definitions::default())
+        }
+        async fn load_messages(&self, _: &str, _: &str) -> Result<Vec<QueueEntry>, ServiceError> {
+            Ok(Vec::new())
+        }
+        async fn read_messages(&self, _: Vec<u64>) -> Result<Vec<MessageRecord>, ServiceError> {
+            Ok(Vec::new())
+        }
+        async fn status(&self, _: bool) -> Result<StoreStatus, ServiceError> {
+            Ok(StoreStatus::default())
+        }
+        async fn remove_orphans(&self, _: u64) -> Result<u64, ServiceError> {
+            Ok(0)
+        }
+        async fn acquire_lease(&self, _: AcquireLeaseRequest) -> Result<Lease, ServiceError> {
+            Ok(Lease::default())
+        }
+        async fn release_lease(&self, _: u64) -> Result<(), ServiceError> {
+            Ok(())
+        }
+        async fn watch_quota(&self) -> Result<spillway_proto::QuotaStream, ServiceError> {
+            Ok(Box::pin(futures::stream::pending()))
+        }
+        async fn set_quota(
+            &self,
+            _: spillway_proto::management::SetStoreQuotaRequest,
+        ) -> Result<(), ServiceError> {
+            Ok(())
+        }
+    }
+
+    fn delete(id: u64) -> Vec<WriteOp> {
+        vec![WriteOp {
+            op: Some(write_op::Op::DeleteMessage(MessageId { id })),
+        }]
+    }
+
+    fn writer(error: Option<ServiceError>) -> (Arc<Failing>, StoreWriter) {
+        let store = Arc::new(Failing {
+            error: Mutex::new(error),
+            written: Mutex::new(Vec::new()),
+        });
+        let budget = Arc::new(MemoryBudget::new(1 << 30));
+        let writer = StoreWriter::start(store.clone(), budget, 7, WriterLimits::default());
+        (store, writer)
+    }
+
+    #[tokio::test]
+    async fn a_permanent_failure_answers_the_waiters_then_clears_when_the_probe_lands() {
+        let (store, writer) = writer(Some(ServiceError::ResourceExhausted("disk full".into())));
+        let (done, outcome) = oneshot::channel();
+        let seq = writer.submit(delete(1), Durability::Synced, Some(done));
+        let outcome = tokio::time::timeout(Duration::from_secs(5), outcome)
+            .await
+            .expect("answered without waiting for the store")
+            .expect("sent");
+        assert!(outcome.is_err(), "nacked, not confirmed");
+        assert!(writer.failure().is_some());
+        assert!(!writer.is_written(seq));
+        assert!(writer.wait_written(seq).await.is_err());
+        // A later write waits behind the failed batch, in order.
+        let later = writer.submit(delete(2), Durability::Logged, None);
+        store.error.lock().take();
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while !writer.is_written(later) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the probe landed");
+        assert!(writer.failure().is_none(), "cleared");
+        let written = store.written.lock().clone();
+        assert!(
+            written.iter().all(|batch| batch.epoch == 7),
+            "epoch carried"
+        );
+        let first = written.first().map(|batch| batch.ops.clone());
+        assert_eq!(first, Some(delete(1)), "the failed batch landed first");
+        assert_eq!(writer.queued(), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_transient_failure_is_retried_without_failing_the_store() {
+        let (store, writer) = writer(Some(ServiceError::Unavailable("down".into())));
+        let (done, outcome) = oneshot::channel();
+        writer.submit(delete(1), Durability::Synced, Some(done));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(writer.failure().is_none(), "not a store failure");
+        store.error.lock().take();
+        let outcome = tokio::time::timeout(Duration::from_secs(5), outcome)
+            .await
+            .expect("landed")
+            .expect("sent");
+        assert_eq!(outcome, Ok(()));
+    }
+
+    #[tokio::test]
+    async fn the_queue_reports_full_at_its_bound() {
+        let store = Arc::new(Failing {
+            error: Mutex::new(Some(ServiceError::Unavailable("down".into()))),
+            written: Mutex::new(Vec::new()),
+        });
+        let budget = Arc::new(MemoryBudget::new(1 << 30));
+        let limits = WriterLimits {
+            max_writes: 3,
+            max_bytes: 1 << 20,
+        };
+        let writer = StoreWriter::start(store.clone(), budget, 1, limits);
+        for id in 0..3 {
+            writer.submit(delete(id), Durability::Logged, None);
+        }
+        assert!(writer.is_full());
+        store.error.lock().take();
+        tokio::time::timeout(Duration::from_secs(5), writer.wait_for_room())
+            .await
+            .expect("room again once the store answers");
+    }
+
+    #[tokio::test]
+    async fn stopping_gives_up_on_a_failed_store() {
+        let (_store, writer) = writer(Some(ServiceError::DataLoss("corrupt".into())));
+        writer.submit(delete(1), Durability::Synced, None);
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while writer.failure().is_none() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("failed");
+        tokio::time::timeout(Duration::from_secs(5), writer.stop())
+            .await
+            .expect("stop does not hang on a failed store");
+    }
+
+    fn write_of(body: usize) -> WriteRequest {
         let record = MessageRecord {
             body: vec![0; body].into(),
             ..Default::default()
         };
+        let ops = vec![WriteOp {
+            op: Some(write_op::Op::PutMessage(record)),
+        }];
         WriteRequest::Write {
             seq: 0,
-            ops: vec![WriteOp {
-                op: Some(write_op::Op::PutMessage(record)),
-            }],
+            bytes: ops.iter().map(|op| op.encoded_len() as u64).sum(),
+            ops,
             durability: Durability::Synced,
             spilled_bytes: 0,
             done: None,
@@ -313,7 +745,7 @@ mod tests {
         }
     }
 
-    fn sizes(carried: &mut VecDeque<WriteRequest>) -> Vec<usize> {
+    fn batch_sizes(carried: &mut VecDeque<WriteRequest>) -> Vec<usize> {
         let mut sizes = Vec::new();
         while !carried.is_empty() {
             sizes.push(next_batch(carried).len());
@@ -325,14 +757,16 @@ mod tests {
     fn a_batch_stops_at_its_byte_budget_and_never_splits_a_request() {
         let mb = 1 << 20;
         // 10 + 10 MiB is over 16 MiB: one each; a 20 MiB request alone.
-        let mut carried: VecDeque<_> = [write(10 * mb), write(10 * mb), write(20 * mb)].into();
-        assert_eq!(sizes(&mut carried), [1, 1, 1]);
+        let mut carried: VecDeque<_> =
+            [write_of(10 * mb), write_of(10 * mb), write_of(20 * mb)].into();
+        assert_eq!(batch_sizes(&mut carried), [1, 1, 1]);
         // Small requests share a batch up to the budget.
-        let mut carried: VecDeque<_> = (0..20).map(|_| write(mb)).collect();
-        assert_eq!(sizes(&mut carried), [15, 5]);
+        let mut carried: VecDeque<_> = (0..20).map(|_| write_of(mb)).collect();
+        assert_eq!(batch_sizes(&mut carried), [15, 5]);
         // Nothing after a stop goes into its batch.
         let (stopped, _wait) = oneshot::channel();
-        let mut carried: VecDeque<_> = [write(10), WriteRequest::Stop(stopped), write(10)].into();
-        assert_eq!(sizes(&mut carried), [2, 1]);
+        let mut carried: VecDeque<_> =
+            [write_of(10), WriteRequest::Stop(stopped), write_of(10)].into();
+        assert_eq!(batch_sizes(&mut carried), [2, 1]);
     }
 }

@@ -211,9 +211,49 @@ impl Broker {
         }
     }
 
+    /// The store's permanent failure state (`MST-1101`/`MST-1102`): while
+    /// failed, every connection that published persistent messages is
+    /// blocked, as the disk quota blocks producers; transient traffic goes
+    /// on.
+    pub fn set_store_failure(&mut self, failure: Option<String>) {
+        if self.store_failure == failure {
+            return;
+        }
+        let was_failed = self.store_failure.is_some();
+        self.store_failure = failure;
+        if was_failed == self.store_failure.is_some() {
+            return;
+        }
+        self.store_failed_since = self.store_failure.is_some().then(Instant::now);
+        tracing::info!(
+            store_failed = self.store_failure.is_some(),
+            "store failure state changed"
+        );
+        let sessions: Vec<SessionId> = self.sessions.keys().copied().collect();
+        for session in sessions {
+            self.update_session_flow(session);
+        }
+    }
+
+    /// A session that has published a message the store keeps: a store
+    /// failure blocks it from now on.
+    pub(crate) fn note_persistent_producer(&mut self, session: SessionId) {
+        let Some(state) = self.sessions.get_mut(&session) else {
+            return;
+        };
+        if state.has_published_persistent {
+            return;
+        }
+        state.has_published_persistent = true;
+        if self.store_failure.is_some() {
+            self.update_session_flow(session);
+        }
+    }
+
     /// Tells the gateway when the connection's flow state changed.
     pub(crate) fn update_session_flow(&mut self, session: SessionId) {
         let store_overfull = self.store_overfull;
+        let store_failure = self.store_failure.clone();
         let Some(state) = self.sessions.get_mut(&session) else {
             return;
         };
@@ -227,7 +267,9 @@ impl Broker {
         } else if store_overfull && state.has_published {
             Some("store overfull".to_string())
         } else {
-            None
+            store_failure
+                .filter(|_| state.has_published_persistent)
+                .map(|failure| format!("store failure: {failure}"))
         };
         if reason == state.flow_blocked {
             return;
@@ -250,7 +292,14 @@ impl Broker {
         let now = Instant::now();
         let mut blocked = Vec::new();
         for (id, session) in &self.sessions {
-            let store_since = self.store_overfull_since.filter(|_| session.has_published);
+            let overfull_since = self.store_overfull_since.filter(|_| session.has_published);
+            let failed_since = self
+                .store_failed_since
+                .filter(|_| session.has_published_persistent);
+            let store_since = match (overfull_since, failed_since) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             for (channel_id, channel) in &session.channels {
                 let since = match (channel.blocked_since, store_since) {
                     (Some(a), Some(b)) => Some(a.min(b)),
@@ -266,7 +315,7 @@ impl Broker {
                     client_address: session.client_address.clone(),
                     vhost: session.vhost.clone(),
                     queues: channel.blocked_on.iter().cloned().collect(),
-                    store_overfull: store_since.is_some(),
+                    store_overfull: overfull_since.is_some(),
                     blocked_for: now.saturating_duration_since(since),
                 });
             }

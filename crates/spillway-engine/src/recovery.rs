@@ -23,11 +23,11 @@ pub(crate) struct Stored {
 }
 
 /// Reads the store for a starting engine.
-pub(crate) async fn read(store: &dyn StorageApi) -> Result<Stored, ServiceError> {
+pub(crate) async fn read(store: &dyn StorageApi, epoch: u64) -> Result<Stored, ServiceError> {
     // Nothing references a payload that flowed to disk before this engine
     // started: the store may delete every record no durable queue entry
     // holds (garbage of a crash).
-    let removed = store.remove_orphans().await?;
+    let removed = store.remove_orphans(epoch).await?;
     if removed > 0 {
         tracing::info!(
             orphaned_messages = removed,

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use futures::stream::FuturesOrdered;
 use futures::StreamExt;
-use spillway_proto::amqp::MethodId;
+use spillway_proto::amqp::{reply_code, MethodId};
 use spillway_proto::engine::{
     self as pb, reply, session_command::Command, session_event::Event, AmqpError, Reply,
     SessionCommand, SessionEvent,
@@ -40,6 +40,7 @@ pub(crate) async fn run_session(
         opened: false,
         confirms: FuturesOrdered::new(),
         deferred: VecDeque::new(),
+        synced_reply: None,
     };
     loop {
         if let Some(queued) = session.deferred.pop_front() {
@@ -53,8 +54,8 @@ pub(crate) async fn run_session(
                 let Some(command) = command else { break };
                 session.apply(command, &mut commands).await;
             }
-            Some((channel, seq)) = session.confirms.next(), if !session.confirms.is_empty() => {
-                session.send(Event::Confirm(pb::Confirm { channel, seq, ack: true }));
+            Some((channel, seq, ack)) = session.confirms.next(), if !session.confirms.is_empty() => {
+                session.send(Event::Confirm(pb::Confirm { channel, seq, ack }));
             }
         }
     }
@@ -63,7 +64,17 @@ pub(crate) async fn run_session(
     tracing::debug!(session = id, "session closed");
 }
 
-type ConfirmFuture = std::pin::Pin<Box<dyn std::future::Future<Output = (u32, u64)> + Send>>;
+/// A publisher confirm once its write is settled: channel, sequence number,
+/// and ack (written) or nack (the store failed it).
+type ConfirmFuture = std::pin::Pin<Box<dyn std::future::Future<Output = (u32, u64, bool)> + Send>>;
+
+/// A reply held back until the definition it reports is on disk (durable
+/// declare-ok, bind-ok).
+struct SyncedReply {
+    request_id: u64,
+    result: Result<reply::Result, AmqpError>,
+    seq: u64,
+}
 
 struct Session {
     shared: Arc<Shared>,
@@ -75,6 +86,8 @@ struct Session {
     /// apply in order once it is answered. They keep their bytes in the
     /// command queue's bound, so the gateway stops reading the client.
     deferred: VecDeque<QueuedCommand>,
+    /// A durable definition's reply, held until its write is synced.
+    synced_reply: Option<SyncedReply>,
 }
 
 /// How long a basic.get waits for delivery credit before it is answered
@@ -128,10 +141,64 @@ impl Session {
             }
             Command::Publish(cmd) => {
                 wait_for_spill_room(self.shared.budget.clone()).await;
+                // The store writer's queue is bounded: a publisher waits
+                // for room (and its socket with it).
+                self.shared.writer.wait_for_room().await;
                 self.apply_now(Command::Publish(cmd));
             }
             Command::Get(cmd) => self.get(cmd, commands).await,
-            command => self.apply_now(command),
+            command => {
+                self.apply_now(command);
+                self.send_synced_reply().await;
+            }
+        }
+    }
+
+    /// A durable definition's reply goes out once the definition is synced;
+    /// a store that refuses it gets the client a 506 naming the failure.
+    async fn send_synced_reply(&mut self) {
+        let Some(deferred) = self.synced_reply.take() else {
+            return;
+        };
+        let result = match self.shared.writer.wait_written(deferred.seq).await {
+            Ok(()) => deferred.result,
+            Err(failure) => Err(AmqpError::new(
+                reply_code::RESOURCE_ERROR,
+                format!("{failure}: the durable definition may not be stored"),
+            )),
+        };
+        self.reply(deferred.request_id, result);
+    }
+
+    /// Replies to a definition command, or defers the reply until the store
+    /// has what it wrote (a write submitted since `before`).
+    fn reply_synced(
+        &mut self,
+        request_id: u64,
+        result: Result<reply::Result, AmqpError>,
+        before: u64,
+    ) {
+        let seq = self.shared.writer.last_submitted();
+        if result.is_err() || seq == before {
+            self.reply(request_id, result);
+            return;
+        }
+        debug_assert!(self.synced_reply.is_none(), "one deferred reply at a time");
+        self.synced_reply = Some(SyncedReply {
+            request_id,
+            result,
+            seq,
+        });
+    }
+
+    /// A durable definition cannot be stored while the store is failed.
+    fn refuse_durable(&self, durable: bool) -> Result<(), AmqpError> {
+        match self.shared.writer.failure() {
+            Some(failure) if durable => Err(AmqpError::new(
+                reply_code::RESOURCE_ERROR,
+                format!("{failure}: durable definitions are refused until it clears"),
+            )),
+            _ => Ok(()),
         }
     }
 
@@ -227,7 +294,10 @@ impl Session {
             );
             return;
         }
-        let mut broker = self.shared.broker.lock();
+        // A handle of its own: the reply to a durable definition is kept
+        // on `self` while the lock is held.
+        let shared = self.shared.clone();
+        let mut broker = shared.broker.lock();
         if let Some(state) = broker.sessions.get_mut(&id) {
             match &command {
                 Command::Publish(_) => state.published += 1,
@@ -250,18 +320,39 @@ impl Session {
                 self.ok(cmd.request_id, Ok(()));
             }
             Command::ExchangeDeclare(cmd) => {
-                self.ok(cmd.request_id, broker.declare_exchange(id, &cmd))
+                let before = self.shared.writer.last_submitted();
+                let result = self
+                    .refuse_durable(cmd.durable && !cmd.passive)
+                    .and_then(|()| broker.declare_exchange(id, &cmd))
+                    .map(|()| reply::Result::Ok(pb::Empty {}));
+                self.reply_synced(cmd.request_id, result, before);
             }
             Command::ExchangeDelete(cmd) => {
                 self.ok(cmd.request_id, broker.delete_exchange(id, &cmd))
             }
             Command::QueueDeclare(cmd) => {
-                let result = broker.declare_queue(id, &cmd);
-                self.reply(cmd.request_id, result.map(reply::Result::QueueDeclareOk));
+                let before = self.shared.writer.last_submitted();
+                let result = self
+                    .refuse_durable(cmd.durable && !cmd.passive)
+                    .and_then(|()| broker.declare_queue(id, &cmd))
+                    .map(reply::Result::QueueDeclareOk);
+                self.reply_synced(cmd.request_id, result, before);
             }
-            Command::QueueBind(cmd) => self.ok(cmd.request_id, broker.bind_queue(id, &cmd)),
+            Command::QueueBind(cmd) => {
+                let before = self.shared.writer.last_submitted();
+                let result = broker
+                    .bind_queue(id, &cmd)
+                    .map(|()| reply::Result::Ok(pb::Empty {}));
+                self.reply_synced(cmd.request_id, result, before);
+            }
             Command::QueueUnbind(cmd) => self.ok(cmd.request_id, broker.unbind_queue(id, &cmd)),
-            Command::ExchangeBind(cmd) => self.ok(cmd.request_id, broker.bind_exchange(id, &cmd)),
+            Command::ExchangeBind(cmd) => {
+                let before = self.shared.writer.last_submitted();
+                let result = broker
+                    .bind_exchange(id, &cmd)
+                    .map(|()| reply::Result::Ok(pb::Empty {}));
+                self.reply_synced(cmd.request_id, result, before);
+            }
             Command::ExchangeUnbind(cmd) => {
                 self.ok(cmd.request_id, broker.unbind_exchange(id, &cmd))
             }
@@ -297,10 +388,10 @@ impl Session {
                     }
                     Ok(PublishOutcome::AfterWrite(written)) => {
                         self.confirms.push_back(Box::pin(async move {
-                            // A dropped writer means the engine is going away;
-                            // the confirm is then never sent (at-least-once).
-                            let _ = written.await;
-                            (channel, seq)
+                            // A dropped writer means the engine is going
+                            // away: nack, the message may not be stored.
+                            let ack = matches!(written.await, Ok(Ok(())));
+                            (channel, seq, ack)
                         }));
                     }
                     Err(error) => self.send_async_error(channel, error, MethodId::BASIC_PUBLISH),

@@ -192,6 +192,30 @@ impl Collector for QueueCollector {
             ConstGauge::new(figure(&flow)).encode(family)?;
         }
         {
+            let (writes, bytes) = engine.store_writer_queue();
+            let gauges = [
+                (
+                    "spillway_store_writer_queue_writes",
+                    "Writes handed to the store writer and not yet written",
+                    writes,
+                ),
+                (
+                    "spillway_store_writer_queue_bytes",
+                    "Encoded bytes of the writes handed to the store writer and not yet written",
+                    bytes,
+                ),
+                (
+                    "spillway_store_failed",
+                    "1 while the store has failed permanently (MST-1101): persistent publishes are refused",
+                    u64::from(engine.store_failure().is_some()),
+                ),
+            ];
+            for (name, help, value) in gauges {
+                let family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+                ConstGauge::new(value).encode(family)?;
+            }
+        }
+        {
             let mut family = encoder.encode_descriptor(
                 "spillway_vhost_connections",
                 "Open client connections per vhost",

@@ -358,8 +358,12 @@ async fn serve_connection(
         }
     };
     if let Some(error) = closing {
-        if error.code == reply_code::RESOURCE_ERROR && error.method == MethodId::BASIC_PUBLISH {
-            // The only 506 the gateway raises: too much unfinished content.
+        if error.code == reply_code::RESOURCE_ERROR
+            && error.method == MethodId::BASIC_PUBLISH
+            && error.text.contains("gateway.max_unfinished_content")
+        {
+            // The gateway's own 506: too much unfinished content (the
+            // engine's, a store failure, names itself).
             tracing::warn!(%peer, text = %error.text, "closing a connection holding too much unfinished content");
             metrics.count_unfinished_content_close();
         }

@@ -89,6 +89,8 @@ pub struct Sandbox {
     secret: ClusterSecret,
     amqp: SocketAddr,
     management: SocketAddr,
+    /// Where the store lives, when not in the sandbox's own directory.
+    data_dir: Option<PathBuf>,
     /// Role (`all-in-one`, `storage`, `engine`, `gateway`) → its `/metrics`
     /// address, from the ready files.
     metrics: BTreeMap<&'static str, SocketAddr>,
@@ -104,6 +106,16 @@ impl Sandbox {
 
     /// Starts with `config` (TOML, as in `spillway.toml`) for every process.
     pub async fn start_with_config(wiring: Wiring, config: &str) -> anyhow::Result<Self> {
+        Self::start_on(wiring, config, None).await
+    }
+
+    /// Starts with `config`, the store in `data_dir` (e.g. a small tmpfs)
+    /// rather than in the sandbox's own temporary directory.
+    pub async fn start_on(
+        wiring: Wiring,
+        config: &str,
+        data_dir: Option<PathBuf>,
+    ) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir().context("temp dir")?;
         let config = if config.is_empty() {
             None
@@ -118,6 +130,7 @@ impl Sandbox {
             dir,
             config,
             storage: None,
+            data_dir,
             engine: None,
             secret,
             amqp: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -205,8 +218,148 @@ impl Sandbox {
         Ok(())
     }
 
-    fn data_dir(&self) -> PathBuf {
-        self.dir.path().join("data")
+    /// Where the store's files are.
+    pub fn data_dir(&self) -> PathBuf {
+        self.data_dir
+            .clone()
+            .unwrap_or_else(|| self.dir.path().join("data"))
+    }
+
+    /// The store as the engine sees it: the in-process store, or the
+    /// storage process over gRPC.
+    pub fn storage_api(&self) -> anyhow::Result<Arc<dyn StorageApi>> {
+        Ok(match (&self.in_process, self.storage) {
+            (Some(running), _) => running.storage().context("no in-process store")?,
+            (None, Some(addr)) => Arc::new(RemoteStorage::connect_lazy(
+                &format!("http://{addr}"),
+                &self.cluster_client(),
+            )?),
+            (None, None) => bail!("no storage node reachable in the {:?} wiring", self.wiring),
+        })
+    }
+
+    /// The value of `name` on the `/metrics` of the process running
+    /// `component`.
+    pub async fn metric(&self, component: Component, name: &str) -> anyhow::Result<f64> {
+        let addr = self.metrics_addr(component)?;
+        let (status, text) = http_get(addr, "/metrics").await?;
+        if status != 200 {
+            bail!("/metrics answered {status}");
+        }
+        metric_value(&text, name).with_context(|| format!("{name} not in /metrics"))
+    }
+
+    /// Stops every broker process gracefully, leaving the store's files
+    /// for the test to look at; [`Sandbox::start_again`] boots again.
+    pub async fn stop_all(&mut self) {
+        self.stop(libc_signal::TERM).await;
+    }
+
+    /// Boots again after [`Sandbox::stop_all`], on the same data.
+    pub async fn start_again(&mut self) -> anyhow::Result<()> {
+        self.boot().await
+    }
+
+    /// SIGKILLs the storage process alone (separate wiring), leaving the
+    /// engine, gateway and management running.
+    pub async fn kill_storage(&mut self) -> anyhow::Result<()> {
+        self.stop_role("storage", libc_signal::KILL).await
+    }
+
+    /// Starts the storage process again on its old address and data.
+    pub async fn start_storage(&mut self) -> anyhow::Result<()> {
+        let addr = self.storage.context("no storage process in this wiring")?;
+        self.spawn("storage", &[("SPILLWAY_STORAGE__LISTEN", addr.to_string())])
+            .await?;
+        Ok(())
+    }
+
+    /// Starts the storage process again on its old address, on another
+    /// data directory (a wrong or empty volume mounted).
+    pub async fn start_storage_on(&mut self, data_dir: &Path) -> anyhow::Result<()> {
+        let addr = self.storage.context("no storage process in this wiring")?;
+        self.spawn(
+            "storage",
+            &[
+                ("SPILLWAY_STORAGE__LISTEN", addr.to_string()),
+                ("SPILLWAY_STORAGE__DATA_DIR", data_dir.display().to_string()),
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Stops the engine process gracefully (SIGTERM) and starts it again on
+    /// its old address, with storage left running; returns how long the new
+    /// engine took to be ready.
+    pub async fn restart_engine(&mut self) -> anyhow::Result<Duration> {
+        let engine = self.engine.context("no engine process in this wiring")?;
+        let storage = self.storage.context("no storage process in this wiring")?;
+        self.stop_role("engine", libc_signal::TERM).await?;
+        let started = Instant::now();
+        self.spawn(
+            "engine",
+            &[
+                ("SPILLWAY_ENGINE__LISTEN", engine.to_string()),
+                ("SPILLWAY_ENGINE__STORAGE_ADDR", format!("http://{storage}")),
+            ],
+        )
+        .await?;
+        Ok(started.elapsed())
+    }
+
+    /// Runs one more engine process against this sandbox's storage node and
+    /// waits (up to `deadline`) for it to exit: its exit status and log.
+    /// None for the status if it was still running at the deadline (it is
+    /// killed then).
+    pub async fn run_extra_engine(
+        &self,
+        deadline: Duration,
+    ) -> anyhow::Result<(Option<std::process::ExitStatus>, String)> {
+        let storage = self.storage.context("no storage process in this wiring")?;
+        let log_path = self.dir.path().join("extra-engine.log");
+        let log = std::fs::File::create(&log_path)?;
+        let mut child = Command::new(spillway_bin()?)
+            .arg("--ready-file")
+            .arg(self.dir.path().join("extra-engine.ready"))
+            .arg("engine")
+            .env("SPILLWAY_ENGINE__LISTEN", "127.0.0.1:0")
+            .env("SPILLWAY_ENGINE__STORAGE_ADDR", format!("http://{storage}"))
+            .env("SPILLWAY_TELEMETRY__METRICS_LISTEN", "127.0.0.1:0")
+            .env("SPILLWAY_CLUSTER__SECRET_FILE", self.secret_file())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("starting a second engine")?;
+        let until = Instant::now() + deadline;
+        let status = loop {
+            if let Some(status) = child.try_wait()? {
+                break Some(status);
+            }
+            if Instant::now() > until {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        Ok((
+            status,
+            std::fs::read_to_string(&log_path).unwrap_or_default(),
+        ))
+    }
+
+    /// Stops the newest process of `role` with `signal` and waits for it.
+    async fn stop_role(&mut self, role: &str, signal: &str) -> anyhow::Result<()> {
+        let index = self
+            .children
+            .iter()
+            .rposition(|(name, _)| name == role)
+            .with_context(|| format!("no {role} process"))?;
+        let (_, mut child) = self.children.remove(index);
+        stop_child(&mut child, signal).await;
+        Ok(())
     }
 
     fn secret_file(&self) -> PathBuf {
@@ -356,22 +509,7 @@ impl Sandbox {
             running.shutdown().await;
         }
         while let Some((_, mut child)) = self.children.pop() {
-            let _ = Command::new("kill")
-                .arg(format!("-{signal}"))
-                .arg(child.id().to_string())
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break;
-                }
-                if Instant::now() > deadline {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            stop_child(&mut child, signal).await;
         }
     }
 
@@ -379,15 +517,7 @@ impl Sandbox {
     /// message records and queue entries. Asked of the in-process store, or
     /// over gRPC of the storage process.
     pub async fn store_status(&self, count_records: bool) -> anyhow::Result<StoreStatus> {
-        let storage: Arc<dyn StorageApi> = match (&self.in_process, self.storage) {
-            (Some(running), _) => running.storage().context("no in-process store")?,
-            (None, Some(addr)) => Arc::new(RemoteStorage::connect_lazy(
-                &format!("http://{addr}"),
-                &self.cluster_client(),
-            )?),
-            (None, None) => bail!("no storage node reachable in the {:?} wiring", self.wiring),
-        };
-        Ok(storage.status(count_records).await?)
+        Ok(self.storage_api()?.status(count_records).await?)
     }
 
     /// The engine's `/metrics` value of `name` (a metric without labels, or
@@ -434,6 +564,26 @@ fn new_secret(dir: &Path) -> anyhow::Result<ClusterSecret> {
     let text: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     std::fs::write(dir.join(SECRET_FILE), format!("{text}\n")).context("writing the secret")?;
     ClusterSecret::new(&text).map_err(|error| anyhow::anyhow!("the sandbox's secret: {error}"))
+}
+
+/// Sends `signal` to `child` and waits for it to exit (SIGKILL after 10 s).
+async fn stop_child(child: &mut Child, signal: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(child.id().to_string())
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 mod libc_signal {

@@ -18,10 +18,15 @@ use crate::command_queue::{command_queue, CommandReceiver, CommandSender};
 use crate::engine::{session_command, session_event, CommandBatch, EventBatch};
 use crate::engine::{SessionCommand, SessionEvent};
 use crate::storage::{
-    Definitions, LoadDefinitionsRequest, LoadMessagesRequest, MessageRecord, QueueEntry,
-    QuotaState, StatusRequest, StoreStatus, WatchQuotaRequest, WriteBatch,
+    AcquireLeaseRequest, Definitions, Lease, LoadDefinitionsRequest, LoadMessagesRequest,
+    MessageRecord, QueueEntry, QuotaState, StatusRequest, StoreStatus, WatchQuotaRequest,
+    WriteBatch,
 };
 use crate::ServiceError;
+
+/// A lease call that takes longer than this has failed (the lease itself
+/// lasts seconds).
+const LEASE_CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How many ready messages one gRPC stream message carries at most.
 const MAX_STREAM_BATCH: usize = 256;
@@ -45,8 +50,16 @@ pub trait StorageApi: Send + Sync + 'static {
     /// Disk usage; with `count_records`, exact record counts (a scan).
     async fn status(&self, count_records: bool) -> Result<StoreStatus, ServiceError>;
     /// Deletes every message record no durable queue entry references;
-    /// returns how many. Only an engine that is starting may ask.
-    async fn remove_orphans(&self) -> Result<u64, ServiceError>;
+    /// returns how many. Only an engine that is starting may ask, with the
+    /// epoch of the lease it holds (another epoch is refused).
+    async fn remove_orphans(&self, epoch: u64) -> Result<u64, ServiceError>;
+    /// Takes (epoch 0) or renews (the current epoch) the store's one engine
+    /// lease; refused with `FailedPrecondition` while another engine holds
+    /// it, or when the epoch is stale.
+    async fn acquire_lease(&self, request: AcquireLeaseRequest) -> Result<Lease, ServiceError>;
+    /// Ends the lease of `epoch` (clean shutdown): the next engine need not
+    /// wait for it to expire.
+    async fn release_lease(&self, epoch: u64) -> Result<(), ServiceError>;
     /// The disk quota's state now, then on every change. The stream ends
     /// (or fails) when the storage node goes away: watch again.
     async fn watch_quota(&self) -> Result<QuotaStream, ServiceError>;
@@ -163,13 +176,26 @@ impl StorageApi for RemoteStorage {
         Ok(())
     }
 
-    async fn remove_orphans(&self) -> Result<u64, ServiceError> {
+    async fn remove_orphans(&self, epoch: u64) -> Result<u64, ServiceError> {
         let response = self
             .client
             .clone()
-            .remove_orphans(crate::storage::RemoveOrphansRequest {})
+            .remove_orphans(crate::storage::RemoveOrphansRequest { epoch })
             .await?;
         Ok(response.into_inner().removed)
+    }
+
+    async fn acquire_lease(&self, request: AcquireLeaseRequest) -> Result<Lease, ServiceError> {
+        let mut call = tonic::Request::new(request);
+        call.set_timeout(LEASE_CALL_TIMEOUT);
+        Ok(self.client.clone().acquire_lease(call).await?.into_inner())
+    }
+
+    async fn release_lease(&self, epoch: u64) -> Result<(), ServiceError> {
+        let mut call = tonic::Request::new(crate::storage::ReleaseLeaseRequest { epoch });
+        call.set_timeout(LEASE_CALL_TIMEOUT);
+        self.client.clone().release_lease(call).await?;
+        Ok(())
     }
 
     async fn watch_quota(&self) -> Result<QuotaStream, ServiceError> {

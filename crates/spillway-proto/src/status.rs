@@ -1,13 +1,22 @@
 //! One mapping between Spillway's service errors and gRPC statuses, used by
 //! every tonic server and client in the workspace.
+//!
+//! Storage failures are told apart by kind, so that a caller knows whether
+//! trying again can help: [`ServiceError::is_transient`] is true only for
+//! [`ServiceError::Unavailable`] (a node unreachable, a timeout, a
+//! connection lost mid-call). Disk full (`ResourceExhausted`), corruption
+//! (`DataLoss`), a stale lease (`FailedPrecondition`) and the rest are
+//! permanent: the same request will fail the same way until an operator
+//! acts.
 
 /// An error a component returns across a service boundary.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ServiceError {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("not found: {0}")]
     NotFound(String),
+    /// Transient: the peer could not be reached or did not answer in time.
     #[error("unavailable: {0}")]
     Unavailable(String),
     #[error("failed precondition: {0}")]
@@ -16,11 +25,41 @@ pub enum ServiceError {
     PermissionDenied(String),
     #[error("already exists: {0}")]
     AlreadyExists(String),
+    /// A resource ran out: the disk is full, or the disk refused a write.
+    #[error("resource exhausted: {0}")]
+    ResourceExhausted(String),
+    /// Stored data is corrupt.
+    #[error("data loss: {0}")]
+    DataLoss(String),
     /// A call whose feature is not built yet.
     #[error("unimplemented: {0}")]
     Unimplemented(String),
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+impl ServiceError {
+    /// Whether the same request may succeed if tried again later without
+    /// anyone acting: only when the peer was unavailable.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, ServiceError::Unavailable(_))
+    }
+
+    /// The error's kind, for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ServiceError::InvalidArgument(_) => "invalid_argument",
+            ServiceError::NotFound(_) => "not_found",
+            ServiceError::Unavailable(_) => "unavailable",
+            ServiceError::FailedPrecondition(_) => "failed_precondition",
+            ServiceError::PermissionDenied(_) => "permission_denied",
+            ServiceError::AlreadyExists(_) => "already_exists",
+            ServiceError::ResourceExhausted(_) => "resource_exhausted",
+            ServiceError::DataLoss(_) => "data_loss",
+            ServiceError::Unimplemented(_) => "unimplemented",
+            ServiceError::Internal(_) => "internal",
+        }
+    }
 }
 
 impl From<ServiceError> for tonic::Status {
@@ -32,6 +71,8 @@ impl From<ServiceError> for tonic::Status {
             ServiceError::FailedPrecondition(msg) => tonic::Status::failed_precondition(msg),
             ServiceError::PermissionDenied(msg) => tonic::Status::permission_denied(msg),
             ServiceError::AlreadyExists(msg) => tonic::Status::already_exists(msg),
+            ServiceError::ResourceExhausted(msg) => tonic::Status::resource_exhausted(msg),
+            ServiceError::DataLoss(msg) => tonic::Status::data_loss(msg),
             ServiceError::Unimplemented(msg) => tonic::Status::unimplemented(msg),
             ServiceError::Internal(msg) => tonic::Status::internal(msg),
         }
@@ -47,10 +88,18 @@ impl From<tonic::Status> for ServiceError {
             tonic::Code::FailedPrecondition => ServiceError::FailedPrecondition(msg),
             tonic::Code::PermissionDenied => ServiceError::PermissionDenied(msg),
             tonic::Code::AlreadyExists => ServiceError::AlreadyExists(msg),
+            tonic::Code::ResourceExhausted => ServiceError::ResourceExhausted(msg),
+            tonic::Code::DataLoss => ServiceError::DataLoss(msg),
             tonic::Code::Unimplemented => ServiceError::Unimplemented(msg),
-            tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::DeadlineExceeded => {
-                ServiceError::Unavailable(msg)
-            }
+            // Our servers always answer with an explicit code: `Unknown` is
+            // what the transport reports for a connection lost mid-call (a
+            // storage node killed under a write), and `Aborted` a call the
+            // peer gave up on. Both are worth trying again.
+            tonic::Code::Unavailable
+            | tonic::Code::Cancelled
+            | tonic::Code::DeadlineExceeded
+            | tonic::Code::Unknown
+            | tonic::Code::Aborted => ServiceError::Unavailable(msg),
             _ => ServiceError::Internal(msg),
         }
     }
@@ -63,4 +112,54 @@ pub struct RemoteError {
     pub endpoint: String,
     #[source]
     pub source: tonic::transport::Error,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ServiceError;
+
+    #[test]
+    fn only_unavailable_is_transient() {
+        assert!(ServiceError::Unavailable("down".into()).is_transient());
+        for permanent in [
+            ServiceError::ResourceExhausted("disk full".into()),
+            ServiceError::DataLoss("corrupt".into()),
+            ServiceError::FailedPrecondition("stale epoch".into()),
+            ServiceError::Internal("bug".into()),
+        ] {
+            assert!(!permanent.is_transient(), "{permanent}");
+        }
+    }
+
+    #[test]
+    fn kinds_survive_the_grpc_hop_both_ways() {
+        for error in [
+            ServiceError::InvalidArgument("a".into()),
+            ServiceError::NotFound("b".into()),
+            ServiceError::Unavailable("c".into()),
+            ServiceError::FailedPrecondition("d".into()),
+            ServiceError::PermissionDenied("e".into()),
+            ServiceError::AlreadyExists("f".into()),
+            ServiceError::ResourceExhausted("g".into()),
+            ServiceError::DataLoss("h".into()),
+            ServiceError::Unimplemented("i".into()),
+            ServiceError::Internal("j".into()),
+        ] {
+            let back = ServiceError::from(tonic::Status::from(error.clone()));
+            assert_eq!(back, error);
+        }
+    }
+
+    #[test]
+    fn transport_failures_are_transient() {
+        for code in [
+            tonic::Code::Unavailable,
+            tonic::Code::DeadlineExceeded,
+            tonic::Code::Cancelled,
+            tonic::Code::Unknown,
+        ] {
+            let error = ServiceError::from(tonic::Status::new(code, "lost"));
+            assert!(error.is_transient(), "{code:?}");
+        }
+    }
 }

@@ -282,7 +282,7 @@ fn open_store(settings: &Settings) -> anyhow::Result<RocksStore> {
     let data_dir = &settings.storage.data_dir;
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("creating the data directory {}", data_dir.display()))?;
-    let store = RocksStore::open(data_dir)?;
+    let store = RocksStore::open_with(data_dir, settings.storage.create_if_missing)?;
     store.set_quota(
         settings.store.overfull_size.unwrap_or(0),
         settings.store.underfull_size.unwrap_or(0),
@@ -304,6 +304,11 @@ async fn start_engine(storage: Arc<dyn StorageApi>, settings: &Settings) -> anyh
         housekeeping_interval: settings.broker.housekeeping_interval,
         consumer_timeout: Some(settings.broker.consumer_timeout).filter(|t| !t.is_zero()),
         limits: settings.broker.limits(),
+        writer_limits: spillway_engine::WriterLimits {
+            max_writes: settings.engine.store_writer_max_writes,
+            max_bytes: settings.engine.store_writer_max_bytes,
+        },
+        lease_ttl: spillway_engine::DEFAULT_LEASE_TTL,
     };
     tracing::info!(
         flow_to_disk_threshold = config.flow_to_disk_threshold,
@@ -312,9 +317,25 @@ async fn start_engine(storage: Arc<dyn StorageApi>, settings: &Settings) -> anyh
     );
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
     let mut waited = Duration::ZERO;
+    // Another engine's lease is waited out once (it may be this engine's
+    // previous run, killed without releasing it); past that, the store is
+    // someone else's: one engine per store.
+    let lease_wait = config.lease_ttl * 2;
     loop {
         match Engine::start(storage.clone(), config.clone()).await {
             Ok(engine) => return Ok(engine),
+            Err(error) if error.is_lease_refused() && waited >= lease_wait => {
+                return Err(anyhow::Error::new(error).context(
+                    "another engine holds this store: stop it first, or point \
+                     engine.storage_addr at this engine's own storage node",
+                ));
+            }
+            Err(error) if error.is_lease_refused() => {
+                tracing::warn!(%error, "store leased to another engine, waiting for the lease to expire");
+                let delay = backoff.next_delay();
+                tokio::time::sleep(delay).await;
+                waited += delay;
+            }
             Err(error) if waited < Duration::from_secs(120) => {
                 tracing::warn!(%error, "storage not ready, retrying");
                 let delay = backoff.next_delay();

@@ -236,6 +236,11 @@ pub struct EngineSettings {
     /// The same bound in bytes: a size (`8MiB`).
     #[serde(deserialize_with = "sizes::required")]
     pub session_credit_bytes: u64,
+    /// Writes queued for the storage node at most before publishers wait.
+    pub store_writer_max_writes: u64,
+    /// The same bound in encoded bytes: a size (`64MiB`).
+    #[serde(deserialize_with = "sizes::required")]
+    pub store_writer_max_bytes: u64,
 }
 
 impl Default for EngineSettings {
@@ -245,6 +250,8 @@ impl Default for EngineSettings {
             storage_addr: "http://127.0.0.1:50071".into(),
             session_credit: 2048,
             session_credit_bytes: spillway_engine::DEFAULT_SESSION_CREDIT_BYTES,
+            store_writer_max_writes: spillway_engine::DEFAULT_MAX_QUEUED_WRITES,
+            store_writer_max_bytes: spillway_engine::DEFAULT_MAX_QUEUED_BYTES,
         }
     }
 }
@@ -256,6 +263,10 @@ pub struct StorageSettings {
     pub listen: String,
     /// Where RocksDB keeps its files.
     pub data_dir: PathBuf,
+    /// Create a new store when `data_dir` holds none. False: refuse to
+    /// start (a data volume that is not mounted must not look like an
+    /// empty broker).
+    pub create_if_missing: bool,
 }
 
 impl Default for StorageSettings {
@@ -263,6 +274,7 @@ impl Default for StorageSettings {
         Self {
             listen: "127.0.0.1:50071".into(),
             data_dir: PathBuf::from("./data"),
+            create_if_missing: true,
         }
     }
 }
@@ -726,6 +738,18 @@ impl Settings {
             "broker.flow_to_disk_threshold",
             &0,
             "at least 1 byte, or unset for 40% of the memory available",
+        );
+        check(
+            self.engine.store_writer_max_writes >= 1,
+            "engine.store_writer_max_writes",
+            &self.engine.store_writer_max_writes,
+            "at least 1",
+        );
+        check(
+            self.engine.store_writer_max_bytes >= 1024,
+            "engine.store_writer_max_bytes",
+            &self.engine.store_writer_max_bytes,
+            "at least 1024 bytes",
         );
         check(
             !self.storage.data_dir.as_os_str().is_empty(),

@@ -17,6 +17,7 @@
 //! [`StorageApi`]: spillway_proto::StorageApi
 
 mod keys;
+mod lease;
 mod memory;
 mod metrics;
 mod quota;

@@ -34,6 +34,8 @@ pub struct MemoryStore {
 
 struct Inner {
     map: Mutex<BTreeMap<Vec<u8>, Vec<u8>>>,
+    /// The engine lease, as `RocksStore` keeps it (epoch not stored).
+    lease: Mutex<crate::lease::LeaseState>,
     quota: watch::Sender<QuotaState>,
 }
 
@@ -48,6 +50,7 @@ impl MemoryStore {
         Self {
             inner: Arc::new(Inner {
                 map: Mutex::new(BTreeMap::new()),
+                lease: Mutex::new(crate::lease::LeaseState::new(0)),
                 quota: watch::Sender::new(QuotaState::default()),
             }),
         }
@@ -232,6 +235,7 @@ fn decode<T: prost::Message + Default>(key: &[u8], value: &[u8]) -> Result<T, Se
 #[async_trait]
 impl StorageApi for MemoryStore {
     async fn write(&self, batch: Arc<WriteBatch>) -> Result<(), ServiceError> {
+        self.inner.lease.lock().check(batch.epoch, "in memory")?;
         self.write_batch(&batch);
         Ok(())
     }
@@ -256,8 +260,35 @@ impl StorageApi for MemoryStore {
         Ok(self.status_now(count_records))
     }
 
-    async fn remove_orphans(&self) -> Result<u64, ServiceError> {
+    async fn remove_orphans(&self, epoch: u64) -> Result<u64, ServiceError> {
+        self.inner.lease.lock().check(epoch, "in memory")?;
         Ok(self.remove_orphaned_records())
+    }
+
+    async fn acquire_lease(
+        &self,
+        request: spillway_proto::storage::AcquireLeaseRequest,
+    ) -> Result<spillway_proto::storage::Lease, ServiceError> {
+        let ttl = std::time::Duration::from_millis(request.ttl_ms.max(100));
+        let now = std::time::Instant::now();
+        let mut lease = self.inner.lease.lock();
+        let epoch = match lease.acquire(request.epoch, ttl, now, "in memory")? {
+            crate::lease::Grant::Renewed(epoch) => epoch,
+            crate::lease::Grant::New(epoch) => {
+                lease.commit(epoch, &request.holder, ttl, now);
+                epoch
+            }
+        };
+        Ok(spillway_proto::storage::Lease {
+            epoch,
+            store_id: "in-memory".into(),
+            ttl_ms: request.ttl_ms,
+        })
+    }
+
+    async fn release_lease(&self, epoch: u64) -> Result<(), ServiceError> {
+        self.inner.lease.lock().release(epoch);
+        Ok(())
     }
 
     async fn watch_quota(&self) -> Result<QuotaStream, ServiceError> {

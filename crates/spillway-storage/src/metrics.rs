@@ -3,13 +3,17 @@
 
 use spillway_telemetry::prometheus_client::collector::Collector;
 use spillway_telemetry::prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use std::sync::atomic::Ordering;
+
+use spillway_telemetry::prometheus_client::metrics::counter::ConstCounter;
 use spillway_telemetry::prometheus_client::metrics::gauge::ConstGauge;
 use spillway_telemetry::Metrics;
 
 use crate::store::{RocksStore, WeakStore};
 
 impl RocksStore {
-    /// Adds `spillway_store_disk_bytes` to `metrics`. The registry does not
+    /// Adds `spillway_store_disk_bytes` and
+    /// `spillway_store_corrupt_records_total` to `metrics`. The registry does not
     /// keep the store open: once it is closed, the metric is left out.
     pub fn register_metrics(&self, metrics: &Metrics) {
         metrics.register_collector(StoreCollector {
@@ -30,6 +34,13 @@ impl std::fmt::Debug for StoreCollector {
 
 impl Collector for StoreCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let corrupt = ConstCounter::new(self.store.meta.corrupt_records.load(Ordering::Relaxed));
+        corrupt.encode(encoder.encode_descriptor(
+            "spillway_store_corrupt_records",
+            "Records that did not decode, skipped and deleted (MST-1103)",
+            None,
+            corrupt.metric_type(),
+        )?)?;
         let Some(store) = self.store.upgrade() else {
             return Ok(());
         };

@@ -121,10 +121,11 @@ impl Storage for StorageService {
 
     async fn remove_orphans(
         &self,
-        _request: Request<spillway_proto::storage::RemoveOrphansRequest>,
+        request: Request<spillway_proto::storage::RemoveOrphansRequest>,
     ) -> Result<Response<spillway_proto::storage::RemoveOrphansResponse>, Status> {
         let store = self.store.clone();
-        let cleanup = tokio::task::spawn_blocking(move || store.remove_orphans())
+        let epoch = request.into_inner().epoch;
+        let cleanup = tokio::task::spawn_blocking(move || store.remove_orphans_leased(epoch))
             .await
             .map_err(|error| Status::internal(error.to_string()))?
             .map_err(|error| Status::from(spillway_proto::ServiceError::from(error)))?;
@@ -133,6 +134,24 @@ impl Storage for StorageService {
                 removed: cleanup.orphaned_messages,
                 removed_bytes: cleanup.orphaned_bytes,
             },
+        ))
+    }
+
+    async fn acquire_lease(
+        &self,
+        request: Request<spillway_proto::storage::AcquireLeaseRequest>,
+    ) -> Result<Response<spillway_proto::storage::Lease>, Status> {
+        let lease = StorageApi::acquire_lease(&self.store, request.into_inner()).await?;
+        Ok(Response::new(lease))
+    }
+
+    async fn release_lease(
+        &self,
+        request: Request<spillway_proto::storage::ReleaseLeaseRequest>,
+    ) -> Result<Response<spillway_proto::storage::ReleaseLeaseResponse>, Status> {
+        self.store.release_lease(request.into_inner().epoch);
+        Ok(Response::new(
+            spillway_proto::storage::ReleaseLeaseResponse {},
         ))
     }
 

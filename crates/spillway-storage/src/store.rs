@@ -2,20 +2,32 @@
 //! batch (the group commit), with the durability it asks for; the key layout
 //! is in `keys.rs`; start-up checks the layout version, and `remove_orphans`
 //! deletes records no queue entry holds.
+//!
+//! The store has an id, created with it, and a lease epoch (`lease.rs`):
+//! writes from an engine without the current epoch are refused. RocksDB's
+//! errors are told apart by kind ([`StoreError::to_service_error`]): a full
+//! or failing disk is `ResourceExhausted`, corruption `DataLoss`, a busy or
+//! timed-out call `Unavailable` (worth retrying). A record that does not
+//! decode is skipped, logged (`MST-1103`), counted and deleted: it is never
+//! read again.
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use parking_lot::RwLock;
 use prost::Message as _;
 use rocksdb::{DBCompressionType, Direction, IteratorMode, Options, WriteOptions, DB};
 use spillway_proto::storage::{
-    write_op, BindingDefinition, Definitions, Durability, ExchangeDefinition, MessageRecord,
-    QueueDefinition, QueueEntry, StoreStatus, WriteBatch,
+    write_op, AcquireLeaseRequest, BindingDefinition, Definitions, Durability, ExchangeDefinition,
+    Lease, MessageRecord, QueueDefinition, QueueEntry, StoreStatus, WriteBatch,
 };
 use spillway_proto::{ServiceError, StorageApi};
 
 use crate::keys;
+use crate::lease::{Grant, LeaseState};
 use crate::quota::Quota;
 
 #[derive(Debug, thiserror::Error)]
@@ -35,8 +47,15 @@ pub enum StoreError {
         found: u32,
         expected: u32,
     },
+    #[error(
+        "no store in {path} and storage.create_if_missing is false: \
+         is the data directory mounted where it should be?"
+    )]
+    Missing { path: PathBuf },
     #[error("rocksdb: {0}")]
     Rocks(#[from] rocksdb::Error),
+    #[error("{0}")]
+    Refused(ServiceError),
     #[error("corrupt record under key {key:?}: {source}")]
     Corrupt {
         key: Vec<u8>,
@@ -47,11 +66,56 @@ pub enum StoreError {
     Task(#[from] tokio::task::JoinError),
 }
 
-impl From<StoreError> for ServiceError {
-    fn from(error: StoreError) -> Self {
-        ServiceError::Internal(error.to_string())
+impl StoreError {
+    /// The error as the engine should see it: by kind, so that it knows
+    /// whether trying again can help.
+    pub fn to_service_error(self) -> ServiceError {
+        let text = self.to_string();
+        match self {
+            StoreError::Refused(error) => error,
+            StoreError::Corrupt { .. } => ServiceError::DataLoss(text),
+            StoreError::Missing { .. } | StoreError::Format { .. } => {
+                ServiceError::FailedPrecondition(text)
+            }
+            StoreError::Open { source, .. } | StoreError::Rocks(source) => {
+                classify(source.kind(), text)
+            }
+            StoreError::Task(_) => ServiceError::Internal(text),
+        }
     }
 }
+
+/// A RocksDB error of `kind` as a service error.
+fn classify(kind: rocksdb::ErrorKind, text: String) -> ServiceError {
+    use rocksdb::ErrorKind;
+    match kind {
+        // RocksDB reports ENOSPC and every failed file write as an IO error
+        // ("IO error: No space left on device…"): the disk refuses what it
+        // is given until an operator acts.
+        ErrorKind::IOError => ServiceError::ResourceExhausted(text),
+        ErrorKind::Corruption => ServiceError::DataLoss(text),
+        ErrorKind::Busy
+        | ErrorKind::TimedOut
+        | ErrorKind::TryAgain
+        | ErrorKind::Incomplete
+        | ErrorKind::Aborted
+        | ErrorKind::Expired
+        | ErrorKind::ShutdownInProgress => ServiceError::Unavailable(text),
+        ErrorKind::InvalidArgument => ServiceError::InvalidArgument(text),
+        ErrorKind::NotFound => ServiceError::NotFound(text),
+        _ => ServiceError::Internal(text),
+    }
+}
+
+impl From<StoreError> for ServiceError {
+    fn from(error: StoreError) -> Self {
+        error.to_service_error()
+    }
+}
+
+/// How a store's id and epoch are kept.
+const STORE_ID_KEY: &[u8] = b"!store_id";
+const EPOCH_KEY: &[u8] = b"!epoch";
 
 /// The RocksDB database behind the storage node. Cheap to clone.
 #[derive(Clone)]
@@ -59,6 +123,18 @@ pub struct RocksStore {
     pub(crate) db: Arc<DB>,
     pub(crate) path: PathBuf,
     pub(crate) quota: Arc<Quota>,
+    pub(crate) meta: Arc<Meta>,
+}
+
+/// What a store knows of itself besides its records.
+pub(crate) struct Meta {
+    /// Created with the store, never changed.
+    store_id: String,
+    /// Writes hold it shared, so that a new lease waits for the write of
+    /// the engine it deposes.
+    lease: RwLock<LeaseState>,
+    /// Records that did not decode (`spillway_store_corrupt_records_total`).
+    pub(crate) corrupt_records: AtomicU64,
 }
 
 /// A [`RocksStore`] that may have been closed since.
@@ -66,6 +142,7 @@ pub(crate) struct WeakStore {
     db: std::sync::Weak<DB>,
     path: PathBuf,
     quota: Arc<Quota>,
+    pub(crate) meta: Arc<Meta>,
 }
 
 impl WeakStore {
@@ -75,6 +152,7 @@ impl WeakStore {
             db: self.db.upgrade()?,
             path: self.path.clone(),
             quota: self.quota.clone(),
+            meta: self.meta.clone(),
         })
     }
 }
@@ -92,6 +170,18 @@ impl RocksStore {
     /// [`RocksStore::remove_orphans`]: a storage node restarting under a
     /// running engine must keep them.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
+        Self::open_with(path, true)
+    }
+
+    /// As [`RocksStore::open`]; with `create_if_missing` false, a directory
+    /// that holds no store is refused (`storage.create_if_missing`): a
+    /// data volume that is not mounted must not start as an empty broker.
+    pub fn open_with(path: &Path, create_if_missing: bool) -> Result<Self, StoreError> {
+        if !create_if_missing && !path.join("CURRENT").is_file() {
+            return Err(StoreError::Missing {
+                path: path.to_path_buf(),
+            });
+        }
         let mut options = Options::default();
         options.create_if_missing(true);
         options.set_compression_type(DBCompressionType::Lz4);
@@ -107,46 +197,119 @@ impl RocksStore {
             path: path.to_path_buf(),
             source,
         })?;
-        let store = Self {
-            db: Arc::new(db),
+        let db = Arc::new(db);
+        let format_path = path.to_path_buf();
+        check_format(&db, &format_path)?;
+        let (store_id, epoch) = load_meta(&db)?;
+        tracing::info!(path = %path.display(), store_id = %store_id, epoch, "store opened");
+        Ok(Self {
+            db,
             path: path.to_path_buf(),
             quota: Arc::new(Quota::default()),
-        };
-        store.check_format()?;
-        tracing::info!(path = %path.display(), "store opened");
-        Ok(store)
+            meta: Arc::new(Meta {
+                store_id,
+                lease: RwLock::new(LeaseState::new(epoch)),
+                corrupt_records: AtomicU64::new(0),
+            }),
+        })
     }
 
-    fn check_format(&self) -> Result<(), StoreError> {
-        let found = match self.db.get(keys::FORMAT)? {
-            Some(value) => value
-                .as_slice()
-                .try_into()
-                .map(u32::from_be_bytes)
-                .unwrap_or(0),
-            None if self.is_empty()? => {
+    /// The store's id, created with it.
+    pub fn store_id(&self) -> &str {
+        &self.meta.store_id
+    }
+
+    /// Records skipped because they did not decode, since the store opened.
+    pub fn corrupt_records(&self) -> u64 {
+        self.meta.corrupt_records.load(Ordering::Relaxed)
+    }
+
+    fn describe(&self) -> String {
+        format!("{} (store id {})", self.path.display(), self.meta.store_id)
+    }
+
+    /// Takes (epoch 0) or renews the engine lease (see `lease.rs`).
+    pub fn acquire_lease(&self, request: &AcquireLeaseRequest) -> Result<Lease, StoreError> {
+        let ttl = Duration::from_millis(request.ttl_ms.clamp(100, 600_000));
+        let now = Instant::now();
+        let mut lease = self.meta.lease.write();
+        let grant = lease
+            .acquire(request.epoch, ttl, now, &self.describe())
+            .map_err(StoreError::Refused)?;
+        let epoch = match grant {
+            Grant::Renewed(epoch) => epoch,
+            Grant::New(epoch) => {
                 let mut options = WriteOptions::default();
                 options.set_sync(true);
-                self.db
-                    .put_opt(keys::FORMAT, keys::FORMAT_VERSION.to_be_bytes(), &options)?;
-                keys::FORMAT_VERSION
+                self.db.put_opt(EPOCH_KEY, epoch.to_be_bytes(), &options)?;
+                lease.commit(epoch, &request.holder, ttl, now);
+                tracing::info!(
+                    code = "MST-1104",
+                    epoch,
+                    holder = %request.holder,
+                    store_id = %self.meta.store_id,
+                    "MST-1104 : Store leased : Epoch {epoch} : {}",
+                    request.holder
+                );
+                epoch
             }
-            None => 1,
         };
-        if found != keys::FORMAT_VERSION {
-            return Err(StoreError::Format {
-                path: self.path.clone(),
-                found,
-                expected: keys::FORMAT_VERSION,
-            });
-        }
-        Ok(())
+        Ok(Lease {
+            epoch,
+            store_id: self.meta.store_id.clone(),
+            ttl_ms: ttl.as_millis() as u64,
+        })
     }
 
-    fn is_empty(&self) -> Result<bool, StoreError> {
-        match self.db.iterator(IteratorMode::Start).next() {
-            None => Ok(true),
-            Some(entry) => entry.map(|_| false).map_err(StoreError::from),
+    /// Ends the lease of `epoch` (a clean engine shutdown).
+    pub fn release_lease(&self, epoch: u64) {
+        if self.meta.lease.write().release(epoch) {
+            tracing::info!(epoch, "store lease released");
+        }
+    }
+
+    /// Writes `batch` if `epoch` is the current lease's.
+    pub fn write_leased(&self, batch: &WriteBatch) -> Result<(), StoreError> {
+        let lease = self.meta.lease.read();
+        lease
+            .check(batch.epoch, &self.describe())
+            .map_err(StoreError::Refused)?;
+        self.write_batch(batch)
+    }
+
+    /// [`RocksStore::remove_orphans`] for the engine holding `epoch`.
+    pub fn remove_orphans_leased(&self, epoch: u64) -> Result<Cleanup, StoreError> {
+        let lease = self.meta.lease.read();
+        lease
+            .check(epoch, &self.describe())
+            .map_err(StoreError::Refused)?;
+        self.remove_orphans()
+    }
+
+    /// A record under `key` did not decode: log it, count it, and delete it
+    /// so that it is not read again. Its queue entry, if any, goes when the
+    /// engine finds the record missing.
+    fn quarantine(&self, key: &[u8], error: &prost::DecodeError, bytes: usize) {
+        self.meta.corrupt_records.fetch_add(1, Ordering::Relaxed);
+        let shown = key.escape_ascii().to_string();
+        let id = keys::message_id(key).or_else(|| {
+            key.first()
+                .filter(|kind| **kind == keys::ENTRY)
+                .and_then(|_| keys::entry_id(key))
+        });
+        tracing::error!(
+            code = "MST-1103",
+            key = %shown,
+            message_id = id,
+            bytes,
+            %error,
+            path = %self.path.display(),
+            "MST-1103 : Corrupt record skipped : Key {shown} : {error}"
+        );
+        let mut options = WriteOptions::default();
+        options.set_sync(true);
+        if let Err(error) = self.db.delete_opt(key, &options) {
+            tracing::warn!(key = %shown, %error, "cannot delete a corrupt record");
         }
     }
 
@@ -219,6 +382,7 @@ impl RocksStore {
     }
 
     /// The message records of `ids` that exist, in the order asked.
+    /// A record that does not decode is left out (and quarantined).
     pub fn read_messages(&self, ids: &[u64]) -> Result<Vec<MessageRecord>, StoreError> {
         let keys: Vec<[u8; 9]> = ids.iter().map(|id| keys::message_key(*id)).collect();
         let mut records = Vec::with_capacity(ids.len());
@@ -226,12 +390,10 @@ impl RocksStore {
             let Some(value) = value? else {
                 continue;
             };
-            let record =
-                MessageRecord::decode(value.as_slice()).map_err(|source| StoreError::Corrupt {
-                    key: key.to_vec(),
-                    source,
-                })?;
-            records.push(record);
+            match MessageRecord::decode(value.as_slice()) {
+                Ok(record) => records.push(record),
+                Err(error) => self.quarantine(key, &error, value.len()),
+            }
         }
         Ok(records)
     }
@@ -243,6 +405,7 @@ impl RocksStore {
             db: Arc::downgrade(&self.db),
             path: self.path.clone(),
             quota: self.quota.clone(),
+            meta: self.meta.clone(),
         }
     }
 
@@ -276,16 +439,20 @@ impl RocksStore {
         Ok((keys, bytes))
     }
 
+    /// The records under `prefix` that decode; the others are quarantined.
     fn scan<T: prost::Message + Default>(&self, prefix: &[u8]) -> Result<Vec<T>, StoreError> {
         let mut records = Vec::new();
+        let mut corrupt = Vec::new();
         self.for_each_under(prefix, |key, value| {
-            let record = T::decode(value).map_err(|source| StoreError::Corrupt {
-                key: key.to_vec(),
-                source,
-            })?;
-            records.push(record);
+            match T::decode(value) {
+                Ok(record) => records.push(record),
+                Err(error) => corrupt.push((key.to_vec(), error, value.len())),
+            }
             Ok(())
         })?;
+        for (key, error, bytes) in corrupt {
+            self.quarantine(&key, &error, bytes);
+        }
         Ok(records)
     }
 
@@ -307,6 +474,67 @@ impl RocksStore {
         }
         Ok(())
     }
+}
+
+fn check_format(db: &DB, path: &Path) -> Result<(), StoreError> {
+    let found = match db.get(keys::FORMAT)? {
+        Some(value) => value
+            .as_slice()
+            .try_into()
+            .map(u32::from_be_bytes)
+            .unwrap_or(0),
+        None if is_empty(db)? => {
+            let mut options = WriteOptions::default();
+            options.set_sync(true);
+            db.put_opt(keys::FORMAT, keys::FORMAT_VERSION.to_be_bytes(), &options)?;
+            keys::FORMAT_VERSION
+        }
+        None => 1,
+    };
+    if found != keys::FORMAT_VERSION {
+        return Err(StoreError::Format {
+            path: path.to_path_buf(),
+            found,
+            expected: keys::FORMAT_VERSION,
+        });
+    }
+    Ok(())
+}
+
+fn is_empty(db: &DB) -> Result<bool, StoreError> {
+    match db.iterator(IteratorMode::Start).next() {
+        None => Ok(true),
+        Some(entry) => entry.map(|_| false).map_err(StoreError::from),
+    }
+}
+
+/// The store's id and epoch; an id is created for a store that has none
+/// (a new one, or one written before ids existed).
+fn load_meta(db: &DB) -> Result<(String, u64), StoreError> {
+    let epoch = db
+        .get(EPOCH_KEY)?
+        .and_then(|value| value.as_slice().try_into().ok().map(u64::from_be_bytes))
+        .unwrap_or(0);
+    if let Some(id) = db.get(STORE_ID_KEY)? {
+        return Ok((String::from_utf8_lossy(&id).into_owned(), epoch));
+    }
+    let id = new_store_id();
+    let mut options = WriteOptions::default();
+    options.set_sync(true);
+    db.put_opt(STORE_ID_KEY, id.as_bytes(), &options)?;
+    Ok((id, epoch))
+}
+
+/// A store id unique enough to tell two data directories apart: the
+/// creation time in nanoseconds, the process and a per-process counter.
+fn new_store_id() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{nanos:x}-{:x}-{count:x}", std::process::id())
 }
 
 fn apply(batch: &mut rocksdb::WriteBatch, op: &write_op::Op) {
@@ -397,7 +625,7 @@ impl StorageApi for RocksStore {
         } else {
             tracing::Span::none()
         };
-        self.blocking(move |store| store.write_batch(&batch))
+        self.blocking(move |store| store.write_leased(&batch))
             .instrument(span)
             .await
     }
@@ -429,9 +657,23 @@ impl StorageApi for RocksStore {
         Ok(self.quota.watch())
     }
 
-    async fn remove_orphans(&self) -> Result<u64, ServiceError> {
-        self.blocking(|store| store.remove_orphans().map(|c| c.orphaned_messages))
+    async fn remove_orphans(&self, epoch: u64) -> Result<u64, ServiceError> {
+        self.blocking(move |store| {
+            store
+                .remove_orphans_leased(epoch)
+                .map(|c| c.orphaned_messages)
+        })
+        .await
+    }
+
+    async fn acquire_lease(&self, request: AcquireLeaseRequest) -> Result<Lease, ServiceError> {
+        self.blocking(move |store| store.acquire_lease(&request))
             .await
+    }
+
+    async fn release_lease(&self, epoch: u64) -> Result<(), ServiceError> {
+        self.release_lease(epoch);
+        Ok(())
     }
 
     async fn set_quota(
@@ -508,6 +750,7 @@ mod tests {
             store.write_batch(&WriteBatch {
                 ops: vec![put_message(2), put_message(3)],
                 durability: Durability::Logged.into(),
+                epoch: 0,
             })?;
             let status = store.status(true)?;
             assert_eq!((status.message_records, status.queue_entries), (3, 1));
@@ -521,6 +764,121 @@ mod tests {
         assert_eq!((status.message_records, status.queue_entries), (1, 1));
         assert_eq!(store.read_messages(&[1, 2, 3])?.len(), 1);
         Ok(())
+    }
+
+    fn lease(store: &RocksStore, epoch: u64) -> Result<Lease, StoreError> {
+        store.acquire_lease(&AcquireLeaseRequest {
+            epoch,
+            ttl_ms: 5_000,
+            holder: "test".into(),
+        })
+    }
+
+    #[test]
+    fn the_store_id_and_epoch_survive_reopen_and_stale_epochs_are_refused() -> Result<(), StoreError>
+    {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (id, epoch) = {
+            let store = RocksStore::open(dir.path())?;
+            let first = lease(&store, 0)?;
+            assert!(lease(&store, 0).is_err(), "a second engine is refused");
+            store.release_lease(first.epoch);
+            let second = lease(&store, 0)?;
+            assert_eq!(second.epoch, first.epoch + 1);
+            let mut batch = synced(vec![put_message(1)]);
+            batch.epoch = first.epoch;
+            match store.write_leased(&batch) {
+                Err(error) => assert!(matches!(
+                    error.to_service_error(),
+                    ServiceError::FailedPrecondition(_)
+                )),
+                Ok(()) => panic!("a deposed engine wrote"),
+            }
+            assert!(store.remove_orphans_leased(first.epoch).is_err());
+            batch.epoch = second.epoch;
+            store.write_leased(&batch)?;
+            (second.store_id, second.epoch)
+        };
+        let store = RocksStore::open(dir.path())?;
+        assert_eq!(store.store_id(), id);
+        // Liveness is not stored: the running engine renews its epoch.
+        assert_eq!(lease(&store, epoch)?.epoch, epoch);
+        let other = tempfile::tempdir().expect("temp dir");
+        assert_ne!(RocksStore::open(other.path())?.store_id(), id);
+        Ok(())
+    }
+
+    #[test]
+    fn a_corrupt_record_is_skipped_counted_and_deleted() -> Result<(), StoreError> {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = RocksStore::open(dir.path())?;
+        store.write_batch(&synced(vec![
+            put_message(1),
+            put_entry("q", 1),
+            put_message(2),
+            put_entry("q", 2),
+        ]))?;
+        // Field 1 as a length-delimited field of 200 bytes, then nothing.
+        store
+            .db
+            .put(keys::message_key(1), [0x0a, 0xc8, 0x01, 0x01])?;
+        store.db.put(keys::entry_key("/", "q", 2), [0xff, 0xff])?;
+        let read: Vec<u64> = store.read_messages(&[1, 2])?.iter().map(|m| m.id).collect();
+        assert_eq!(read, vec![2]);
+        let entries: Vec<u64> = store.entries("/", "q")?.iter().map(|e| e.id).collect();
+        assert_eq!(entries, vec![1]);
+        assert_eq!(store.corrupt_records(), 2);
+        assert!(store.db.get(keys::message_key(1))?.is_none(), "deleted");
+        // Read again: nothing more to skip.
+        store.read_messages(&[1, 2])?;
+        store.entries("/", "q")?;
+        assert_eq!(store.corrupt_records(), 2);
+        Ok(())
+    }
+
+    #[test]
+    fn without_create_if_missing_an_empty_directory_is_refused() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        match RocksStore::open_with(dir.path(), false) {
+            Err(StoreError::Missing { path }) => assert_eq!(path, dir.path()),
+            Err(other) => panic!("unexpected error: {other}"),
+            Ok(_) => panic!("an empty directory was opened"),
+        }
+        drop(RocksStore::open(dir.path()).expect("created"));
+        RocksStore::open_with(dir.path(), false).expect("an existing store opens");
+    }
+
+    #[test]
+    fn rocksdb_errors_are_told_apart_by_kind() {
+        use rocksdb::ErrorKind;
+        let text = || "IO error: No space left on device".to_string();
+        assert!(matches!(
+            classify(ErrorKind::IOError, text()),
+            ServiceError::ResourceExhausted(_)
+        ));
+        assert!(matches!(
+            classify(ErrorKind::Corruption, text()),
+            ServiceError::DataLoss(_)
+        ));
+        assert!(classify(ErrorKind::Busy, text()).is_transient());
+        assert!(classify(ErrorKind::TimedOut, text()).is_transient());
+        assert!(!classify(ErrorKind::NotSupported, text()).is_transient());
+        assert!(matches!(
+            StoreError::Refused(ServiceError::FailedPrecondition("stale".into()))
+                .to_service_error(),
+            ServiceError::FailedPrecondition(_)
+        ));
+        let Err(source) = MessageRecord::decode([0xffu8, 0xff].as_slice()) else {
+            panic!("garbage decoded");
+        };
+        let corrupt = StoreError::Corrupt {
+            key: b"p".to_vec(),
+            source,
+        };
+        assert!(matches!(
+            corrupt.to_service_error(),
+            ServiceError::DataLoss(_)
+        ));
     }
 
     #[test]

@@ -64,6 +64,10 @@ pub struct Broker {
     /// The storage node is over its disk quota: every producer is blocked.
     pub(crate) store_overfull: bool,
     pub(crate) store_overfull_since: Option<std::time::Instant>,
+    /// The store failed permanently (`MST-1101`): producers of persistent
+    /// messages are blocked and new persistent messages refused.
+    pub(crate) store_failure: Option<String>,
+    pub(crate) store_failed_since: Option<std::time::Instant>,
     pub(crate) consumer_timeout: Option<std::time::Duration>,
     /// Vhost, user and per-connection limits (`crate::limits`).
     pub(crate) limits: crate::limits::Limits,
@@ -99,6 +103,8 @@ impl Broker {
             loads: context.loads,
             store_overfull: false,
             store_overfull_since: None,
+            store_failure: None,
+            store_failed_since: None,
             consumer_timeout: context.consumer_timeout,
             limits: crate::limits::Limits::new(context.limits),
         }
@@ -148,6 +154,7 @@ impl Broker {
                 credit_waiters: Vec::new(),
                 flow_blocked: None,
                 has_published: false,
+                has_published_persistent: false,
             },
         );
         tracing::debug!(session = id, vhost = %open.vhost, user = %open.user, "session opened");

@@ -16,8 +16,9 @@ use crate::routing::route;
 pub enum PublishOutcome {
     /// Nothing to wait for.
     Done,
-    /// Confirm once this fires: the message is on disk.
-    AfterWrite(oneshot::Receiver<()>),
+    /// Confirm once this fires: the message is on disk (or nack: the
+    /// store failed it).
+    AfterWrite(oneshot::Receiver<crate::persistence::WriteOutcome>),
     /// A queue's `x-overflow: reject-publish` refused it: nack the publisher.
     Rejected,
 }
@@ -25,6 +26,7 @@ pub enum PublishOutcome {
 impl Broker {
     pub fn publish(&mut self, session: SessionId, cmd: pb::Publish) -> OpResult<PublishOutcome> {
         let vhost_name = self.session_vhost(session)?;
+        let store_failure = self.store_failure.clone();
         let vhost = self.vhost_mut(&vhost_name)?;
         let exchange = find_exchange(vhost, &cmd.exchange, &vhost_name)?;
         if exchange.internal {
@@ -52,6 +54,30 @@ impl Broker {
                 );
             }
             return Ok(PublishOutcome::Done);
+        }
+        if let Some(failure) = store_failure {
+            let stored = cmd.persistent
+                && targets.iter().any(|name| {
+                    vhost
+                        .queues
+                        .get(name)
+                        .is_some_and(|queue| queue.stores_messages())
+                });
+            if stored {
+                // Refused before it touches any queue: the publisher hears
+                // it at once, and is blocked like the disk quota's.
+                self.note_persistent_producer(session);
+                if confirm_seq > 0 {
+                    return Ok(PublishOutcome::Rejected);
+                }
+                return Err(AmqpError::new(
+                    reply_code::RESOURCE_ERROR,
+                    format!(
+                        "store failure ({failure}): persistent messages to durable queues \
+                         are refused until it clears"
+                    ),
+                ));
+            }
         }
         let id = self.next_message_id;
         self.next_message_id += 1;
@@ -147,6 +173,9 @@ impl Broker {
             self.after_publish(session, channel, &vhost_name, name);
         }
         self.note_producer(session);
+        if stored_now {
+            self.note_persistent_producer(session);
+        }
         Ok(outcome)
     }
 }
