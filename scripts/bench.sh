@@ -1,19 +1,30 @@
 #!/usr/bin/env bash
 # Side-by-side throughput/latency benchmark (`make bench`):
 #   Spillway all-in-one  |  Spillway as separate processes (storage, engine, gateway)  |  RabbitMQ
-# Each target runs the same spillway-loadgen scenarios (1 producer, 1 consumer, 1 KiB):
-#   transient             BENCH_COUNT messages (default 100000)
-#   persistent+confirm    BENCH_PERSISTENT_COUNT messages (default BENCH_COUNT / 5)
-# and the script prints a table. Every broker runs on free loopback ports in a temp dir and is
-# stopped on exit (trap), also on failure or Ctrl-C.
+# Each target runs the same spillway-loadgen scenarios, through the same client
+# (BENCH_CLIENT, `raw` by default: a lean client that costs the load generator about
+# 1 µs per message; lapin costs ~40 µs on this kind of VM and would be what is measured):
+#   transient     a. 1 KiB transient, auto-ack                       BENCH_COUNT messages
+#   confirm-ack   b. as a + confirms (1000 in flight), manual ack, prefetch 100
+#   persistent    c. 1 KiB persistent, durable queue, confirms, manual ack   BENCH_COUNT / 5
+#   large         e. 16 KiB transient, auto-ack                       BENCH_COUNT / 10
+#   fixed-rate    f. 10,000 msg/s for BENCH_RATE_SECONDS (5), latency is the figure
+#   fanout16      g. 16 producers / 16 consumers over 16 queues, auto-ack  BENCH_COUNT in all
+# (d, the 2 GiB backlog, is `make bench-flow-to-disk`.) For every run the table shows msg/s,
+# the broker's CPU per message (user + system time of every broker process, from /proc,
+# over the messages published), end-to-end p50/p99, the broker's peak RSS during the run
+# (sampled every 100 ms, summed over its processes) and lost messages. Every broker runs on
+# free loopback ports in a temp dir and is stopped on exit (trap), also on failure or Ctrl-C.
 #
 # Environment:
-#   BENCH_COUNT=100000            transient messages per run
-#   BENCH_PERSISTENT_COUNT=...    persistent messages per run (default BENCH_COUNT / 5)
-#   BENCH_SIZE=1024               message size in bytes
+#   BENCH_COUNT=300000            messages of the transient scenarios
+#   BENCH_PERSISTENT_COUNT=...    persistent messages (default BENCH_COUNT / 5)
+#   BENCH_SIZE=1024               message size in bytes (all but `large`)
+#   BENCH_CLIENT=raw              loadgen client: raw or lapin
+#   BENCH_RATE_SECONDS=5          length of the fixed-rate run
 #   BENCH_TARGETS="spillway-all-in-one spillway-separate rabbitmq"
-#   BENCH_SCENARIOS="transient persistent"
-#   BENCH_LOADGEN_ARGS=""         extra loadgen arguments for every run (e.g. "--prefetch 500")
+#   BENCH_SCENARIOS="transient confirm-ack persistent large fixed-rate fanout16"
+#   BENCH_LOADGEN_ARGS=""         extra loadgen arguments for every run
 #   BENCH_SKIP_BUILD=1            use existing target/release binaries
 #   BENCH_RESULTS=target/bench/results.jsonl   raw loadgen JSON, one line per run
 #
@@ -27,11 +38,13 @@ cd "$ROOT"
 # shellcheck source=lib/spillway-procs.sh
 . "$ROOT/scripts/lib/spillway-procs.sh"
 
-BENCH_COUNT="${BENCH_COUNT:-100000}"
+BENCH_COUNT="${BENCH_COUNT:-300000}"
 BENCH_PERSISTENT_COUNT="${BENCH_PERSISTENT_COUNT:-$((BENCH_COUNT / 5 > 0 ? BENCH_COUNT / 5 : 1))}"
 BENCH_SIZE="${BENCH_SIZE:-1024}"
 BENCH_TARGETS="${BENCH_TARGETS:-spillway-all-in-one spillway-separate rabbitmq}"
-BENCH_SCENARIOS="${BENCH_SCENARIOS:-transient persistent}"
+BENCH_SCENARIOS="${BENCH_SCENARIOS:-transient confirm-ack persistent large fixed-rate fanout16}"
+BENCH_CLIENT="${BENCH_CLIENT:-raw}"
+BENCH_RATE_SECONDS="${BENCH_RATE_SECONDS:-5}"
 BENCH_LOADGEN_ARGS="${BENCH_LOADGEN_ARGS:-}"
 BENCH_RESULTS="${BENCH_RESULTS:-$ROOT/target/bench/results.jsonl}"
 LOADGEN="$ROOT/target/release/spillway-loadgen"
@@ -54,9 +67,48 @@ scenario_label() {
     local size="${BENCH_SIZE}B"
     [ "$BENCH_SIZE" = 1024 ] && size=1KiB
     case "$1" in
-        persistent) echo "$size persistent+confirm" ;;
-        *) echo "$size $1" ;;
+        transient) echo "a. $size transient" ;;
+        confirm-ack) echo "b. $size confirm+ack" ;;
+        persistent) echo "c. $size persistent" ;;
+        large) echo "e. 16KiB transient" ;;
+        fixed-rate) echo "f. 10k msg/s" ;;
+        fanout16) echo "g. 16x16 queues" ;;
+        *) echo "$1" ;;
     esac
+}
+
+# broker_pids: every process of the broker under test (the process groups we started).
+broker_pids() {
+    local g
+    for g in "${SPW_SPILLWAY_PGIDS[@]}" "${SPW_RABBIT_PGIDS[@]}"; do
+        [ -n "$g" ] && pgrep -g "$g"
+    done
+}
+
+# broker_ticks: user + system clock ticks used so far by the broker's processes.
+broker_ticks() {
+    local pid total=0 t
+    for pid in $(broker_pids); do
+        t="$(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null)" || continue
+        total=$((total + ${t:-0}))
+    done
+    echo "$total"
+}
+
+# sample_rss FILE: until killed, writes the highest summed VmRSS (KiB) seen to FILE.
+sample_rss() {
+    local file="$1" peak=0 now pid
+    while :; do
+        now=0
+        for pid in $(broker_pids); do
+            now=$((now + $(awk '/^VmRSS/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo 0)))
+        done
+        if [ "$now" -gt "$peak" ]; then
+            peak=$now
+            echo "$peak" >"$file.new" && mv "$file.new" "$file"
+        fi
+        sleep 0.1
+    done
 }
 
 # ----------------------------------------------------------------------------- build
@@ -82,15 +134,31 @@ spw_workdir || exit 1
 # run_scenario TARGET SCENARIO: one loadgen run against $BROKER_URL; appends a table row.
 run_scenario() {
     local target="$1" scenario="$2" args out rc
+    local size="$BENCH_SIZE" pc=1
     case "$scenario" in
         transient)
-            args=(--count "$BENCH_COUNT" --queue bench-transient) ;;
+            args=(--count "$BENCH_COUNT" --auto-ack --queue bench-transient) ;;
+        confirm-ack)
+            args=(--count "$BENCH_COUNT" --confirm --confirm-window 1000 --prefetch 100 --queue bench-confirm) ;;
         persistent)
-            args=(--count "$BENCH_PERSISTENT_COUNT" --persistent --confirm --queue bench-persistent) ;;
+            args=(--count "$BENCH_PERSISTENT_COUNT" --persistent --confirm --confirm-window 1000 --prefetch 100 --queue bench-persistent) ;;
+        large)
+            size=16384
+            args=(--count "$((BENCH_COUNT / 10))" --auto-ack --queue bench-large) ;;
+        fixed-rate)
+            args=(--count "$((10000 * BENCH_RATE_SECONDS))" --rate 10000 --prefetch 100 --queue bench-rate) ;;
+        fanout16)
+            pc=16
+            args=(--count "$((BENCH_COUNT / 16))" --queues 16 --auto-ack --queue bench-fanout) ;;
         *) log "unknown scenario $scenario"; FAILED=1; return ;;
     esac
     # shellcheck disable=SC2206
-    args+=(--url "$BROKER_URL" --producers 1 --consumers 1 --size "$BENCH_SIZE" --timeout 120 $BENCH_LOADGEN_ARGS)
+    args+=(--url "$BROKER_URL" --client "$BENCH_CLIENT" --producers "$pc" --consumers "$pc" --size "$size" --timeout 120 $BENCH_LOADGEN_ARGS)
+    local ticks_before rss_file="$SPW_WORKDIR/rss.peak" sampler
+    echo 0 >"$rss_file"
+    sample_rss "$rss_file" &
+    sampler=$!
+    ticks_before="$(broker_ticks)"
     log "$target / $scenario: spillway-loadgen ${args[*]}"
     # In the background + wait, so that a signal to this script is handled at once.
     timeout 900 "$LOADGEN" "${args[@]}" >"$SPW_WORKDIR/loadgen.out" &
@@ -98,6 +166,12 @@ run_scenario() {
     wait "$LOADGEN_PID"
     rc=$?
     LOADGEN_PID=""
+    local ticks=$(($(broker_ticks) - ticks_before))
+    kill "$sampler" 2>/dev/null
+    wait "$sampler" 2>/dev/null
+    local rss_kib
+    rss_kib="$(cat "$rss_file" 2>/dev/null)"
+    local rss_mib=$((${rss_kib:-0} / 1024))
     out="$(grep '^{' "$SPW_WORKDIR/loadgen.out" | tail -n 1)"
     if [ -n "$out" ]; then
         printf '{"target":"%s","scenario":"%s","exit":%d,"result":%s}\n' \
@@ -107,12 +181,16 @@ run_scenario() {
     label="$(scenario_label "$scenario")"
     if [ -z "$out" ] || [ "$rc" -ge 2 ] || ! printf '%s' "$out" | grep -q '"errors":\[\]'; then
         log "$target / $scenario: run failed (exit $rc): $out"
-        ROWS+=("$target|$label|FAILED|-|-|-|-")
+        ROWS+=("$target|$label|FAILED|-|-|-|-|-|-")
         FAILED=1
         return
     fi
     [ "$rc" -eq 0 ] || log "$target / $scenario: verification failed: $out"
-    ROWS+=("$target|$label|$(json_get "$out" publish_rate)|$(json_get "$out" consume_rate)|$(json_get "$out" latency_p50_ms)|$(json_get "$out" latency_p99_ms)|$(json_get "$out" lost)")
+    local published cpu_us
+    published="$(json_get "$out" published)"
+    cpu_us="$(awk -v t="$ticks" -v hz="$(getconf CLK_TCK)" -v n="${published:-0}" \
+        'BEGIN { if (n > 0) printf "%.1f", t * 1e6 / hz / n; else print "-" }')"
+    ROWS+=("$target|$label|$(json_get "$out" publish_rate)|$(json_get "$out" consume_rate)|$cpu_us|$(json_get "$out" latency_p50_ms)|$(json_get "$out" latency_p99_ms)|$rss_mib|$(json_get "$out" lost)")
 }
 
 # bench_target TARGET START_FN STOP_FN
@@ -121,7 +199,7 @@ bench_target() {
     log "starting $target"
     if ! "$start"; then
         log "$target could not start"
-        for s in $BENCH_SCENARIOS; do ROWS+=("$target|$(scenario_label "$s")|NOT STARTED|-|-|-|-"); done
+        for s in $BENCH_SCENARIOS; do ROWS+=("$target|$(scenario_label "$s")|NOT STARTED|-|-|-|-|-|-"); done
         FAILED=1
         "$stop"
         return
@@ -142,16 +220,16 @@ done
 
 # ----------------------------------------------------------------------------- table
 echo
-printf 'spillway-loadgen, 1 producer / 1 consumer, %s B messages: %s transient, %s persistent+confirm\n' \
-    "$BENCH_SIZE" "$BENCH_COUNT" "$BENCH_PERSISTENT_COUNT"
-fmt='%-20s | %-24s | %14s | %14s | %8s | %8s | %6s\n'
+printf 'spillway-loadgen --client %s, %s B messages unless said; %s transient, %s persistent\n' \
+    "$BENCH_CLIENT" "$BENCH_SIZE" "$BENCH_COUNT" "$BENCH_PERSISTENT_COUNT"
+fmt='%-20s | %-20s | %10s | %10s | %8s | %8s | %8s | %8s | %6s\n'
 # shellcheck disable=SC2059
-printf "$fmt" target scenario "publish msg/s" "consume msg/s" "p50 ms" "p99 ms" lost
-printf '%s\n' "---------------------+--------------------------+----------------+----------------+----------+----------+-------"
+printf "$fmt" target scenario "publish/s" "consume/s" "CPU µs" "p50 ms" "p99 ms" "RSS MiB" lost
+printf '%s\n' "---------------------+----------------------+------------+------------+----------+----------+----------+----------+-------"
 for row in "${ROWS[@]}"; do
-    IFS='|' read -r t sc pr cr p50 p99 lost <<<"$row"
+    IFS='|' read -r t sc pr cr cpu p50 p99 rss lost <<<"$row"
     # shellcheck disable=SC2059
-    printf "$fmt" "$t" "$sc" "$pr" "$cr" "$p50" "$p99" "$lost"
+    printf "$fmt" "$t" "$sc" "$pr" "$cr" "$cpu" "$p50" "$p99" "$rss" "$lost"
 done
 echo "raw results: $BENCH_RESULTS"
 exit "$FAILED"
