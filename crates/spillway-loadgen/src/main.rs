@@ -414,6 +414,80 @@ impl Retry {
     }
 }
 
+/// How often a consumer acks what waits for `--ack-every`.
+const ACK_FLUSH: Duration = Duration::from_millis(50);
+
+/// A consumer's acks: one basic.ack (multiple) per `--ack-every` deliveries, and what is
+/// left every [`ACK_FLUSH`]. None with `--auto-ack`.
+struct Acks {
+    auto_ack: bool,
+    every: u64,
+    /// Delivery tags are per channel; with several consumers on one channel deliveries
+    /// may come slightly out of tag order, so acks always go up to the highest.
+    max_tag: u64,
+    acked: u64,
+    pending: u64,
+}
+
+impl Acks {
+    fn new(args: &Args) -> Self {
+        Self {
+            auto_ack: args.auto_ack,
+            every: args.ack_every(),
+            max_tag: 0,
+            acked: 0,
+            pending: 0,
+        }
+    }
+
+    /// Records a delivery; the tag to ack (multiple) when one is due.
+    fn delivered(&mut self, tag: u64) -> Option<u64> {
+        self.max_tag = self.max_tag.max(tag);
+        self.pending += 1;
+        if self.pending < self.every {
+            return None;
+        }
+        self.outstanding()
+    }
+
+    /// The tag to ack (multiple) for everything delivered and not acked yet.
+    fn outstanding(&mut self) -> Option<u64> {
+        if self.auto_ack || self.max_tag <= self.acked {
+            return None;
+        }
+        self.acked = self.max_tag;
+        self.pending = 0;
+        Some(self.max_tag)
+    }
+}
+
+/// Holds a consumer to `--consume-rate` (a slow consumer), if set.
+struct Pacer {
+    rate: Option<f64>,
+    from: Instant,
+    delivered: u64,
+}
+
+impl Pacer {
+    fn new(rate: Option<f64>) -> Self {
+        Self {
+            rate,
+            from: Instant::now(),
+            delivered: 0,
+        }
+    }
+
+    /// Counts one delivery and sleeps until the rate allows the next.
+    async fn delivered(&mut self) {
+        let Some(rate) = self.rate else { return };
+        self.delivered += 1;
+        let due = self.from + Duration::from_secs_f64(self.delivered as f64 / rate);
+        if due > Instant::now() + Duration::from_millis(1) {
+            tokio::time::sleep_until(due.into()).await;
+        }
+    }
+}
+
 /// Opens a connection and starts a task that follows its blocked/unblocked/error events.
 async fn connect(
     shared: &Arc<Shared>,
@@ -811,17 +885,11 @@ async fn consumer_session(
         let _ = ready.send(()).await;
     }
 
-    let ack_every = args.ack_every();
     let size = Some(args.size);
     let mut stop = shared.stop.clone();
-    let mut flush = tokio::time::interval(Duration::from_millis(50));
-    let paced_from = Instant::now();
-    let mut paced = 0u64;
-    // Delivery tags are per channel; with several consumers on one channel the merged
-    // stream may yield them slightly out of tag order, so always ack up to the highest.
-    let mut max_tag = 0u64;
-    let mut acked = 0u64;
-    let mut pending = 0u64;
+    let mut flush = tokio::time::interval(ACK_FLUSH);
+    let mut pacer = Pacer::new(args.consume_rate);
+    let mut acks = Acks::new(args);
     let result: Result<()> = async {
         loop {
             if *stop.borrow() {
@@ -840,45 +908,31 @@ async fn consumer_session(
                     Some(Ok(d)) => {
                         out.tally.record(&d.data, size, d.redelivered, now_ns());
                         out.last = Some(Instant::now());
-                        max_tag = max_tag.max(d.delivery_tag);
-                        pending += 1;
                         shared.consumed.fetch_add(1, Ordering::Relaxed);
-                        if args.auto_ack {
-                            acked = max_tag;
-                        } else if pending >= ack_every {
+                        if let Some(tag) = acks.delivered(d.delivery_tag) {
                             channel
-                                .basic_ack(max_tag, BasicAckOptions { multiple: true })
+                                .basic_ack(tag, BasicAckOptions { multiple: true })
                                 .await
                                 .context("basic.ack")?;
-                            acked = max_tag;
-                            pending = 0;
                         }
-                        if let Some(rate) = args.consume_rate {
-                            paced += 1;
-                            let due = paced_from + Duration::from_secs_f64(paced as f64 / rate);
-                            if due > Instant::now() + Duration::from_millis(1) {
-                                tokio::time::sleep_until(due.into()).await;
-                            }
-                        }
+                        pacer.delivered().await;
                     }
                 },
                 _ = flush.tick() => {
-                    if max_tag > acked {
+                    if let Some(tag) = acks.outstanding() {
                         channel
-                            .basic_ack(max_tag, BasicAckOptions { multiple: true })
+                            .basic_ack(tag, BasicAckOptions { multiple: true })
                             .await
                             .context("basic.ack")?;
-                        acked = max_tag;
-                        pending = 0;
                     }
                 }
             }
         }
     }
     .await;
-    if result.is_ok() && max_tag > acked {
+    if let (Ok(()), Some(tag)) = (&result, acks.outstanding()) {
         channel
-            .basic_ack(max_tag, BasicAckOptions { multiple: true })
+            .basic_ack(tag, BasicAckOptions { multiple: true })
             .await
             .context("basic.ack")?;
     }

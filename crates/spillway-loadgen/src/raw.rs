@@ -41,7 +41,7 @@ use tokio_util::codec::Decoder;
 
 use crate::message::{encode_into, now_ns, Header};
 use crate::verify::BitSet;
-use crate::{Budget, ConsumerOutcome, ProducerOutcome, Shared};
+use crate::{Acks, Budget, ConsumerOutcome, Pacer, ProducerOutcome, Shared, ACK_FLUSH};
 
 /// The frame size this client asks for (RabbitMQ's default).
 const FRAME_MAX: u32 = 131_072;
@@ -656,17 +656,13 @@ async fn consume(
     out: &mut ConsumerOutcome,
 ) -> Result<()> {
     let args = &shared.args;
-    let ack_every = args.ack_every();
     let size = Some(args.size);
     let mut stop = shared.stop.clone();
-    let mut flush = tokio::time::interval(Duration::from_millis(50));
-    let paced_from = Instant::now();
-    let mut paced = 0u64;
-    let mut max_tag = 0u64;
-    let mut acked = 0u64;
-    let mut pending = 0u64;
+    let mut flush = tokio::time::interval(ACK_FLUSH);
+    let mut pacer = Pacer::new(args.consume_rate);
+    let mut acks = Acks::new(args);
     let mut incoming: Option<Incoming> = None;
-    let mut acks = BytesMut::new();
+    let mut ack_frames = BytesMut::new();
     loop {
         if *stop.borrow() {
             break;
@@ -720,38 +716,26 @@ async fn consume(
             let Some(d) = delivered else { continue };
             out.tally.record(&d.body, size, d.redelivered, now_ns());
             out.last = Some(Instant::now());
-            max_tag = max_tag.max(d.tag);
-            pending += 1;
             shared.consumed.fetch_add(1, Ordering::Relaxed);
-            if !args.auto_ack && pending >= ack_every {
-                put_ack(&mut acks, max_tag);
-                acked = max_tag;
-                pending = 0;
+            if let Some(tag) = acks.delivered(d.tag) {
+                put_ack(&mut ack_frames, tag);
             }
-            if let Some(rate) = args.consume_rate {
-                paced += 1;
-                let due = paced_from + Duration::from_secs_f64(paced as f64 / rate);
-                if due > Instant::now() + Duration::from_millis(1) {
-                    tokio::time::sleep_until(due.into()).await;
-                }
-            }
+            pacer.delivered().await;
         }
-        if tick && !args.auto_ack && max_tag > acked {
-            // As the lapin consumer: what waits for `ack_every` is acked every 50 ms.
-            put_ack(&mut acks, max_tag);
-            acked = max_tag;
-            pending = 0;
+        // As the lapin consumer: what waits for `--ack-every` is acked every 50 ms.
+        if let Some(tag) = if tick { acks.outstanding() } else { None } {
+            put_ack(&mut ack_frames, tag);
         }
-        if !acks.is_empty() {
+        if !ack_frames.is_empty() {
             conn.writer
-                .write_all(&acks.split().freeze())
+                .write_all(&ack_frames.split().freeze())
                 .await
                 .context("basic.ack (write)")?;
         }
     }
-    if !args.auto_ack && max_tag > acked {
-        put_ack(&mut acks, max_tag);
-        conn.writer.write_all(&acks.split().freeze()).await?;
+    if let Some(tag) = acks.outstanding() {
+        put_ack(&mut ack_frames, tag);
+        conn.writer.write_all(&ack_frames.split().freeze()).await?;
     }
     Ok(())
 }
