@@ -22,6 +22,7 @@
 #   BENCH_SIZE=1024               message size in bytes (all but `large`)
 #   BENCH_CLIENT=raw              loadgen client: raw or lapin
 #   BENCH_RATE_SECONDS=5          length of the fixed-rate run
+#   BENCH_IDLE=10000              queues and idle connections of case h
 #   BENCH_TARGETS="spillway-all-in-one spillway-separate rabbitmq"
 #   BENCH_SCENARIOS="transient confirm-ack persistent large fixed-rate fanout16"
 #   BENCH_LOADGEN_ARGS=""         extra loadgen arguments for every run
@@ -42,7 +43,8 @@ BENCH_COUNT="${BENCH_COUNT:-300000}"
 BENCH_PERSISTENT_COUNT="${BENCH_PERSISTENT_COUNT:-$((BENCH_COUNT / 5 > 0 ? BENCH_COUNT / 5 : 1))}"
 BENCH_SIZE="${BENCH_SIZE:-1024}"
 BENCH_TARGETS="${BENCH_TARGETS:-spillway-all-in-one spillway-separate rabbitmq}"
-BENCH_SCENARIOS="${BENCH_SCENARIOS:-transient confirm-ack persistent large fixed-rate fanout16}"
+BENCH_SCENARIOS="${BENCH_SCENARIOS:-transient confirm-ack persistent large fixed-rate fanout16 idle}"
+BENCH_IDLE="${BENCH_IDLE:-10000}"
 BENCH_CLIENT="${BENCH_CLIENT:-raw}"
 BENCH_RATE_SECONDS="${BENCH_RATE_SECONDS:-5}"
 BENCH_LOADGEN_ARGS="${BENCH_LOADGEN_ARGS:-}"
@@ -60,6 +62,7 @@ trap 'echo "[bench] interrupted" >&2; exit 130' INT TERM HUP
 
 FAILED=0
 ROWS=()
+IDLE_ROWS=()
 
 log() { echo "[bench] $*" >&2; }
 
@@ -193,19 +196,84 @@ run_scenario() {
     ROWS+=("$target|$label|$(json_get "$out" publish_rate)|$(json_get "$out" consume_rate)|$cpu_us|$(json_get "$out" latency_p50_ms)|$(json_get "$out" latency_p99_ms)|$rss_mib|$(json_get "$out" lost)")
 }
 
+# broker_rss_kib: summed VmRSS of the broker's processes now.
+broker_rss_kib() {
+    local pid total=0
+    for pid in $(broker_pids); do
+        total=$((total + $(awk '/^VmRSS/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo 0)))
+    done
+    echo "$total"
+}
+
+# run_idle TARGET: case h on the broker just started: RSS growth for BENCH_IDLE empty
+# queues, then for BENCH_IDLE idle connections (held by the load generator until it is
+# signalled); appends a row to IDLE_ROWS.
+run_idle() {
+    local target="$1" before after queue_kib conn_kib out="$SPW_WORKDIR/idle.out" deadline
+    before="$(broker_rss_kib)"
+    if ! "$LOADGEN" --url "$BROKER_URL" --declare-queues "$BENCH_IDLE" --queue bench-idle >"$out"; then
+        log "$target / idle: declaring $BENCH_IDLE queues failed"
+        IDLE_ROWS+=("$target|FAILED|-|-")
+        FAILED=1
+        return
+    fi
+    after="$(broker_rss_kib)"
+    queue_kib="$(awk -v a="$after" -v b="$before" -v n="$BENCH_IDLE" 'BEGIN { printf "%.2f", (a - b) / n }')"
+    : >"$out"
+    before="$after"
+    "$LOADGEN" --url "$BROKER_URL" --idle-connections "$BENCH_IDLE" --duration 600 >"$out" &
+    LOADGEN_PID=$!
+    deadline=$((SECONDS + 300))
+    until grep -q idle_connections "$out" 2>/dev/null; do
+        if ! kill -0 "$LOADGEN_PID" 2>/dev/null || [ "$SECONDS" -ge "$deadline" ]; then
+            log "$target / idle: $BENCH_IDLE connections did not open"
+            kill -TERM "$LOADGEN_PID" 2>/dev/null
+            wait "$LOADGEN_PID" 2>/dev/null
+            LOADGEN_PID=""
+            IDLE_ROWS+=("$target|$queue_kib|FAILED|-")
+            FAILED=1
+            return
+        fi
+        sleep 0.2
+    done
+    after="$(broker_rss_kib)"
+    kill -TERM "$LOADGEN_PID" 2>/dev/null
+    wait "$LOADGEN_PID" 2>/dev/null
+    LOADGEN_PID=""
+    conn_kib="$(awk -v a="$after" -v b="$before" -v n="$BENCH_IDLE" 'BEGIN { printf "%.1f", (a - b) / n }')"
+    IDLE_ROWS+=("$target|$queue_kib|$conn_kib|$((after / 1024))")
+}
+
 # bench_target TARGET START_FN STOP_FN
 bench_target() {
     local target="$1" start="$2" stop="$3" s
     log "starting $target"
     if ! "$start"; then
         log "$target could not start"
-        for s in $BENCH_SCENARIOS; do ROWS+=("$target|$(scenario_label "$s")|NOT STARTED|-|-|-|-|-|-"); done
+        for s in $BENCH_SCENARIOS; do
+            [ "$s" = idle ] || ROWS+=("$target|$(scenario_label "$s")|NOT STARTED|-|-|-|-|-|-")
+        done
         FAILED=1
         "$stop"
         return
     fi
-    for s in $BENCH_SCENARIOS; do run_scenario "$target" "$s"; done
+    local idle=0
+    for s in $BENCH_SCENARIOS; do
+        if [ "$s" = idle ]; then idle=1; else run_scenario "$target" "$s"; fi
+    done
     log "stopping $target"
+    "$stop"
+    [ "$idle" = 1 ] || return
+    # Case h on a fresh broker: memory freed by the runs above would be reused and hide
+    # what queues and connections cost.
+    log "starting $target again for the idle case"
+    if ! "$start"; then
+        IDLE_ROWS+=("$target|NOT STARTED|-|-")
+        FAILED=1
+        "$stop"
+        return
+    fi
+    run_idle "$target"
     "$stop"
 }
 
@@ -231,5 +299,18 @@ for row in "${ROWS[@]}"; do
     # shellcheck disable=SC2059
     printf "$fmt" "$t" "$sc" "$pr" "$cr" "$cpu" "$p50" "$p99" "$rss" "$lost"
 done
+if [ "${#IDLE_ROWS[@]}" -gt 0 ]; then
+    echo
+    printf 'h. broker RSS growth for %s empty queues, then %s idle connections (one channel each)\n' "$BENCH_IDLE" "$BENCH_IDLE"
+    ifmt='%-20s | %14s | %14s | %22s\n'
+    # shellcheck disable=SC2059
+    printf "$ifmt" target "KiB per queue" "KiB per conn" "RSS MiB with everything"
+    printf '%s\n' "---------------------+----------------+----------------+------------------------"
+    for row in "${IDLE_ROWS[@]}"; do
+        IFS='|' read -r t q c total <<<"$row"
+        # shellcheck disable=SC2059
+        printf "$ifmt" "$t" "$q" "$c" "$total"
+    done
+fi
 echo "raw results: $BENCH_RESULTS"
 exit "$FAILED"

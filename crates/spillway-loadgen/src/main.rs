@@ -122,6 +122,15 @@ struct Args {
     /// purged through lapin either way.
     #[arg(long, value_enum, default_value_t = Client::Lapin)]
     client: Client,
+    /// Open this many idle connections (one channel each, raw client), print one JSON line
+    /// when all are open, hold them until SIGTERM/SIGINT or --duration, then close them.
+    /// Nothing is published or consumed.
+    #[arg(long, conflicts_with_all = ["plan", "declare_queues"])]
+    idle_connections: Option<u32>,
+    /// Declare this many empty queues (--queue NAME gives NAME-0 ..), print one JSON line
+    /// and exit, leaving them. Nothing is published or consumed.
+    #[arg(long, conflicts_with = "plan")]
+    declare_queues: Option<u32>,
     /// Consumers take deliveries without acknowledging them (basic.consume no-ack).
     #[arg(long)]
     auto_ack: bool,
@@ -1526,6 +1535,27 @@ fn stop_on_signal() -> watch::Receiver<bool> {
     rx
 }
 
+/// `stop`, or set after `after`.
+fn stop_after(mut stop: watch::Receiver<bool>, after: Duration) -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(after, stop.wait_for(|stopped| *stopped)).await;
+        let _ = tx.send(true);
+    });
+    rx
+}
+
+/// Exit status of the modes that only set something up (2: it could not).
+fn exit_with(result: Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("spillway-loadgen: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 fn print_json<T: Serialize>(value: &T) {
     println!(
         "{}",
@@ -1545,6 +1575,20 @@ async fn main() -> ExitCode {
         .init();
     let args = Args::parse();
     let stop = stop_on_signal();
+    if let Some(count) = args.idle_connections {
+        let stop = match args.duration {
+            Some(seconds) => stop_after(stop, Duration::from_secs_f64(seconds.max(0.0))),
+            None => stop,
+        };
+        return exit_with(raw::hold_idle_connections(&args.url, count, stop, print_json).await);
+    }
+    if let Some(count) = args.declare_queues {
+        return exit_with(
+            raw::declare_queues(&args.url, &args.queue, count)
+                .await
+                .map(|declared| print_json(&declared)),
+        );
+    }
     if let Some(plan) = args.plan.clone() {
         return match run_plan(&args, &plan, stop).await {
             Ok(summary) => {

@@ -24,11 +24,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use amq_protocol::protocol::{basic, channel, confirm, connection, AMQPClass};
+use amq_protocol::protocol::{basic, channel, confirm, connection, queue, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable};
 use amq_protocol::uri::AMQPUri;
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::{BufMut, Bytes, BytesMut};
+use futures::{StreamExt, TryStreamExt};
+use serde::Serialize;
 use spillway_gateway::codec::{
     parse_content_header, parse_method, FrameDecoder, FrameWriter, RawFrame, FRAME_BODY, FRAME_END,
     FRAME_HEADER, FRAME_METHOD, MIN_FRAME_MAX, PROTOCOL_HEADER,
@@ -36,7 +38,7 @@ use spillway_gateway::codec::{
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 use tokio_util::codec::Decoder;
 
 use crate::message::{encode_into, now_ns, Header};
@@ -57,6 +59,8 @@ struct FrameReader {
     socket: OwnedReadHalf,
     buffer: BytesMut,
     decoder: FrameDecoder,
+    /// Free space kept for one read: large for throughput, small for idle connections.
+    read_size: usize,
 }
 
 impl FrameReader {
@@ -69,8 +73,8 @@ impl FrameReader {
 
     /// Reads more bytes; fails when the broker closed the socket.
     async fn fill(&mut self) -> Result<()> {
-        if self.buffer.capacity() - self.buffer.len() < 16 * 1024 {
-            self.buffer.reserve(64 * 1024);
+        if self.buffer.capacity() - self.buffer.len() < self.read_size / 4 {
+            self.buffer.reserve(self.read_size);
         }
         let n = self.socket.read_buf(&mut self.buffer).await?;
         if n == 0 {
@@ -129,8 +133,17 @@ struct RawConnection {
     frame_max: usize,
 }
 
+/// Read buffer of a connection that carries load.
+const BUSY_READ: usize = 64 * 1024;
+/// Read buffer of a connection held idle (`--idle-connections`): ten thousand of them.
+const IDLE_READ: usize = 4 * 1024;
+
 impl RawConnection {
     async fn open(url: &str, name: &str) -> Result<Self> {
+        Self::open_with(url, name, BUSY_READ).await
+    }
+
+    async fn open_with(url: &str, name: &str, read_size: usize) -> Result<Self> {
         let uri: AMQPUri = url.parse().map_err(|e: String| anyhow!("{url}: {e}"))?;
         let authority = &uri.authority;
         let socket = TcpStream::connect((authority.host.as_str(), authority.port))
@@ -141,10 +154,11 @@ impl RawConnection {
         let mut conn = Self {
             reader: FrameReader {
                 socket: read_half,
-                buffer: BytesMut::with_capacity(64 * 1024),
+                buffer: BytesMut::with_capacity(read_size),
                 decoder: FrameDecoder {
                     frame_max: FRAME_MAX as usize,
                 },
+                read_size,
             },
             writer: write_half,
             out: FrameWriter::default(),
@@ -776,4 +790,90 @@ fn put_ack(buf: &mut BytesMut, tag: u64) {
     buf.put_u64(tag);
     buf.put_u8(1);
     buf.put_u8(FRAME_END);
+}
+
+/// What `--idle-connections` reports once every connection is open.
+#[derive(Serialize)]
+pub(crate) struct IdleConnections {
+    idle_connections: u32,
+    opened_s: f64,
+}
+
+/// `--idle-connections N`: opens N connections with one channel each (64 handshakes at a
+/// time), reports them with `report` once all are open, holds them until `stop`, then
+/// closes them. For measuring what an idle connection costs the broker.
+pub(crate) async fn hold_idle_connections(
+    url: &str,
+    count: u32,
+    mut stop: watch::Receiver<bool>,
+    report: impl FnOnce(&IdleConnections),
+) -> Result<()> {
+    let started = Instant::now();
+    let mut connections: Vec<RawConnection> = futures::stream::iter(0..count)
+        .map(|i| async move {
+            RawConnection::open_with(url, &format!("loadgen-idle-{i}"), IDLE_READ).await
+        })
+        .buffer_unordered(64)
+        .try_collect()
+        .await?;
+    report(&IdleConnections {
+        idle_connections: count,
+        opened_s: crate::round(started.elapsed().as_secs_f64(), 3),
+    });
+    while !*stop.borrow() {
+        if stop.changed().await.is_err() {
+            break;
+        }
+    }
+    futures::stream::iter(connections.iter_mut())
+        .for_each_concurrent(256, |conn| async move {
+            close(&mut conn.writer, None).await;
+        })
+        .await;
+    Ok(())
+}
+
+/// What `--declare-queues` reports.
+#[derive(Serialize)]
+pub(crate) struct DeclaredQueues {
+    declared_queues: u32,
+    declared_s: f64,
+}
+
+/// `--declare-queues N`: declares N empty queues `<prefix>-0` .. `<prefix>-{N-1}` on one
+/// connection, 100 in flight at a time, and leaves them. For measuring what a queue costs.
+pub(crate) async fn declare_queues(url: &str, prefix: &str, count: u32) -> Result<DeclaredQueues> {
+    let started = Instant::now();
+    let mut conn = RawConnection::open(url, "loadgen-declare").await?;
+    let mut next = 0u32;
+    while next < count {
+        let batch = (count - next).min(100);
+        for i in next..next + batch {
+            conn.out.method(
+                CHANNEL,
+                AMQPClass::Queue(queue::AMQPMethod::Declare(queue::Declare {
+                    queue: format!("{prefix}-{i}").into(),
+                    passive: false,
+                    durable: false,
+                    exclusive: false,
+                    auto_delete: false,
+                    nowait: false,
+                    arguments: FieldTable::default(),
+                })),
+            );
+        }
+        conn.flush().await?;
+        for _ in 0..batch {
+            match conn.reader.method().await? {
+                AMQPClass::Queue(queue::AMQPMethod::DeclareOk(_)) => {}
+                other => bail!("queue.declare: unexpected reply {other:?}"),
+            }
+        }
+        next += batch;
+    }
+    close(&mut conn.writer, Some(&mut conn.reader)).await;
+    Ok(DeclaredQueues {
+        declared_queues: count,
+        declared_s: crate::round(started.elapsed().as_secs_f64(), 3),
+    })
 }
