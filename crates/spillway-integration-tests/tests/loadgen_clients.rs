@@ -7,23 +7,30 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use spillway_integration_tests::{both_wirings, spillway_bin, Sandbox};
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+use spillway_integration_tests::{both_wirings, eventually, spillway_bin, Component, Sandbox};
 
 both_wirings!(
     timeout_secs = 120;
     raw_client_round_trips_transient_confirmed_and_persistent_messages,
     raw_client_reports_messages_a_queue_dropped,
+    idle_connections_and_declared_queues_exist_on_the_broker,
 );
 
-/// Runs the load generator against the sandbox; returns its exit code and JSON summary.
-async fn loadgen(sandbox: &Sandbox, args: &[&str]) -> anyhow::Result<(i32, serde_json::Value)> {
+fn loadgen_command(sandbox: &Sandbox) -> anyhow::Result<tokio::process::Command> {
     let bin = spillway_bin()?.with_file_name("spillway-loadgen");
     if !bin.exists() {
         bail!("{} not found: build the workspace first", bin.display());
     }
-    let run = tokio::process::Command::new(&bin)
-        .arg("--url")
-        .arg(sandbox.amqp_uri())
+    let mut command = tokio::process::Command::new(&bin);
+    command.arg("--url").arg(sandbox.amqp_uri());
+    Ok(command)
+}
+
+/// Runs the load generator against the sandbox; returns its exit code and JSON summary.
+async fn loadgen(sandbox: &Sandbox, args: &[&str]) -> anyhow::Result<(i32, serde_json::Value)> {
+    let run = loadgen_command(sandbox)?
         .args(["--client", "raw", "--timeout", "60"])
         .args(args)
         .stdout(Stdio::piped())
@@ -140,5 +147,50 @@ async fn raw_client_reports_messages_a_queue_dropped(sandbox: &mut Sandbox) -> a
     if code != 1 || count(&summary, "lost") != 900 || count(&summary, "consumed") != 100 {
         bail!("expected 900 lost and exit 1: exit {code}, summary {summary}");
     }
+    Ok(())
+}
+
+async fn idle_connections_and_declared_queues_exist_on_the_broker(
+    sandbox: &mut Sandbox,
+) -> anyhow::Result<()> {
+    let output = loadgen_command(sandbox)?
+        .args(["--declare-queues", "250", "--queue", "declared"])
+        .output()
+        .await?;
+    if !output.status.success()
+        || !String::from_utf8_lossy(&output.stdout).contains("\"declared_queues\":250")
+    {
+        bail!("--declare-queues failed: {output:?}");
+    }
+    let connection = sandbox.connect().await?;
+    let channel = connection.create_channel().await?;
+    for name in ["declared-0", "declared-249"] {
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        channel
+            .queue_declare(name.into(), passive, FieldTable::default())
+            .await
+            .with_context(|| format!("{name} was not declared"))?;
+    }
+    channel.close(200, "done".into()).await?;
+    connection.close(200, "done".into()).await?;
+
+    // 40 idle connections are open on the gateway while the load generator holds them.
+    let mut idle = loadgen_command(sandbox)?
+        .args(["--idle-connections", "40", "--duration", "60"])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    eventually(Duration::from_secs(30), || async {
+        let open = sandbox
+            .metric(Component::Gateway, "spillway_connections")
+            .await;
+        open.ok().filter(|open| *open >= 40.0)
+    })
+    .await
+    .context("40 idle connections never showed on the gateway")?;
+    idle.kill().await?;
     Ok(())
 }
