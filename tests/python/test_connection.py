@@ -191,3 +191,22 @@ def _async_roundtrip(adapter, params, queue, n=100):
                          ids=["SelectConnection", "AsyncioConnection"])
 def test_async_adapter_confirms_and_consume(broker, names, adapter):
     _async_roundtrip(adapter, broker.params(), names.queue())
+
+
+def test_update_secret_keeps_the_connection(broker, names):
+    """RabbitMQ's connection.update-secret (a client refreshing its password or token
+    without reconnecting): answered with update-secret-ok and the connection carries on.
+    Users from configuration have no expiring secret, so any new secret is taken, as
+    RabbitMQ's internal user database does."""
+    c = broker.connect()
+    try:
+        c.update_secret("guest", "token refreshed")
+        c.update_secret("a-rotated-token", "token refreshed again")
+        ch = c.channel()
+        q = names.queue()
+        ch.queue_declare(q)
+        ch.basic_publish("", q, b"after the update")
+        assert [b for _, _, b in drain(ch, q, n=1)] == [b"after the update"]
+    finally:
+        if c.is_open:
+            c.close()

@@ -326,11 +326,21 @@ impl Connection {
             AMQPClass::Connection(
                 conn::AMQPMethod::Blocked(_) | conn::AMQPMethod::Unblocked(_),
             ) => Ok(Next::Continue),
-            AMQPClass::Connection(conn::AMQPMethod::UpdateSecret(_)) => Err(ConnectionError::new(
-                reply_code::NOT_IMPLEMENTED,
-                "connection.update-secret is not supported",
-            )
-            .on(id)),
+            AMQPClass::Connection(conn::AMQPMethod::UpdateSecret(update)) => {
+                // RabbitMQ's extension: a client refreshes its password or token without
+                // reconnecting. Users from configuration have no secret that expires, so,
+                // as RabbitMQ's internal user database does, the new one is taken without
+                // a check: the connection was authenticated at open and the secret plays
+                // no further part. Its length is bounded by the frame.
+                tracing::info!(peer = %self.peer, user = %self.negotiated.user, reason = %update.reason, "connection secret updated");
+                out.method(
+                    0,
+                    AMQPClass::Connection(conn::AMQPMethod::UpdateSecretOk(
+                        conn::UpdateSecretOk {},
+                    )),
+                );
+                Ok(Next::Continue)
+            }
             AMQPClass::Connection(_) => Err(ConnectionError::new(
                 reply_code::COMMAND_INVALID,
                 "connection method not allowed after the handshake",
