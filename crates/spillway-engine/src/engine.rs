@@ -427,10 +427,11 @@ async fn run_loader(
                     records,
                 );
             } else {
-                engine
-                    .broker
-                    .lock()
-                    .dead_letter_loaded(&request.vhost, request.dead_letters, records);
+                engine.broker.lock().dead_letter_loaded(
+                    &request.vhost,
+                    request.dead_letters,
+                    records,
+                );
             }
             drop(permit);
         });

@@ -158,9 +158,11 @@ fn count(death: &FieldTable) -> Option<i64> {
 
 fn routing_keys(death: &FieldTable) -> Vec<String> {
     match death.inner().get("routing-keys") {
-        Some(AMQPValue::FieldArray(keys)) => {
-            keys.as_slice().iter().filter_map(|k| string(Some(k))).collect()
-        }
+        Some(AMQPValue::FieldArray(keys)) => keys
+            .as_slice()
+            .iter()
+            .filter_map(|k| string(Some(k)))
+            .collect(),
         _ => Vec::new(),
     }
 }
@@ -226,7 +228,10 @@ async fn a_poison_message_ends_in_the_qpid_dlq_after_the_delivery_limit(
     assert_eq!(dead.delivery.exchange.as_str(), "poison_DLE");
     let death = deaths(&dead.delivery.properties);
     assert_eq!(death.len(), 1, "{death:?}");
-    assert_eq!(field(&death[0], "reason").as_deref(), Some("delivery_limit"));
+    assert_eq!(
+        field(&death[0], "reason").as_deref(),
+        Some("delivery_limit")
+    );
     assert_eq!(field(&death[0], "queue").as_deref(), Some("poison"));
     // Not delivered a fourth time.
     assert!(
@@ -235,7 +240,8 @@ async fn a_poison_message_ends_in_the_qpid_dlq_after_the_delivery_limit(
             .is_err()
     );
     assert_eq!(message_count(&ch, "poison").await?, 0);
-    let metric = "spillway_dead_lettered_total{vhost=\"/\",queue=\"poison\",reason=\"delivery_limit\"}";
+    let metric =
+        "spillway_dead_lettered_total{vhost=\"/\",queue=\"poison\",reason=\"delivery_limit\"}";
     assert_eq!(sb.engine_metric(metric).await?, 1.0);
     close(ch, conn).await
 }
@@ -351,7 +357,10 @@ async fn rejected_messages_go_to_the_dead_letter_exchange_with_x_death(
     assert_eq!(dead.delivery.exchange.as_str(), "dlx-direct");
     assert_eq!(dead.delivery.routing_key.as_str(), "park");
     let props = &dead.delivery.properties;
-    assert_eq!(props.content_type().as_ref().map(|t| t.as_str()), Some("text/plain"));
+    assert_eq!(
+        props.content_type().as_ref().map(|t| t.as_str()),
+        Some("text/plain")
+    );
     assert_eq!(props.expiration(), &None, "expiration moves into x-death");
     assert_eq!(string(header(props, "app")).as_deref(), Some("kept"));
     let death = deaths(props);
@@ -508,21 +517,28 @@ async fn delivery_counts_and_dead_letters_survive_a_restart(
             .reject(BasicRejectOptions { requeue: false })
             .await?;
         eventually(WAIT, || async {
-            message_count(&ch, "graveyard").await.ok().filter(|n| *n == 1)
+            message_count(&ch, "graveyard")
+                .await
+                .ok()
+                .filter(|n| *n == 1)
         })
         .await?;
         close(ch, conn).await?;
     }
     sb.restart().await?;
     // Management shows the count before anyone takes the message.
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", sb.management_addr()))?
-        .connect()
-        .await?;
+    let channel =
+        tonic::transport::Channel::from_shared(format!("http://{}", sb.management_addr()))?
+            .connect()
+            .await?;
     let token: tonic::metadata::MetadataValue<_> = format!("Bearer {MANAGEMENT_TOKEN}").parse()?;
-    let mut management = ManagementClient::with_interceptor(channel, move |mut request: tonic::Request<()>| {
-        request.metadata_mut().insert("authorization", token.clone());
-        Ok(request)
-    });
+    let mut management =
+        ManagementClient::with_interceptor(channel, move |mut request: tonic::Request<()>| {
+            request
+                .metadata_mut()
+                .insert("authorization", token.clone());
+            Ok(request)
+        });
     let peeked = management
         .peek_messages(PeekMessagesRequest {
             vhost: "/".into(),
@@ -555,15 +571,27 @@ async fn delivery_counts_and_dead_letters_survive_a_restart(
 async fn bad_dead_letter_arguments_are_refused(sb: &mut Sandbox) -> anyhow::Result<()> {
     let conn = sb.connect().await?;
     let cases = [
-        ("x-delivery-limit", AMQPValue::LongInt(-1), "x-delivery-limit"),
+        (
+            "x-delivery-limit",
+            AMQPValue::LongInt(-1),
+            "x-delivery-limit",
+        ),
         ("x-delivery-limit", text("five"), "x-delivery-limit"),
         (
             "x-qpid-maximum-delivery-count",
             AMQPValue::ShortShortInt(-3),
             "x-qpid-maximum-delivery-count",
         ),
-        ("x-dead-letter-routing-key", text("k"), "x-dead-letter-routing-key"),
-        ("x-dead-letter-exchange", AMQPValue::LongInt(1), "x-dead-letter-exchange"),
+        (
+            "x-dead-letter-routing-key",
+            text("k"),
+            "x-dead-letter-routing-key",
+        ),
+        (
+            "x-dead-letter-exchange",
+            AMQPValue::LongInt(1),
+            "x-dead-letter-exchange",
+        ),
         ("x-qpid-dlq-enabled", text("perhaps"), "x-qpid-dlq-enabled"),
     ];
     for (key, value, named) in cases {

@@ -137,7 +137,9 @@ pub(super) fn dead_letter_target(
     let text = |arg: &str| -> OpResult<Option<String>> {
         match arguments.inner().get(arg) {
             None => Ok(None),
-            Some(AMQPValue::LongString(s)) => Ok(Some(String::from_utf8_lossy(s.as_bytes()).into_owned())),
+            Some(AMQPValue::LongString(s)) => {
+                Ok(Some(String::from_utf8_lossy(s.as_bytes()).into_owned()))
+            }
             Some(AMQPValue::ShortString(s)) => Ok(Some(s.as_str().to_string())),
             Some(_) => Err(invalid(arg, "unacceptable type")),
         }

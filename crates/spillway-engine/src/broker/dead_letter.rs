@@ -72,7 +72,10 @@ impl Broker {
         }
         self.persist.submit(ops, Durability::Logged, None);
         if !loads.is_empty() {
-            let ids = loads.iter().map(|job: &DeadLetterJob| job.entry.id).collect();
+            let ids = loads
+                .iter()
+                .map(|job: &DeadLetterJob| job.entry.id)
+                .collect();
             let _ = self.loads.send(LoadRequest {
                 vhost: vhost.to_string(),
                 queue: String::new(),
@@ -95,8 +98,10 @@ impl Broker {
         jobs: Vec<DeadLetterJob>,
         records: Vec<MessageRecord>,
     ) {
-        let records: HashMap<u64, MessageRecord> =
-            records.into_iter().map(|record| (record.id, record)).collect();
+        let records: HashMap<u64, MessageRecord> = records
+            .into_iter()
+            .map(|record| (record.id, record))
+            .collect();
         let mut ready = Vec::with_capacity(jobs.len());
         let mut ops = Vec::new();
         for mut job in jobs {
@@ -389,10 +394,7 @@ fn dead_letter_properties(
                 .map_or(0, |since| since.as_secs());
             let mut death = FieldTable::default();
             death.insert("count".into(), AMQPValue::LongLongInt(1));
-            death.insert(
-                "reason".into(),
-                AMQPValue::LongString(reason_text.into()),
-            );
+            death.insert("reason".into(), AMQPValue::LongString(reason_text.into()));
             death.insert("queue".into(), AMQPValue::LongString(queue.into()));
             death.insert("time".into(), AMQPValue::Timestamp(now));
             death.insert(
@@ -423,10 +425,7 @@ fn dead_letter_properties(
         })
         .collect();
     let set = |headers: &mut FieldTable, key: &str, value: &str| {
-        headers.insert(
-            ShortString::from(key),
-            AMQPValue::LongString(value.into()),
-        );
+        headers.insert(ShortString::from(key), AMQPValue::LongString(value.into()));
     };
     if !headers.inner().contains_key("x-first-death-reason") {
         set(&mut headers, "x-first-death-reason", reason_text);

@@ -182,7 +182,8 @@ impl Broker {
             let body_len = message.body.len() as u64;
             if queue.limits.overflow != Overflow::DropHead && queue.would_overflow(body_len) {
                 enqueued.rejected = true;
-                if queue.limits.overflow == Overflow::RejectPublishDlx && queue.dead_letter.is_some()
+                if queue.limits.overflow == Overflow::RejectPublishDlx
+                    && queue.dead_letter.is_some()
                 {
                     enqueued.dead_letters.push(DeadLetterJob {
                         queue: name.clone(),
@@ -222,7 +223,9 @@ impl Broker {
                         release: true,
                     });
                 } else {
-                    queue.dead_letter_counts.count_discarded(DeathReason::Maxlen);
+                    queue
+                        .dead_letter_counts
+                        .count_discarded(DeathReason::Maxlen);
                     discard(shared_refs, vhost_name, name, stores, &entry, ops);
                 }
             }

@@ -51,7 +51,13 @@ impl Broker {
         let mut dead_letters = Vec::new();
         for unacked in settled.into_iter().rev() {
             if cmd.requeue {
-                self.return_delivery(&vhost_name, unacked, &mut ops, &mut touched, &mut dead_letters);
+                self.return_delivery(
+                    &vhost_name,
+                    unacked,
+                    &mut ops,
+                    &mut touched,
+                    &mut dead_letters,
+                );
                 continue;
             }
             let Self {
@@ -72,7 +78,9 @@ impl Broker {
                     });
                 }
                 Some(queue) => {
-                    queue.dead_letter_counts.count_discarded(DeathReason::Rejected);
+                    queue
+                        .dead_letter_counts
+                        .count_discarded(DeathReason::Rejected);
                     let stores = queue.stores_messages();
                     discard(
                         shared_refs,
@@ -120,7 +128,13 @@ impl Broker {
         let mut ops = Vec::new();
         let mut dead_letters = Vec::new();
         for (_, entry) in unacked.into_iter().rev() {
-            self.return_delivery(&vhost_name, entry, &mut ops, &mut touched, &mut dead_letters);
+            self.return_delivery(
+                &vhost_name,
+                entry,
+                &mut ops,
+                &mut touched,
+                &mut dead_letters,
+            );
         }
         self.persist.submit(ops, Durability::Logged, None);
         touched.extend(self.dead_letter(&vhost_name, dead_letters));
@@ -152,7 +166,9 @@ impl Broker {
             .get_mut(vhost)
             .and_then(|v| v.queues.get_mut(&unacked.queue))
         {
-            Some(_) if limit.is_some_and(|max| u64::from(unacked.message.delivery_count) >= max) => {
+            Some(_)
+                if limit.is_some_and(|max| u64::from(unacked.message.delivery_count) >= max) =>
+            {
                 dead_letters.push(DeadLetterJob {
                     queue: unacked.queue,
                     entry: unacked.message,
