@@ -26,6 +26,7 @@ both_wirings!(
     length_limits_dead_letter_the_dropped_and_the_refused,
     delivery_counts_and_dead_letters_survive_a_restart,
     bad_dead_letter_arguments_are_refused,
+    a_dead_letter_whose_payload_flowed_to_disk_is_read_back,
 );
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -612,4 +613,52 @@ async fn bad_dead_letter_arguments_are_refused(sb: &mut Sandbox) -> anyhow::Resu
     }
     conn.close(200, s("bye")).await?;
     Ok(())
+}
+
+/// Under flow to disk a delivered persistent message's payload leaves memory
+/// (the store has it); rejected, it is read back from the store and
+/// dead-lettered whole.
+async fn a_dead_letter_whose_payload_flowed_to_disk_is_read_back(
+    sb: &mut Sandbox,
+) -> anyhow::Result<()> {
+    let config = "[broker]\nflow_to_disk_threshold = 65536\nhousekeeping_interval = \"100ms\"\n";
+    let sandbox = Sandbox::start_with_config(sb.wiring(), config).await?;
+    let conn = sandbox.connect().await?;
+    let ch = conn.create_channel().await?;
+    ch.confirm_select(ConfirmSelectOptions::default()).await?;
+    declare(&ch, "heavy-dead", true, FieldTable::default()).await?;
+    let args = table(&[
+        ("x-dead-letter-exchange", text("")),
+        ("x-dead-letter-routing-key", text("heavy-dead")),
+    ]);
+    declare(&ch, "heavy", true, args).await?;
+    let persistent = BasicProperties::default().with_delivery_mode(2);
+    for i in 0..64u8 {
+        let outcome = publish(&ch, "", "heavy", &[i; 8192], persistent.clone()).await?;
+        assert!(matches!(outcome, Confirmation::Ack(_)));
+    }
+    eventually(WAIT, || async {
+        sandbox
+            .engine_metric("spillway_broker_flow_to_disk_active")
+            .await
+            .ok()
+            .filter(|active| *active == 1.0)
+    })
+    .await?;
+    let got = get(&ch, "heavy").await?;
+    assert_eq!(got.delivery.data, vec![0u8; 8192]);
+    got.delivery
+        .reject(BasicRejectOptions { requeue: false })
+        .await?;
+    let dead = get(&ch, "heavy-dead").await?;
+    assert_eq!(
+        dead.delivery.data,
+        vec![0u8; 8192],
+        "the payload came back whole"
+    );
+    let death = deaths(&dead.delivery.properties);
+    assert_eq!(field(&death[0], "queue").as_deref(), Some("heavy"));
+    assert_eq!(field(&death[0], "reason").as_deref(), Some("rejected"));
+    assert_eq!(message_count(&ch, "heavy").await?, 63);
+    close(ch, conn).await
 }
