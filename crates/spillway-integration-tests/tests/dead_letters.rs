@@ -27,6 +27,7 @@ both_wirings!(
     delivery_counts_and_dead_letters_survive_a_restart,
     bad_dead_letter_arguments_are_refused,
     a_dead_letter_whose_payload_flowed_to_disk_is_read_back,
+    the_broker_default_limit_counts_recovers,
 );
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -660,5 +661,32 @@ async fn a_dead_letter_whose_payload_flowed_to_disk_is_read_back(
     assert_eq!(field(&death[0], "queue").as_deref(), Some("heavy"));
     assert_eq!(field(&death[0], "reason").as_deref(), Some("rejected"));
     assert_eq!(message_count(&ch, "heavy").await?, 63);
+    close(ch, conn).await
+}
+
+/// `broker.default_maximum_delivery_count` applies to a queue without a
+/// limit of its own; `basic.recover` returns count like rejects.
+async fn the_broker_default_limit_counts_recovers(sb: &mut Sandbox) -> anyhow::Result<()> {
+    let config = "[broker]\ndefault_maximum_delivery_count = 2\n";
+    let sandbox = Sandbox::start_with_config(sb.wiring(), config).await?;
+    let conn = sandbox.connect().await?;
+    let ch = conn.create_channel().await?;
+    let args = table(&[("x-qpid-dlq-enabled", AMQPValue::Boolean(true))]);
+    declare(&ch, "defaulted", false, args).await?;
+    publish(&ch, "", "defaulted", b"d", BasicProperties::default()).await?;
+    for expected in [None, Some(1)] {
+        let got = get(&ch, "defaulted").await?;
+        assert_eq!(delivery_count(&got.delivery.properties), expected);
+        ch.basic_recover(BasicRecoverOptions { requeue: true })
+            .await?;
+    }
+    let dead = get(&ch, "defaulted_DLQ").await?;
+    assert_eq!(dead.delivery.data, b"d");
+    let death = deaths(&dead.delivery.properties);
+    assert_eq!(
+        field(&death[0], "reason").as_deref(),
+        Some("delivery_limit")
+    );
+    assert_eq!(message_count(&ch, "defaulted").await?, 0);
     close(ch, conn).await
 }
