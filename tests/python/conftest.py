@@ -35,11 +35,18 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "restart: restarts or kills the broker (own broker; "
                                        "skipped with SPILLWAY_TEST_AMQP_URL)")
     config.addinivalue_line("markers", "separate_only: needs the separate wiring")
+    config.addinivalue_line("markers", "spillway_only: Spillway behaviour RabbitMQ 3.10 does not "
+                                       "have (skipped with SPILLWAY_TEST_AMQP_URL)")
 
 
 def pytest_collection_modifyitems(config, items):
     # Skip before any broker is started for it.
     for item in items:
+        if EXTERNAL_URL and item.get_closest_marker("spillway_only") is not None:
+            item.add_marker(pytest.mark.skip(
+                reason="Spillway-only (e.g. delivery limits on classic queues): not run "
+                       "against an external broker"))
+            continue
         if item.get_closest_marker("separate_only") is None:
             continue
         callspec = getattr(item, "callspec", None)

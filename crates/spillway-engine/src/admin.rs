@@ -1000,6 +1000,7 @@ async fn peek_messages(
                 exchange,
                 routing_key,
                 redelivered: queued.redelivered,
+                delivery_count: queued.delivery_count,
                 persistent,
                 body_size: body.len() as u64,
                 body,
@@ -1234,11 +1235,13 @@ fn move_round(
                 id,
                 body_size: old.body_size,
                 redelivered: old.redelivered,
+                delivery_count: old.delivery_count,
             })));
             copy.mark_stored(u64::MAX);
         }
         let mut entry = QueuedMessage::resident(id, copy);
         entry.redelivered = old.redelivered;
+        entry.delivery_count = old.delivery_count;
         // Within limits (checked above): nothing is dropped.
         target.enqueue(entry);
     }

@@ -39,6 +39,10 @@ pub struct EngineConfig {
     /// How long a delivery may stay unacked before its channel is closed
     /// (`broker.consumer_timeout`; None = for ever).
     pub consumer_timeout: Option<Duration>,
+    /// Deliveries after which a message that comes back is dead-lettered,
+    /// for queues without a delivery limit of their own
+    /// (`broker.default_maximum_delivery_count`; 0 = no limit).
+    pub default_max_deliveries: u64,
     /// Vhost, user and per-connection limits (`broker.default_vhost_max_connections`, ...).
     pub limits: crate::LimitConfig,
     /// The bound of the store writer's queue (`engine.store_writer_max_writes`,
@@ -57,6 +61,7 @@ impl Default for EngineConfig {
             flow_to_disk_threshold: budget::default_threshold(),
             housekeeping_interval: Duration::from_secs(1),
             consumer_timeout: Some(DEFAULT_CONSUMER_TIMEOUT),
+            default_max_deliveries: 0,
             limits: crate::LimitConfig::default(),
             writer_limits: WriterLimits::default(),
             lease_ttl: DEFAULT_LEASE_TTL,
@@ -171,6 +176,7 @@ impl Engine {
             budget: budget.clone(),
             loads,
             consumer_timeout: config.consumer_timeout,
+            default_max_deliveries: config.default_max_deliveries,
             limits: config.limits,
         });
         recovery::install(&mut broker, stored);
@@ -413,12 +419,20 @@ async fn run_loader(
         };
         tokio::spawn(async move {
             let records = load(&engine, &request.ids).await;
-            engine.broker.lock().install_loaded(
-                &request.vhost,
-                &request.queue,
-                &request.ids,
-                records,
-            );
+            if request.dead_letters.is_empty() {
+                engine.broker.lock().install_loaded(
+                    &request.vhost,
+                    &request.queue,
+                    &request.ids,
+                    records,
+                );
+            } else {
+                engine.broker.lock().dead_letter_loaded(
+                    &request.vhost,
+                    request.dead_letters,
+                    records,
+                );
+            }
             drop(permit);
         });
     }

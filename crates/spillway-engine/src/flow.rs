@@ -36,12 +36,15 @@ const READ_AHEAD_MIN_MESSAGES: u64 = 16;
 /// Payload bytes handed to the store writer in one spill write.
 const SPILL_CHUNK_BYTES: u64 = 4 << 20;
 
-/// A batch of payloads to read back for one queue.
+/// A batch of payloads to read back for one queue, or for dead letters.
 #[derive(Debug)]
 pub struct LoadRequest {
     pub vhost: String,
     pub queue: String,
     pub ids: Vec<u64>,
+    /// Not empty: the payloads are those of these dead letters (`ids` are
+    /// theirs), to dead-letter once read ([`Broker::dead_letter_loaded`]).
+    pub dead_letters: Vec<crate::broker::DeadLetterJob>,
 }
 
 /// What the broker's flow-to-disk state looks like from outside.
@@ -211,6 +214,7 @@ impl Broker {
                     vhost: vhost.to_string(),
                     queue: queue_name.to_string(),
                     ids: std::mem::take(&mut ids),
+                    dead_letters: Vec::new(),
                 });
                 bytes = 0;
             }
@@ -222,6 +226,7 @@ impl Broker {
                     vhost: vhost.to_string(),
                     queue: queue_name.to_string(),
                     ids: std::mem::take(&mut ids),
+                    dead_letters: Vec::new(),
                 });
                 bytes = 0;
             }
@@ -231,6 +236,7 @@ impl Broker {
                 vhost: vhost.to_string(),
                 queue: queue_name.to_string(),
                 ids,
+                dead_letters: Vec::new(),
             });
         }
     }

@@ -146,6 +146,9 @@ pub struct QueuedMessage {
     /// delivery.
     pub message: Option<Arc<Message>>,
     pub body_size: u64,
+    /// Deliveries so far (basic.deliver and basic.get-ok): the next one
+    /// carries it as `x-delivery-count`, and the delivery limit counts it.
+    pub delivery_count: u32,
     pub redelivered: bool,
     pub persistent: bool,
     /// Routed to more than one queue: the broker counts its holders.
@@ -161,6 +164,7 @@ impl QueuedMessage {
             body_size: message.body.len() as u64,
             persistent: message.persistent,
             message: Some(message),
+            delivery_count: 0,
             redelivered: false,
             shared: false,
             loading: false,
@@ -239,6 +243,12 @@ pub struct Queue {
     pub created_by: Option<SessionId>,
     pub arguments: FieldTable,
     pub limits: QueueLimits,
+    /// Where its dead letters go (`x-dead-letter-exchange`, or
+    /// `<queue>_DLE` with `x-qpid-dlq-enabled`); None: they are dropped.
+    pub dead_letter: Option<DeadLetterTarget>,
+    /// Messages dead-lettered from it and dropped for want of a
+    /// destination, by reason (for `/metrics`).
+    pub dead_letter_counts: DeadLetterCounts,
     /// Ready messages, ordered by id. Changed only through the methods below,
     /// which keep `ready_bytes` and `resident_bytes` exact.
     pub messages: VecDeque<QueuedMessage>,
@@ -285,17 +295,89 @@ pub struct QueueLimits {
     pub capacity: Option<u64>,
     pub resume_capacity: Option<u64>,
     pub max_count: Option<u64>,
+    /// Deliveries after which a message that comes back is dead-lettered
+    /// instead of requeued (`x-qpid-maximum-delivery-count`, or RabbitMQ's
+    /// `x-delivery-limit` + 1). None: the broker's default applies.
+    pub max_deliveries: Option<u64>,
+}
+
+/// A queue's dead-letter exchange and the routing key its dead letters are
+/// republished with (None: their own).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeadLetterTarget {
+    pub exchange: String,
+    pub routing_key: Option<String>,
+}
+
+/// Why a message was dead-lettered: RabbitMQ's reasons, as written in
+/// `x-death`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeathReason {
+    /// basic.reject or basic.nack with requeue=false.
+    Rejected,
+    /// Came back after as many deliveries as the queue allows.
+    DeliveryLimit,
+    /// Dropped (drop-head) or refused (reject-publish-dlx) by a length limit.
+    Maxlen,
+}
+
+impl DeathReason {
+    pub const ALL: [DeathReason; 3] = [Self::Rejected, Self::DeliveryLimit, Self::Maxlen];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Rejected => "rejected",
+            Self::DeliveryLimit => "delivery_limit",
+            Self::Maxlen => "maxlen",
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Self::Rejected => 0,
+            Self::DeliveryLimit => 1,
+            Self::Maxlen => 2,
+        }
+    }
+}
+
+/// Per reason: messages republished to the dead-letter exchange, and
+/// messages dropped instead (no dead-letter exchange, a missing one, a
+/// cycle, or no queue bound to it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeadLetterCounts {
+    dead_lettered: [u64; 3],
+    discarded: [u64; 3],
+}
+
+impl DeadLetterCounts {
+    pub fn count_dead_lettered(&mut self, reason: DeathReason) {
+        self.dead_lettered[reason.index()] += 1;
+    }
+
+    pub fn count_discarded(&mut self, reason: DeathReason) {
+        self.discarded[reason.index()] += 1;
+    }
+
+    pub fn dead_lettered(&self, reason: DeathReason) -> u64 {
+        self.dead_lettered[reason.index()]
+    }
+
+    pub fn discarded(&self, reason: DeathReason) -> u64 {
+        self.discarded[reason.index()]
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Overflow {
-    /// Drop (or, once dead-lettering exists, dead-letter) the oldest.
+    /// Drop the oldest (dead-lettered, reason `maxlen`, when the queue has
+    /// a dead-letter exchange).
     #[default]
     DropHead,
     /// Refuse the newest: nacked under publisher confirms.
     RejectPublish,
-    /// As RejectPublish, and dead-letter the refused message (dead-letter
-    /// exchanges are not built yet, so for now the same as RejectPublish).
+    /// As RejectPublish, and dead-letter the refused message (reason
+    /// `maxlen`), as RabbitMQ does.
     RejectPublishDlx,
 }
 
@@ -314,6 +396,8 @@ impl Queue {
             created_by: None,
             arguments: FieldTable::default(),
             limits: QueueLimits::default(),
+            dead_letter: None,
+            dead_letter_counts: DeadLetterCounts::default(),
             messages: VecDeque::new(),
             ready_bytes: 0,
             resident_bytes: 0,

@@ -11,7 +11,7 @@ use spillway_proto::amqp;
 use spillway_proto::storage::{Definitions, QueueEntry};
 use spillway_proto::{ServiceError, StorageApi};
 
-use crate::broker::{recovered_limits, Broker};
+use crate::broker::{recovered_dead_letter, recovered_limits, Broker};
 use crate::model::{Binding, Destination, Exchange, Queue, QueuedMessage, VHost};
 use crate::routing::ExchangeKind;
 
@@ -87,6 +87,7 @@ pub(crate) fn install(broker: &mut Broker, stored: Stored) {
         let arguments = amqp::decode_table(&def.arguments).unwrap_or_default();
         let mut queue = Queue::new(def.name.clone(), true, def.auto_delete, None);
         queue.limits = recovered_limits(&arguments);
+        queue.dead_letter = recovered_dead_letter(&def.name, &arguments);
         queue.arguments = arguments;
         queue.spilled_from = messages.first().map_or(u64::MAX, |m| m.id);
         for message in messages {
@@ -145,6 +146,7 @@ fn recovered(entry: QueueEntry) -> QueuedMessage {
         id: entry.id,
         message: None,
         body_size: entry.body_size,
+        delivery_count: entry.delivery_count,
         redelivered: entry.redelivered,
         persistent: true,
         shared: false,

@@ -8,12 +8,14 @@ use std::sync::{Arc, Weak};
 
 use spillway_telemetry::prometheus_client::collector::Collector;
 use spillway_telemetry::prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use spillway_telemetry::prometheus_client::metrics::counter::ConstCounter;
 use spillway_telemetry::prometheus_client::metrics::gauge::ConstGauge;
 use spillway_telemetry::prometheus_client::metrics::MetricType;
 use spillway_telemetry::Metrics;
 
 use crate::engine::{Engine, Shared};
 use crate::flow::FlowStatus;
+use crate::model::DeathReason;
 
 /// One queue's figures at one moment.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -33,6 +35,9 @@ pub struct QueueStats {
     /// body bytes.
     pub spilled_messages: u64,
     pub spilled_bytes: u64,
+    /// Messages dead-lettered from the queue, and dropped for want of a
+    /// dead-letter destination, by reason.
+    pub dead_letters: crate::model::DeadLetterCounts,
 }
 
 impl Engine {
@@ -70,6 +75,7 @@ impl Engine {
                     resident_bytes: queue.resident_bytes,
                     spilled_messages: queue.spilled_count,
                     spilled_bytes: queue.spilled_bytes,
+                    dead_letters: queue.dead_letter_counts,
                 })
             })
             .collect();
@@ -238,6 +244,33 @@ impl Collector for QueueCollector {
                 ConstGauge::new(figure(queue)).encode(family.encode_family(&labels)?)?;
             }
         }
+        type Figure = fn(&crate::model::DeadLetterCounts, DeathReason) -> u64;
+        let counters: [(&str, &str, Figure); 2] = [
+            (
+                "spillway_dead_lettered",
+                "Messages republished to the queue's dead-letter exchange, by reason (rejected, delivery_limit, maxlen)",
+                |c, r| c.dead_lettered(r),
+            ),
+            (
+                "spillway_discarded",
+                "Messages the queue let go of for a dead-letter reason and dropped: no dead-letter exchange, a missing one, a cycle, or no queue bound",
+                |c, r| c.discarded(r),
+            ),
+        ];
+        for (name, help, figure) in counters {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for queue in &stats {
+                for reason in DeathReason::ALL {
+                    let labels = [
+                        ("vhost", queue.vhost.as_str()),
+                        ("queue", queue.queue.as_str()),
+                        ("reason", reason.as_str()),
+                    ];
+                    ConstCounter::new(figure(&queue.dead_letters, reason))
+                        .encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
         Ok(())
     }
 }
@@ -375,6 +408,7 @@ mod tests {
                 resident_bytes: 3 + 5 + 2 * (2 + 4 + crate::budget::MESSAGE_OVERHEAD_BYTES),
                 spilled_messages: 0,
                 spilled_bytes: 0,
+                dead_letters: Default::default(),
             })
         );
         let idle = find(&stats, "idle").unwrap();

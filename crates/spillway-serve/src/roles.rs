@@ -303,6 +303,7 @@ async fn start_engine(storage: Arc<dyn StorageApi>, settings: &Settings) -> anyh
             .unwrap_or(defaults.flow_to_disk_threshold),
         housekeeping_interval: settings.broker.housekeeping_interval,
         consumer_timeout: Some(settings.broker.consumer_timeout).filter(|t| !t.is_zero()),
+        default_max_deliveries: settings.broker.default_maximum_delivery_count,
         limits: settings.broker.limits(),
         writer_limits: spillway_engine::WriterLimits {
             max_writes: settings.engine.store_writer_max_writes,

@@ -184,6 +184,11 @@ pub struct BrokerSettings {
     /// 0 turns it off.
     #[serde(deserialize_with = "durations::millis_or_text")]
     pub consumer_timeout: Duration,
+    /// Deliveries after which a message that comes back (rejected or nacked
+    /// with requeue, recovered, or returned by a closed channel) is
+    /// dead-lettered instead of requeued, for queues that set no limit of
+    /// their own (Qpid's `queue.maximumDeliveryAttempts`); 0 = no limit.
+    pub default_maximum_delivery_count: u64,
     /// Limits (docs/limits.md); 0 = no limit. Vhost and user limits are
     /// defaults that management can override per vhost or user.
     pub default_vhost_max_connections: u32,
@@ -213,6 +218,7 @@ impl Default for BrokerSettings {
             flow_to_disk_threshold: None,
             housekeeping_interval: Duration::from_secs(1),
             consumer_timeout: spillway_engine::DEFAULT_CONSUMER_TIMEOUT,
+            default_maximum_delivery_count: 0,
             default_vhost_max_connections: 0,
             default_vhost_max_queues: 0,
             default_user_max_connections: 0,

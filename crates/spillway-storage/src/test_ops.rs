@@ -27,6 +27,7 @@ pub(crate) fn put_entry(queue: &str, id: u64) -> WriteOp {
         id,
         body_size: 3,
         redelivered: false,
+        delivery_count: 0,
     }))
 }
 

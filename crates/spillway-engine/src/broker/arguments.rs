@@ -7,10 +7,11 @@ use spillway_proto::amqp::reply_code;
 use spillway_proto::engine::AmqpError;
 
 use super::OpResult;
-use crate::model::{Overflow, QueueLimits};
+use crate::model::{DeadLetterTarget, Overflow, QueueLimits};
 use crate::routing::{as_integer, values_equal};
 
-/// Reads and checks `x-max-length`, `x-max-length-bytes` and `x-overflow`.
+/// Reads and checks `x-max-length`, `x-max-length-bytes`, `x-overflow`,
+/// Qpid's flow-control limits and the delivery limits.
 pub(super) fn queue_limits(
     arguments: &FieldTable,
     queue: &str,
@@ -59,7 +60,16 @@ pub(super) fn queue_limits(
             ));
         }
     }
+    // Qpid counts deliveries (0 = no limit); RabbitMQ counts redeliveries
+    // (`x-delivery-limit: 0` allows one delivery). Both given: the stricter.
+    let qpid_deliveries = count("x-qpid-maximum-delivery-count")?.filter(|n| *n > 0);
+    let rabbit_deliveries = count("x-delivery-limit")?.map(|n| n.saturating_add(1));
+    let max_deliveries = match (qpid_deliveries, rabbit_deliveries) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     Ok(QueueLimits {
+        max_deliveries,
         max_length: count("x-max-length")?,
         max_bytes: count("x-max-length-bytes")?,
         overflow,
@@ -107,4 +117,85 @@ fn equivalent_argument(a: Option<&AMQPValue>, b: Option<&AMQPValue>) -> bool {
         (None, None) => true,
         _ => false,
     }
+}
+
+/// Reads and checks the dead-letter arguments: RabbitMQ's
+/// `x-dead-letter-exchange` and `x-dead-letter-routing-key`, and Qpid's
+/// `x-qpid-dlq-enabled` (dead letters go to `<queue>_DLE`). An explicit
+/// `x-dead-letter-exchange` wins over `x-qpid-dlq-enabled`.
+pub(super) fn dead_letter_target(
+    arguments: &FieldTable,
+    queue: &str,
+    vhost: &str,
+) -> OpResult<Option<DeadLetterTarget>> {
+    let invalid = |arg: &str, why: &str| {
+        AmqpError::invalid_argument(
+            reply_code::PRECONDITION_FAILED,
+            format!("invalid arg '{arg}' for queue '{queue}' in vhost '{vhost}': {why}"),
+        )
+    };
+    let text = |arg: &str| -> OpResult<Option<String>> {
+        match arguments.inner().get(arg) {
+            None => Ok(None),
+            Some(AMQPValue::LongString(s)) => {
+                Ok(Some(String::from_utf8_lossy(s.as_bytes()).into_owned()))
+            }
+            Some(AMQPValue::ShortString(s)) => Ok(Some(s.as_str().to_string())),
+            Some(_) => Err(invalid(arg, "unacceptable type")),
+        }
+    };
+    let exchange = text("x-dead-letter-exchange")?;
+    let routing_key = text("x-dead-letter-routing-key")?;
+    let qpid_dlq =
+        dlq_enabled(arguments).ok_or_else(|| invalid("x-qpid-dlq-enabled", "not a boolean"))?;
+    match (exchange, routing_key) {
+        (Some(exchange), routing_key) => Ok(Some(DeadLetterTarget {
+            exchange,
+            routing_key,
+        })),
+        (None, Some(_)) => Err(AmqpError::invalid_argument(
+            reply_code::PRECONDITION_FAILED,
+            format!(
+                "invalid arg 'x-dead-letter-routing-key' for queue '{queue}' in vhost '{vhost}': \
+                 Key x-dead-letter-routing-key should be specified together with x-dead-letter-exchange"
+            ),
+        )),
+        (None, None) if qpid_dlq => Ok(Some(DeadLetterTarget {
+            exchange: dead_letter_exchange_name(queue),
+            routing_key: None,
+        })),
+        (None, None) => Ok(None),
+    }
+}
+
+/// `x-qpid-dlq-enabled`: a boolean, or the strings `true`/`false` (Qpid's
+/// clients send either). Absent: false; None: neither.
+pub(super) fn dlq_enabled(arguments: &FieldTable) -> Option<bool> {
+    let text = match arguments.inner().get("x-qpid-dlq-enabled") {
+        None => return Some(false),
+        Some(AMQPValue::Boolean(b)) => return Some(*b),
+        Some(AMQPValue::LongString(s)) => s.as_bytes(),
+        Some(AMQPValue::ShortString(s)) => s.as_str().as_bytes(),
+        Some(_) => return None,
+    };
+    match text {
+        b"true" => Some(true),
+        b"false" => Some(false),
+        _ => None,
+    }
+}
+
+/// Qpid's dead-letter exchange of `queue`.
+pub(crate) fn dead_letter_exchange_name(queue: &str) -> String {
+    format!("{queue}_DLE")
+}
+
+/// Qpid's dead-letter queue of `queue`.
+pub(crate) fn dead_letter_queue_name(queue: &str) -> String {
+    format!("{queue}_DLQ")
+}
+
+/// The stored arguments of a recovered queue were checked when it was declared.
+pub fn recovered_dead_letter(queue: &str, arguments: &FieldTable) -> Option<DeadLetterTarget> {
+    dead_letter_target(arguments, queue, "").ok().flatten()
 }

@@ -7,7 +7,10 @@ use spillway_proto::amqp::{self, reply_code};
 use spillway_proto::engine::{self as pb, session_event::Event, AmqpError};
 use spillway_proto::storage::{self as store, write_op, Durability, WriteOp};
 
-use super::arguments::{first_inequivalent_argument, queue_limits};
+use super::arguments::{
+    dead_letter_exchange_name, dead_letter_queue_name, dead_letter_target, dlq_enabled,
+    first_inequivalent_argument, queue_limits,
+};
 use super::{
     check_exclusive, event, find_exchange, find_queue, find_queue_mut, op, Broker, OpResult,
 };
@@ -267,6 +270,7 @@ impl Broker {
         }
         let arguments = amqp::decode_table(&cmd.arguments)?;
         let limits = queue_limits(&arguments, &name, &vhost_name)?;
+        let dead_letter = dead_letter_target(&arguments, &name, &vhost_name)?;
         self.admit_queue(session, &vhost_name, &name)?;
         let mut queue = Queue::new(
             name.clone(),
@@ -276,7 +280,10 @@ impl Broker {
         );
         queue.arguments = arguments;
         queue.limits = limits;
+        queue.dead_letter = dead_letter;
         queue.created_by = Some(session);
+        let qpid_dlq = dlq_enabled(&queue.arguments) == Some(true);
+        let durable = queue.durable;
         if queue.stores_messages() {
             self.persist.submit_synced(
                 vec![op(write_op::Op::PutQueue(store::QueueDefinition {
@@ -290,12 +297,80 @@ impl Broker {
         }
         let vhost = self.vhost_mut(&vhost_name)?;
         vhost.queues.insert(name.clone(), queue);
+        if qpid_dlq {
+            self.ensure_qpid_dlq(&vhost_name, &name, durable);
+        }
         // Every queue is bound to the default exchange by its name.
         Ok(pb::QueueDeclareOk {
             queue: name,
             message_count: 0,
             consumer_count: 0,
         })
+    }
+
+    /// Qpid's `x-qpid-dlq-enabled`: `<queue>_DLE` (fanout) and `<queue>_DLQ`
+    /// bound to it, durable when the queue is; what exists already is kept.
+    fn ensure_qpid_dlq(&mut self, vhost_name: &str, queue: &str, durable: bool) {
+        let exchange_name = dead_letter_exchange_name(queue);
+        let queue_name = dead_letter_queue_name(queue);
+        let mut ops = Vec::new();
+        let Some(vhost) = self.vhosts.get_mut(vhost_name) else {
+            return;
+        };
+        if !vhost.exchanges.contains_key(&exchange_name) {
+            let exchange = Exchange::new(&exchange_name, ExchangeKind::Fanout, durable);
+            if durable {
+                ops.push(op(write_op::Op::PutExchange(store::ExchangeDefinition {
+                    vhost: vhost_name.to_string(),
+                    name: exchange_name.clone(),
+                    kind: ExchangeKind::Fanout.as_str().to_string(),
+                    auto_delete: false,
+                    internal: false,
+                    arguments: amqp::encode_table(&exchange.arguments),
+                })));
+            }
+            vhost.exchanges.insert(exchange_name.clone(), exchange);
+        }
+        if !vhost.queues.contains_key(&queue_name) {
+            let dlq = Queue::new(queue_name.clone(), durable, false, None);
+            if durable {
+                ops.push(op(write_op::Op::PutQueue(store::QueueDefinition {
+                    vhost: vhost_name.to_string(),
+                    name: queue_name.clone(),
+                    auto_delete: false,
+                    arguments: amqp::encode_table(&dlq.arguments),
+                })));
+            }
+            vhost.queues.insert(queue_name.clone(), dlq);
+        }
+        let binding = Binding {
+            destination: Destination::Queue(queue_name),
+            routing_key: String::new(),
+            arguments: Default::default(),
+        };
+        let exchange_durable = vhost
+            .exchanges
+            .get(&exchange_name)
+            .is_some_and(|exchange| exchange.durable);
+        let queue_durable = vhost
+            .queues
+            .get(binding.destination.name())
+            .is_some_and(|queue| queue.stores_messages());
+        if let Some(exchange) = vhost.exchanges.get_mut(&exchange_name) {
+            if !exchange.bindings.iter().any(|b| same_binding(b, &binding)) {
+                if exchange_durable && queue_durable {
+                    ops.push(op(write_op::Op::PutBinding(binding_definition(
+                        vhost_name,
+                        &exchange_name,
+                        &binding,
+                    ))));
+                }
+                exchange.bindings.push(binding);
+            }
+        }
+        if !ops.is_empty() {
+            self.persist.submit_synced(ops, None);
+        }
     }
 
     pub fn bind_queue(&mut self, session: SessionId, cmd: &pb::QueueBind) -> OpResult<()> {

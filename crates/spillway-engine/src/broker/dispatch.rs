@@ -187,9 +187,10 @@ impl Broker {
             exchange: message.exchange.clone(),
             routing_key: message.routing_key.clone(),
             message_count,
-            properties: message.properties.clone(),
+            properties: delivered_properties(&message, entry.delivery_count),
             body: message.body.clone(),
         };
+        entry.delivery_count = entry.delivery_count.saturating_add(1);
         if cmd.no_ack {
             let mut ops = Vec::new();
             discard(
@@ -337,9 +338,10 @@ impl Broker {
                 redelivered: entry.redelivered,
                 exchange: message.exchange.clone(),
                 routing_key: message.routing_key.clone(),
-                properties: message.properties.clone(),
+                properties: delivered_properties(message, entry.delivery_count),
                 body: message.body.clone(),
             };
+            entry.delivery_count = entry.delivery_count.saturating_add(1);
             if no_ack {
                 let stores = queue.stores_messages();
                 discard(
@@ -372,6 +374,16 @@ impl Broker {
         persist.submit(ops, Durability::Logged, None);
         self.read_ahead(vhost_name, queue_name);
         self.check_underfull(vhost_name, queue_name);
+    }
+}
+
+/// The properties a delivery carries: as published the first time, with
+/// `x-delivery-count` (the deliveries before this one) after that.
+fn delivered_properties(message: &Message, earlier_deliveries: u32) -> bytes::Bytes {
+    if earlier_deliveries == 0 {
+        message.properties.clone()
+    } else {
+        super::dead_letter::with_delivery_count(&message.properties, earlier_deliveries)
     }
 }
 

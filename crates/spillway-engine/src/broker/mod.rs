@@ -18,6 +18,7 @@
 //! (`crate::producer_flow`) are `impl Broker` blocks of their own.
 
 mod arguments;
+mod dead_letter;
 mod definitions;
 mod dispatch;
 mod publish;
@@ -37,7 +38,8 @@ use crate::flow::LoadRequest;
 use crate::model::*;
 use crate::persistence::StoreWriter;
 
-pub(crate) use arguments::{recovered_limits, RUNTIME_ARGUMENTS};
+pub(crate) use arguments::{recovered_dead_letter, recovered_limits, RUNTIME_ARGUMENTS};
+pub use dead_letter::DeadLetterJob;
 pub use dispatch::GetOutcome;
 pub use publish::PublishOutcome;
 
@@ -69,6 +71,8 @@ pub struct Broker {
     pub(crate) store_failure: Option<String>,
     pub(crate) store_failed_since: Option<std::time::Instant>,
     pub(crate) consumer_timeout: Option<std::time::Duration>,
+    /// `broker.default_maximum_delivery_count` (0 = no limit).
+    pub(crate) default_max_deliveries: u64,
     /// Vhost, user and per-connection limits (`crate::limits`).
     pub(crate) limits: crate::limits::Limits,
 }
@@ -83,6 +87,9 @@ pub struct BrokerContext {
     /// `broker.consumer_timeout`: how long a delivery may stay unacked
     /// before its channel is closed (None = for ever).
     pub consumer_timeout: Option<std::time::Duration>,
+    /// Deliveries after which a message that comes back is dead-lettered,
+    /// for queues without a limit of their own (0 = no limit).
+    pub default_max_deliveries: u64,
     pub limits: crate::limits::LimitConfig,
 }
 
@@ -106,6 +113,7 @@ impl Broker {
             store_failure: None,
             store_failed_since: None,
             consumer_timeout: context.consumer_timeout,
+            default_max_deliveries: context.default_max_deliveries,
             limits: crate::limits::Limits::new(context.limits),
         }
     }
@@ -219,16 +227,19 @@ impl Broker {
             touched.push(consumer.queue.clone());
         }
         let mut ops = Vec::new();
+        let mut dead_letters = Vec::new();
         for (_, unacked) in channel_state.unacked.into_iter().rev() {
-            self.requeue_or_discard(&vhost, unacked, &mut ops, &mut touched);
+            self.return_delivery(&vhost, unacked, &mut ops, &mut touched, &mut dead_letters);
         }
         self.persist.submit(ops, Durability::Logged, None);
+        let dead_lettered = self.dead_letter(&vhost, dead_letters);
         touched.sort();
         touched.dedup();
         for queue in &touched {
             self.auto_delete_if_unused(&vhost, queue);
             self.dispatch(&vhost, queue);
         }
+        self.dispatch_all(&vhost, dead_lettered);
     }
 
     pub fn confirm_select(&mut self, session: SessionId, channel: ChannelId) -> OpResult<()> {

@@ -4,9 +4,12 @@
 
 use spillway_proto::amqp::reply_code;
 use spillway_proto::engine::{self as pb, session_event::Event, AmqpError};
-use spillway_proto::storage::{self as store, write_op, Durability};
+use std::sync::Arc;
+
+use spillway_proto::storage::{self as store, write_op, Durability, WriteOp};
 use tokio::sync::oneshot;
 
+use super::dead_letter::DeadLetterJob;
 use super::{find_exchange, op, Broker, OpResult};
 use crate::flow::discard;
 use crate::model::*;
@@ -92,54 +95,8 @@ impl Broker {
             cmd.persistent,
         );
         let mut ops = Vec::new();
-        let mut rejected = false;
-        let mut holders = 0u32;
-        let shared = targets.len() > 1;
-        let Self {
-            vhosts,
-            shared_refs,
-            ..
-        } = self;
-        let vhost = vhosts.get_mut(&vhost_name).ok_or_else(|| {
-            AmqpError::new(
-                reply_code::NOT_ALLOWED,
-                format!("vhost '{vhost_name}' not found"),
-            )
-        })?;
-        for name in &targets {
-            let Some(queue) = vhost.queues.get_mut(name) else {
-                continue;
-            };
-            let body_len = message.body.len() as u64;
-            if queue.limits.overflow != Overflow::DropHead && queue.would_overflow(body_len) {
-                rejected = true;
-                continue;
-            }
-            let stores = queue.stores_messages();
-            if message.persistent && stores {
-                if message.stored_seq() == 0 {
-                    ops.push(op(write_op::Op::PutMessage(message.record(id))));
-                    message.mark_stored(u64::MAX);
-                }
-                ops.push(op(write_op::Op::PutQueueEntry(store::QueueEntry {
-                    vhost: vhost_name.clone(),
-                    queue: name.clone(),
-                    id,
-                    body_size: body_len,
-                    redelivered: false,
-                })));
-            }
-            let mut entry = QueuedMessage::resident(id, message.clone());
-            entry.shared = shared;
-            holders += 1;
-            let dropped = queue.enqueue(entry);
-            for entry in &dropped {
-                discard(shared_refs, &vhost_name, name, stores, entry, &mut ops);
-            }
-        }
-        if holders > 1 {
-            self.shared_refs.insert(id, holders);
-        }
+        let enqueued = self.enqueue_routed(&vhost_name, &targets, &message, id, &mut ops);
+        let rejected = enqueued.rejected;
         let stored_now = message.stored_seq() != 0;
         let outcome = if rejected && confirm_seq > 0 {
             self.persist.submit(ops, Durability::Synced, None);
@@ -161,6 +118,9 @@ impl Broker {
             PublishOutcome::Done
         };
         drop(message);
+        // After the publish's own write: a dead letter's batch deletes
+        // what it held.
+        let dead_lettered = self.dead_letter(&vhost_name, enqueued.dead_letters);
         if !self.flow_active && self.budget.over_threshold() {
             // Turned on here, not by waking the housekeeping task: under
             // load the task may run late, and every publish until then would
@@ -172,10 +132,107 @@ impl Broker {
             self.dispatch(&vhost_name, name);
             self.after_publish(session, channel, &vhost_name, name);
         }
+        self.dispatch_all(&vhost_name, dead_lettered);
         self.note_producer(session);
         if stored_now {
             self.note_persistent_producer(session);
         }
         Ok(outcome)
+    }
+}
+
+/// What handing a message to its queues did.
+#[derive(Default)]
+pub(super) struct Enqueued {
+    /// A queue's `reject-publish` (or `reject-publish-dlx`) limit refused it.
+    pub rejected: bool,
+    /// To dead-letter (reason `maxlen`): what drop-head queues with a
+    /// dead-letter exchange pushed out, and the message itself where a
+    /// `reject-publish-dlx` queue refused it.
+    pub dead_letters: Vec<DeadLetterJob>,
+}
+
+impl Broker {
+    /// Hands message `id`, routed to `targets`, to each of them within its
+    /// length limits, adding what the store must write to `ops`. The one
+    /// path for publishes and dead letters.
+    pub(super) fn enqueue_routed(
+        &mut self,
+        vhost_name: &str,
+        targets: &[String],
+        message: &Arc<Message>,
+        id: u64,
+        ops: &mut Vec<WriteOp>,
+    ) -> Enqueued {
+        let mut enqueued = Enqueued::default();
+        let mut holders = 0u32;
+        let shared = targets.len() > 1;
+        let Self {
+            vhosts,
+            shared_refs,
+            ..
+        } = self;
+        let Some(vhost) = vhosts.get_mut(vhost_name) else {
+            return enqueued;
+        };
+        for name in targets {
+            let Some(queue) = vhost.queues.get_mut(name) else {
+                continue;
+            };
+            let body_len = message.body.len() as u64;
+            if queue.limits.overflow != Overflow::DropHead && queue.would_overflow(body_len) {
+                enqueued.rejected = true;
+                if queue.limits.overflow == Overflow::RejectPublishDlx
+                    && queue.dead_letter.is_some()
+                {
+                    enqueued.dead_letters.push(DeadLetterJob {
+                        queue: name.clone(),
+                        entry: QueuedMessage::resident(id, message.clone()),
+                        reason: DeathReason::Maxlen,
+                        release: false,
+                    });
+                }
+                continue;
+            }
+            let stores = queue.stores_messages();
+            if message.persistent && stores {
+                if message.stored_seq() == 0 {
+                    ops.push(op(write_op::Op::PutMessage(message.record(id))));
+                    message.mark_stored(u64::MAX);
+                }
+                ops.push(op(write_op::Op::PutQueueEntry(store::QueueEntry {
+                    vhost: vhost_name.to_string(),
+                    queue: name.clone(),
+                    id,
+                    body_size: body_len,
+                    redelivered: false,
+                    delivery_count: 0,
+                })));
+            }
+            let mut entry = QueuedMessage::resident(id, message.clone());
+            entry.shared = shared;
+            holders += 1;
+            let dropped = queue.enqueue(entry);
+            let dead_letters = queue.dead_letter.is_some();
+            for entry in dropped {
+                if dead_letters {
+                    enqueued.dead_letters.push(DeadLetterJob {
+                        queue: name.clone(),
+                        entry,
+                        reason: DeathReason::Maxlen,
+                        release: true,
+                    });
+                } else {
+                    queue
+                        .dead_letter_counts
+                        .count_discarded(DeathReason::Maxlen);
+                    discard(shared_refs, vhost_name, name, stores, &entry, ops);
+                }
+            }
+        }
+        if holders > 1 {
+            shared_refs.insert(id, holders);
+        }
+        enqueued
     }
 }

@@ -4,9 +4,10 @@
 
 use spillway_proto::amqp::reply_code;
 use spillway_proto::engine::{self as pb, AmqpError};
-use spillway_proto::storage::{Durability, WriteOp};
+use spillway_proto::storage::{self as store, write_op, Durability, WriteOp};
 
-use super::{Broker, OpResult};
+use super::dead_letter::DeadLetterJob;
+use super::{op, Broker, OpResult};
 use crate::flow::discard;
 use crate::model::*;
 
@@ -38,13 +39,27 @@ impl Broker {
         Ok(())
     }
 
-    /// basic.nack and basic.reject: requeue, or drop.
+    /// basic.nack and basic.reject: requeue (or dead-letter, reason
+    /// `delivery_limit`, once the queue's delivery limit is reached), or
+    /// drop (dead-letter, reason `rejected`, when the queue has a
+    /// dead-letter exchange).
     pub fn nack(&mut self, session: SessionId, cmd: &pb::Nack) -> OpResult<()> {
         let vhost_name = self.session_vhost(session)?;
         let settled = self.settle(session, cmd.channel, cmd.delivery_tag, cmd.multiple)?;
         let mut ops = Vec::new();
         let mut touched = Vec::new();
+        let mut dead_letters = Vec::new();
         for unacked in settled.into_iter().rev() {
+            if cmd.requeue {
+                self.return_delivery(
+                    &vhost_name,
+                    unacked,
+                    &mut ops,
+                    &mut touched,
+                    &mut dead_letters,
+                );
+                continue;
+            }
             let Self {
                 vhosts,
                 shared_refs,
@@ -54,8 +69,18 @@ impl Broker {
                 .get_mut(&vhost_name)
                 .and_then(|v| v.queues.get_mut(&unacked.queue));
             match queue {
-                Some(queue) if cmd.requeue => queue.requeue(unacked.message),
+                Some(queue) if queue.dead_letter.is_some() => {
+                    dead_letters.push(DeadLetterJob {
+                        queue: unacked.queue.clone(),
+                        entry: unacked.message,
+                        reason: DeathReason::Rejected,
+                        release: true,
+                    });
+                }
                 Some(queue) => {
+                    queue
+                        .dead_letter_counts
+                        .count_discarded(DeathReason::Rejected);
                     let stores = queue.stores_messages();
                     discard(
                         shared_refs,
@@ -81,6 +106,7 @@ impl Broker {
             touched.push(unacked.queue);
         }
         self.persist.submit(ops, Durability::Logged, None);
+        touched.extend(self.dead_letter(&vhost_name, dead_letters));
         self.dispatch_all(&vhost_name, touched);
         Ok(())
     }
@@ -100,22 +126,37 @@ impl Broker {
         }
         let mut touched = Vec::new();
         let mut ops = Vec::new();
+        let mut dead_letters = Vec::new();
         for (_, entry) in unacked.into_iter().rev() {
-            self.requeue_or_discard(&vhost_name, entry, &mut ops, &mut touched);
+            self.return_delivery(
+                &vhost_name,
+                entry,
+                &mut ops,
+                &mut touched,
+                &mut dead_letters,
+            );
         }
         self.persist.submit(ops, Durability::Logged, None);
+        touched.extend(self.dead_letter(&vhost_name, dead_letters));
         Ok(touched)
     }
 
-    /// Returns a delivery to its queue; if the queue is gone, lets go of
-    /// what the store holds for it.
-    pub(super) fn requeue_or_discard(
+    /// Returns a delivery to its queue (requeued, or added to `dead_letters`
+    /// once it has had as many deliveries as the queue allows); if the queue
+    /// is gone, lets go of what the store holds for it.
+    pub(super) fn return_delivery(
         &mut self,
         vhost: &str,
         unacked: Unacked,
         ops: &mut Vec<WriteOp>,
         touched: &mut Vec<String>,
+        dead_letters: &mut Vec<DeadLetterJob>,
     ) {
+        let limit = self
+            .vhosts
+            .get(vhost)
+            .and_then(|v| v.queues.get(&unacked.queue))
+            .and_then(|queue| self.max_deliveries(queue));
         let Self {
             vhosts,
             shared_refs,
@@ -125,7 +166,29 @@ impl Broker {
             .get_mut(vhost)
             .and_then(|v| v.queues.get_mut(&unacked.queue))
         {
+            Some(_)
+                if limit.is_some_and(|max| u64::from(unacked.message.delivery_count) >= max) =>
+            {
+                dead_letters.push(DeadLetterJob {
+                    queue: unacked.queue,
+                    entry: unacked.message,
+                    reason: DeathReason::DeliveryLimit,
+                    release: true,
+                });
+            }
             Some(queue) => {
+                let entry = &unacked.message;
+                if entry.persistent && queue.stores_messages() {
+                    // The redelivered flag and the count outlive a restart.
+                    ops.push(op(write_op::Op::PutQueueEntry(store::QueueEntry {
+                        vhost: vhost.to_string(),
+                        queue: unacked.queue.clone(),
+                        id: entry.id,
+                        body_size: entry.body_size,
+                        redelivered: true,
+                        delivery_count: entry.delivery_count,
+                    })));
+                }
                 queue.requeue(unacked.message);
                 touched.push(unacked.queue);
             }

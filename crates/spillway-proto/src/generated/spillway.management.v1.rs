@@ -343,6 +343,10 @@ pub struct PeekedMessage {
     pub body: ::prost::bytes::Bytes,
     #[prost(uint64, tag = "12")]
     pub body_size: u64,
+    /// Deliveries so far (basic.deliver and basic.get-ok); the next delivery
+    /// carries it as the `x-delivery-count` header.
+    #[prost(uint32, tag = "13")]
+    pub delivery_count: u32,
 }
 #[allow(clippy::all)]
 #[derive(serde::Serialize)]

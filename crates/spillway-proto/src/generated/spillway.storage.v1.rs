@@ -230,8 +230,14 @@ pub struct QueueEntry {
     /// Of the body: queue depth in bytes is known without reading the payload.
     #[prost(uint64, tag = "4")]
     pub body_size: u64,
+    /// Written again when the message goes back to its queue (requeued after
+    /// a delivery): a restart keeps the redelivered flag and the count.
     #[prost(bool, tag = "5")]
     pub redelivered: bool,
+    /// Deliveries so far (basic.deliver and basic.get-ok); absent (0) in
+    /// records written before delivery counts existed.
+    #[prost(uint32, tag = "6")]
+    pub delivery_count: u32,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
