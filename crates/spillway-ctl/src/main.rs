@@ -345,7 +345,9 @@ fn endpoint_uri(addr: &str, tls: bool) -> anyhow::Result<String> {
     match addr.split_once("://") {
         None => Ok(format!("{scheme}://{addr}")),
         Some(("https", _)) if !tls => {
-            bail!("{addr} is https: give --tls-ca FILE, the CA that signed the broker's certificate")
+            bail!(
+                "{addr} is https: give --tls-ca FILE, the CA that signed the broker's certificate"
+            )
         }
         Some(("http", rest)) if tls => Ok(format!("https://{rest}")),
         Some(_) => Ok(addr.to_string()),

@@ -62,9 +62,10 @@ pub fn authenticate(
             } else {
                 parse_amqplain(response)?
             };
-            let user = users.iter().find(|u| u.name == name).filter(|user| {
-                constant_time_eq(user.password.as_bytes(), password.as_bytes())
-            });
+            let user = users
+                .iter()
+                .find(|u| u.name == name)
+                .filter(|user| constant_time_eq(user.password.as_bytes(), password.as_bytes()));
             (user, name)
         }
         (other, _) => return Err(AuthError::Mechanism(other.to_string())),

@@ -25,10 +25,10 @@ use spillway_proto::EngineApi;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::time::Instant;
-use tokio_rustls::TlsAcceptor;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::codec::FramedRead;
 use tokio_util::task::TaskTracker;
 

@@ -76,10 +76,7 @@ pub fn read_certificates(
     let certs = CertificateDer::pem_slice_iter(&bytes)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|error| {
-            TlsError::new(
-                key,
-                format!("{} is not valid PEM: {error}", path.display()),
-            )
+            TlsError::new(key, format!("{} is not valid PEM: {error}", path.display()))
         })?;
     if certs.is_empty() {
         return Err(TlsError::new(
@@ -99,7 +96,10 @@ pub fn read_private_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError>
     PrivateKeyDer::from_pem_slice(&bytes).map_err(|error| {
         TlsError::new(
             TlsKey::KeyFile,
-            format!("{} holds no usable PEM private key ({error})", path.display()),
+            format!(
+                "{} holds no usable PEM private key ({error})",
+                path.display()
+            ),
         )
     })
 }
@@ -120,7 +120,10 @@ pub fn read_roots(path: &Path) -> Result<RootCertStore, TlsError> {
         roots.add(cert).map_err(|error| {
             TlsError::new(
                 TlsKey::CaFile,
-                format!("{} holds a certificate rustls cannot use as a CA: {error}", path.display()),
+                format!(
+                    "{} holds a certificate rustls cannot use as a CA: {error}",
+                    path.display()
+                ),
             )
         })?;
     }
@@ -153,10 +156,7 @@ pub fn server_config(files: &TlsFiles) -> Result<ServerConfig, TlsError> {
                 verifier.allow_unauthenticated()
             };
             let verifier = verifier.build().map_err(|error| {
-                TlsError::new(
-                    TlsKey::CaFile,
-                    format!("{}: {error}", ca_file.display()),
-                )
+                TlsError::new(TlsKey::CaFile, format!("{}: {error}", ca_file.display()))
             })?;
             builder.with_client_cert_verifier(verifier)
         }

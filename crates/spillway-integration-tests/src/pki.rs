@@ -59,7 +59,8 @@ fn ca_params(name: &str) -> anyhow::Result<CertificateParams> {
 impl Pki {
     pub fn new() -> anyhow::Result<Self> {
         let dir = tempfile::tempdir().context("temp dir for certificates")?;
-        let ca = CertifiedIssuer::self_signed(ca_params("Spillway test CA")?, KeyPair::generate()?)?;
+        let ca =
+            CertifiedIssuer::self_signed(ca_params("Spillway test CA")?, KeyPair::generate()?)?;
         let stranger =
             CertifiedIssuer::self_signed(ca_params("Someone else's CA")?, KeyPair::generate()?)?;
         let ca_file = dir.path().join("ca.pem");
@@ -123,7 +124,11 @@ impl Pki {
         by_stranger: bool,
     ) -> anyhow::Result<Identity> {
         let key = KeyPair::generate()?;
-        let issuer = if by_stranger { &self.stranger } else { &self.ca };
+        let issuer = if by_stranger {
+            &self.stranger
+        } else {
+            &self.ca
+        };
         let cert = params.signed_by(&key, &**issuer)?;
         let identity = Identity {
             cert: self.dir.path().join(format!("{name}.pem")),
@@ -140,7 +145,10 @@ impl Pki {
     }
 
     /// lapin's TLS settings: trust this CA, present `identity` if given.
-    pub fn lapin_tls(&self, identity: Option<&Identity>) -> anyhow::Result<lapin::tcp::OwnedTLSConfig> {
+    pub fn lapin_tls(
+        &self,
+        identity: Option<&Identity>,
+    ) -> anyhow::Result<lapin::tcp::OwnedTLSConfig> {
         Ok(lapin::tcp::OwnedTLSConfig {
             identity: identity.map(Identity::lapin).transpose()?,
             cert_chain: Some(self.ca_pem()?),

@@ -276,11 +276,17 @@ async fn external_login_with_a_client_certificate(wiring: Wiring) -> anyhow::Res
     // A certificate for a user nobody configured: 403, in the words a wrong
     // password gets.
     let nobody = pki.client("nobody")?;
-    let by_certificate = connect_tls(&sandbox, &pki, Some(&nobody), "", "?auth_mechanism=external")
-        .await
-        .err()
-        .map(|e| e.to_string())
-        .ok_or_else(|| anyhow::anyhow!("an unknown CN logged in"))?;
+    let by_certificate = connect_tls(
+        &sandbox,
+        &pki,
+        Some(&nobody),
+        "",
+        "?auth_mechanism=external",
+    )
+    .await
+    .err()
+    .map(|e| e.to_string())
+    .ok_or_else(|| anyhow::anyhow!("an unknown CN logged in"))?;
     let by_password = connect_tls(&sandbox, &pki, Some(&client), "nobody:wrong@", "")
         .await
         .err()
@@ -312,10 +318,7 @@ async fn plaintext_and_silent_clients_on_the_tls_port(wiring: Wiring) -> anyhow:
         .await
         .map_err(|_| anyhow::anyhow!("a plaintext client was not closed within 2 s"))?
         .ok();
-    anyhow::ensure!(
-        !answer.starts_with(b"AMQP"),
-        "answered in AMQP: {answer:?}"
-    );
+    anyhow::ensure!(!answer.starts_with(b"AMQP"), "answered in AMQP: {answer:?}");
     let plaintext_took = started.elapsed();
     anyhow::ensure!(
         plaintext_took < Duration::from_secs(2),
@@ -385,7 +388,14 @@ async fn bad_client_certificates_are_refused(wiring: Wiring) -> anyhow::Result<(
     .await?;
     // The good certificate still gets in.
     let client = pki.client(CERT_USER)?;
-    let connection = connect_tls(&sandbox, &pki, Some(&client), "", "?auth_mechanism=external").await?;
+    let connection = connect_tls(
+        &sandbox,
+        &pki,
+        Some(&client),
+        "",
+        "?auth_mechanism=external",
+    )
+    .await?;
     connection.close(200, "bye".into()).await?;
     Ok(())
 }
@@ -526,7 +536,13 @@ async fn spillctl_over_management_tls(wiring: Wiring) -> anyhow::Result<()> {
         .arg(format!("https://{}", sandbox.management_addr()))
         .args(["vhost", "list"])
         .output()
-        .map(|o| (o.status.success(), (), String::from_utf8_lossy(&o.stderr).into_owned()))?;
+        .map(|o| {
+            (
+                o.status.success(),
+                (),
+                String::from_utf8_lossy(&o.stderr).into_owned(),
+            )
+        })?;
     anyhow::ensure!(!ok && stderr.contains("--tls-ca"), "{stderr}");
     Ok(())
 }

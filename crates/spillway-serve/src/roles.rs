@@ -403,10 +403,14 @@ async fn start_amqp(
     }
     let gateway_metrics = GatewayMetrics::new();
     gateway_metrics.register(metrics);
-    let wanted = [listeners.amqp, listeners.amqps.as_ref().map(|(addr, _)| *addr)];
-    let server = AmqpServer::start_listeners(listeners, engine, gateway.protocol(), gateway_metrics)
-        .await
-        .with_context(|| format!("binding the AMQP ports {wanted:?}"))?;
+    let wanted = [
+        listeners.amqp,
+        listeners.amqps.as_ref().map(|(addr, _)| *addr),
+    ];
+    let server =
+        AmqpServer::start_listeners(listeners, engine, gateway.protocol(), gateway_metrics)
+            .await
+            .with_context(|| format!("binding the AMQP ports {wanted:?}"))?;
     if let Some(addr) = server.bind_addr() {
         running.addresses.insert("amqp", addr);
     }
