@@ -1009,7 +1009,7 @@ fn check_content_header(bytes: &[u8]) -> Result<(), nesting::NestingError> {
 
 fn check_amqplain(bytes: &[u8]) -> Result<String, auth::AuthError> {
     let users = fuzz_config().users;
-    let result = auth::authenticate(&users, "AMQPLAIN", bytes, LOOPBACK);
+    let result = auth::authenticate(&users, "AMQPLAIN", bytes, LOOPBACK, None);
     if let Ok(user) = &result {
         let Some(user) = users.iter().find(|u| &u.name == user) else {
             panic!("AMQPLAIN logged in unknown user {user:?}");

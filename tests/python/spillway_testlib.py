@@ -208,7 +208,9 @@ class ExternalBroker(Broker):
 class SpillwayBroker(Broker):
     """Spillway as one all-in-one process or as storage + engine + gateway processes."""
 
-    def __init__(self, wiring: str, tmpdir: Path):
+    def __init__(self, wiring: str, tmpdir: Path, config: str | None = None):
+        """``config``: a ``spillway.toml`` for every process (written into each
+        process's working directory, where the broker looks for it)."""
         assert wiring in ("all-in-one", "separate"), wiring
         self.wiring = wiring
         self.tmpdir = Path(tmpdir)
@@ -220,6 +222,11 @@ class SpillwayBroker(Broker):
             self.procs = {r: _Proc(r, self.tmpdir / r) for r in ("storage", "engine", "gateway")}
         self.host = "127.0.0.1"
         self.port = 0
+        # The AMQPS port, when the configuration sets gateway.amqps_listen.
+        self.amqps_port = 0
+        if config is not None:
+            for proc in self.procs.values():
+                (proc.workdir / "spillway.toml").write_text(config)
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -238,6 +245,8 @@ class SpillwayBroker(Broker):
             self.kill()
             raise
         self.host, self.port = host.strip("[]"), int(port)
+        if "amqps" in ready:
+            self.amqps_port = int(ready["amqps"].rpartition(":")[2])
 
     def _ready_amqp(self, ready: dict) -> str:
         if "amqp" not in ready:

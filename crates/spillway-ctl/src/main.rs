@@ -7,6 +7,10 @@
 //! (default `guest`/`guest`, which the broker accepts from localhost only).
 //! Every flag has an environment variable, e.g. `SPILLCTL_ADDR`,
 //! `SPILLCTL_TOKEN`.
+//!
+//! TLS (`management.tls`): `--tls-ca FILE` trusts that CA and connects over
+//! TLS (`https://`); `--tls-cert`/`--tls-key` present a client certificate
+//! when the server requires one (`management.tls.verify_peer`).
 
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -51,6 +55,15 @@ struct Cli {
         hide_default_value = true
     )]
     password: String,
+    /// Connect over TLS, trusting the CA certificates (PEM) in this file.
+    #[arg(long, env = "SPILLCTL_TLS_CA", global = true)]
+    tls_ca: Option<std::path::PathBuf>,
+    /// A client certificate (PEM) to present over TLS; needs --tls-key.
+    #[arg(long, env = "SPILLCTL_TLS_CERT", global = true, requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, env = "SPILLCTL_TLS_KEY", global = true, requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
     /// The vhost the command applies to.
     #[arg(long, env = "SPILLCTL_VHOST", default_value = "/", global = true)]
     vhost: String,
@@ -326,14 +339,50 @@ type AddCredentials =
 
 type Client = ManagementClient<InterceptedService<Channel, AddCredentials>>;
 
-async fn connect(cli: &Cli) -> anyhow::Result<Client> {
-    let addr = if cli.addr.contains("://") {
-        cli.addr.clone()
-    } else {
-        format!("http://{}", cli.addr)
+/// `--addr` as a URI: `https://` with TLS, `http://` without.
+fn endpoint_uri(addr: &str, tls: bool) -> anyhow::Result<String> {
+    let scheme = if tls { "https" } else { "http" };
+    match addr.split_once("://") {
+        None => Ok(format!("{scheme}://{addr}")),
+        Some(("https", _)) if !tls => {
+            bail!(
+                "{addr} is https: give --tls-ca FILE, the CA that signed the broker's certificate"
+            )
+        }
+        Some(("http", rest)) if tls => Ok(format!("https://{rest}")),
+        Some(_) => Ok(addr.to_string()),
+    }
+}
+
+fn tls_config(cli: &Cli) -> anyhow::Result<Option<tonic::transport::ClientTlsConfig>> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let Some(ca) = &cli.tls_ca else {
+        if cli.tls_cert.is_some() {
+            bail!("--tls-cert needs --tls-ca: the CA that signed the broker's certificate");
+        }
+        return Ok(None);
     };
-    let channel = Channel::from_shared(addr.clone())
-        .with_context(|| format!("bad address {addr}"))?
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
+    };
+    let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca)?));
+    if let (Some(cert), Some(key)) = (&cli.tls_cert, &cli.tls_key) {
+        config = config.identity(Identity::from_pem(read(cert)?, read(key)?));
+    }
+    Ok(Some(config))
+}
+
+async fn connect(cli: &Cli) -> anyhow::Result<Client> {
+    let tls = tls_config(cli)?;
+    let addr = endpoint_uri(&cli.addr, tls.is_some())?;
+    let mut endpoint =
+        Channel::from_shared(addr.clone()).with_context(|| format!("bad address {addr}"))?;
+    if let Some(tls) = tls {
+        endpoint = endpoint
+            .tls_config(tls)
+            .with_context(|| format!("TLS settings for {addr}"))?;
+    }
+    let channel = endpoint
         .connect()
         .await
         .with_context(|| format!("cannot connect to {addr}"))?;

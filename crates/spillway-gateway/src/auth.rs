@@ -1,4 +1,5 @@
-//! SASL PLAIN and AMQPLAIN against the users from configuration.
+//! SASL PLAIN and AMQPLAIN against the users from configuration, and
+//! EXTERNAL: the user named by a verified TLS client certificate's CN.
 
 use std::net::IpAddr;
 
@@ -23,7 +24,12 @@ impl User {
     }
 }
 
+/// The mechanisms offered on a connection without a verified client
+/// certificate (plain TCP, or TLS without one).
 pub const MECHANISMS: &str = "PLAIN AMQPLAIN";
+/// The mechanisms offered on a TLS connection whose client presented a
+/// certificate the CA vouched for.
+pub const MECHANISMS_WITH_EXTERNAL: &str = "EXTERNAL PLAIN AMQPLAIN";
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum AuthError {
@@ -37,24 +43,37 @@ pub enum AuthError {
     LoopbackOnly(String),
 }
 
-/// Returns the authenticated user name.
+/// Returns the authenticated user name. `certificate_user` is the CN of
+/// the connection's verified client certificate, if it has one: only then
+/// is EXTERNAL accepted, as that user (who must be configured; the response
+/// is ignored, as RabbitMQ does).
 pub fn authenticate(
     users: &[User],
     mechanism: &str,
     response: &[u8],
     peer: IpAddr,
+    certificate_user: Option<&str>,
 ) -> Result<String, AuthError> {
-    let (name, password) = match mechanism {
-        "PLAIN" => parse_plain(response)?,
-        "AMQPLAIN" => parse_amqplain(response)?,
-        other => return Err(AuthError::Mechanism(other.to_string())),
+    let (user, name) = match (mechanism, certificate_user) {
+        ("EXTERNAL", Some(name)) => (users.iter().find(|u| u.name == name), name.to_string()),
+        ("PLAIN" | "AMQPLAIN", _) => {
+            let (name, password) = if mechanism == "PLAIN" {
+                parse_plain(response)?
+            } else {
+                parse_amqplain(response)?
+            };
+            let user = users
+                .iter()
+                .find(|u| u.name == name)
+                .filter(|user| constant_time_eq(user.password.as_bytes(), password.as_bytes()));
+            (user, name)
+        }
+        (other, _) => return Err(AuthError::Mechanism(other.to_string())),
     };
-    let Some(user) = users.iter().find(|u| u.name == name) else {
+    // An unknown user and a wrong password get the same answer.
+    let Some(user) = user else {
         return Err(AuthError::Refused(name));
     };
-    if !constant_time_eq(user.password.as_bytes(), password.as_bytes()) {
-        return Err(AuthError::Refused(name));
-    }
     if user.loopback_only && !peer.is_loopback() {
         return Err(AuthError::LoopbackOnly(name));
     }
@@ -115,18 +134,55 @@ mod tests {
     fn plain_guest_only_from_loopback() {
         let users = [User::guest()];
         assert_eq!(
-            authenticate(&users, "PLAIN", b"\0guest\0guest", LOCAL),
+            authenticate(&users, "PLAIN", b"\0guest\0guest", LOCAL, None),
             Ok("guest".into())
         );
         assert_eq!(
-            authenticate(&users, "PLAIN", b"\0guest\0guest", REMOTE),
+            authenticate(&users, "PLAIN", b"\0guest\0guest", REMOTE, None),
             Err(AuthError::LoopbackOnly("guest".into()))
         );
         assert_eq!(
-            authenticate(&users, "PLAIN", b"\0guest\0nope", LOCAL),
+            authenticate(&users, "PLAIN", b"\0guest\0nope", LOCAL, None),
             Err(AuthError::Refused("guest".into()))
         );
-        assert!(authenticate(&users, "PLAIN", b"garbage", LOCAL).is_err());
-        assert!(authenticate(&users, "EXTERNAL", b"", LOCAL).is_err());
+        assert!(authenticate(&users, "PLAIN", b"garbage", LOCAL, None).is_err());
+    }
+
+    #[test]
+    fn external_only_with_a_certificate_and_only_for_a_known_user() {
+        let users = [
+            User::guest(),
+            User {
+                name: "app".into(),
+                password: "secret".into(),
+                loopback_only: false,
+            },
+        ];
+        assert_eq!(
+            authenticate(&users, "EXTERNAL", b"", LOCAL, None),
+            Err(AuthError::Mechanism("EXTERNAL".into()))
+        );
+        assert_eq!(
+            authenticate(&users, "EXTERNAL", b"", REMOTE, Some("app")),
+            Ok("app".into())
+        );
+        // Whatever the response says, the certificate decides.
+        assert_eq!(
+            authenticate(&users, "EXTERNAL", b"guest", REMOTE, Some("app")),
+            Ok("app".into())
+        );
+        assert_eq!(
+            authenticate(&users, "EXTERNAL", b"", REMOTE, Some("mallory")),
+            Err(AuthError::Refused("mallory".into()))
+        );
+        assert_eq!(
+            authenticate(&users, "EXTERNAL", b"", REMOTE, Some("guest")),
+            Err(AuthError::LoopbackOnly("guest".into()))
+        );
+        // PLAIN still works on a connection with a certificate.
+        assert_eq!(
+            authenticate(&users, "PLAIN", b"\0app\0secret", REMOTE, Some("guest")),
+            Ok("app".into())
+        );
     }
 }

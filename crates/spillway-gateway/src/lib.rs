@@ -7,7 +7,10 @@
 //! - [`codec`]: bytes ⇄ frames (no protocol state);
 //! - [`connection`]: the handshake and the connection/channel state machines
 //!   (no I/O);
-//! - [`server`]: the TCP listener and the per-connection I/O loop;
+//! - [`server`]: the TCP listeners (plain and TLS) and the per-connection
+//!   I/O loop;
+//! - [`tls`]: the AMQPS server configuration from PEM files, and the client
+//!   certificate's CN for SASL EXTERNAL;
 //! - [`heartbeat`]: when a silent client counts as gone;
 //! - [`limits`]: `gateway.max_connections` and the negotiated `channel_max`
 //!   (the vhost, user and per-connection limits are the engine's);
@@ -24,10 +27,11 @@ pub mod heartbeat;
 pub mod limits;
 pub mod metrics;
 pub mod server;
+pub mod tls;
 
 pub use auth::User;
 pub use metrics::GatewayMetrics;
-pub use server::{AmqpServer, Server};
+pub use server::{AmqpServer, Listeners, Server};
 
 /// Gateway settings (the `[gateway]` section of the configuration).
 #[derive(Clone, Debug, serde::Deserialize)]
@@ -47,7 +51,8 @@ pub struct GatewayConfig {
     pub max_heartbeat: u16,
     /// Largest message body accepted, bytes; larger publishes get 406.
     pub max_message_size: u64,
-    /// Users allowed to connect (PLAIN / AMQPLAIN).
+    /// Users allowed to connect (PLAIN / AMQPLAIN, or EXTERNAL with a TLS
+    /// client certificate whose CN is the name).
     pub users: Vec<User>,
     /// Body bytes a connection blocked by producer flow control may still
     /// publish before the gateway stops reading its socket.

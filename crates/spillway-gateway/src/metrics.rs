@@ -4,6 +4,7 @@
 //! process's [`Metrics`] by whoever starts the gateway.
 
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use spillway_proto::engine::{session_command::Command, SessionCommand};
 use spillway_telemetry::prometheus_client;
@@ -26,7 +27,11 @@ pub struct GatewayMetrics {
     unfinished_content: Gauge,
     unfinished_content_closes: Counter,
     refusals: LimitRefusals,
+    tls_handshake_failures: TlsFailures,
 }
+
+/// `spillway_tls_handshake_failures_total{listener}`.
+type TlsFailures = Family<Vec<(&'static str, &'static str)>, Counter>;
 
 /// The gateway's labels in `spillway_limit_refusals_total`.
 pub const MAX_CONNECTIONS: &str = "max_connections";
@@ -96,6 +101,32 @@ impl GatewayMetrics {
             "Connections closed (506) for holding more than gateway.max_unfinished_content of partly received bodies",
             self.unfinished_content_closes.clone(),
         );
+        metrics.register(
+            "spillway_tls_handshake_failures",
+            "Connections to a TLS listener that failed before the TLS handshake finished (not TLS, a refused or missing client certificate, the handshake timeout), by listener",
+            self.tls_handshake_failures.clone(),
+        );
+    }
+
+    /// Shows `listener` in `spillway_tls_handshake_failures_total` (at 0
+    /// until its first failure): called when a TLS listener starts.
+    pub(crate) fn declare_tls_listener(&self, listener: &'static str) {
+        let _ = self
+            .tls_handshake_failures
+            .get_or_create(&vec![("listener", listener)]);
+    }
+
+    pub(crate) fn count_tls_handshake_failure(&self, listener: &'static str) {
+        self.tls_handshake_failures
+            .get_or_create(&vec![("listener", listener)])
+            .inc();
+    }
+
+    /// TLS handshakes that failed on `listener` so far.
+    pub fn tls_handshake_failures(&self, listener: &'static str) -> u64 {
+        self.tls_handshake_failures
+            .get_or_create(&vec![("listener", listener)])
+            .get()
     }
 
     pub fn write_timeouts(&self) -> u64 {

@@ -4,6 +4,11 @@
 //! hands outbound bytes to a writer task. The writer reports how many
 //! deliveries reached the socket, which is the engine's credit: a client that
 //! stops reading stops receiving deliveries instead of growing a buffer.
+//!
+//! One gateway may listen twice: plain AMQP and AMQPS (TLS, see
+//! [`crate::tls`]). The loop is generic over the socket ([`ClientStream`]):
+//! plain TCP is split into its owned halves as before, TLS with
+//! `tokio::io::split`. Both listeners share one connection count.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,11 +22,13 @@ use spillway_proto::engine::{
     session_command::Command, DeliveriesWritten, SessionCommand, SessionEvent,
 };
 use spillway_proto::EngineApi;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::OwnedWriteHalf;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::codec::FramedRead;
 use tokio_util::task::TaskTracker;
 
@@ -53,16 +60,37 @@ const WRITER_QUEUE: usize = 64;
 /// A network server that a wiring crate can start and stop.
 #[async_trait]
 pub trait Server: Send + Sync {
-    /// The address it listens on (the real port when configured with 0).
-    fn bind_addr(&self) -> SocketAddr;
+    /// The plain AMQP address (the real port when configured with 0), when
+    /// it listens for plain AMQP.
+    fn bind_addr(&self) -> Option<SocketAddr>;
+    /// The AMQPS address, when it listens for AMQP over TLS.
+    fn tls_bind_addr(&self) -> Option<SocketAddr>;
     /// Stops accepting and closes open connections.
     async fn shutdown(self: Box<Self>);
 }
 
-pub struct AmqpServer {
+/// Where a gateway listens: plain AMQP, AMQPS, or both.
+#[derive(Clone, Default)]
+pub struct Listeners {
+    pub amqp: Option<SocketAddr>,
+    /// The AMQPS address and its TLS configuration ([`crate::tls::server_config`]).
+    pub amqps: Option<(SocketAddr, Arc<rustls::ServerConfig>)>,
+}
+
+/// The label of the AMQPS listener in `spillway_tls_handshake_failures_total`.
+pub const AMQPS_LISTENER: &str = "amqps";
+
+struct Bound {
     addr: SocketAddr,
+    transport: &'static str,
+}
+
+pub struct AmqpServer {
+    amqp: Option<SocketAddr>,
+    amqps: Option<SocketAddr>,
+    bound: Vec<Bound>,
     stop: watch::Sender<bool>,
-    accept_loop: JoinHandle<()>,
+    accept_loops: Vec<JoinHandle<()>>,
     connections: TaskTracker,
 }
 
@@ -75,11 +103,33 @@ impl AmqpServer {
         config: GatewayConfig,
         metrics: GatewayMetrics,
     ) -> std::io::Result<Self> {
-        let listener = TcpListener::bind(addr).await?;
-        let addr = listener.local_addr()?;
+        let listeners = Listeners {
+            amqp: Some(addr),
+            amqps: None,
+        };
+        Self::start_listeners(listeners, engine, config, metrics).await
+    }
+
+    /// Binds each of `listeners` and starts accepting AMQP clients on them,
+    /// counting into `metrics`. `gateway.max_connections` counts the
+    /// connections of both.
+    pub async fn start_listeners(
+        listeners: Listeners,
+        engine: Arc<dyn EngineApi>,
+        config: GatewayConfig,
+        metrics: GatewayMetrics,
+    ) -> std::io::Result<Self> {
+        // Bind both before accepting on either: a port in use fails start-up.
+        let plain = match listeners.amqp {
+            Some(addr) => Some(TcpListener::bind(addr).await?),
+            None => None,
+        };
+        let tls = match listeners.amqps {
+            Some((addr, tls)) => Some((TcpListener::bind(addr).await?, TlsAcceptor::from(tls))),
+            None => None,
+        };
         let (stop, stopped) = watch::channel(false);
         let config = Arc::new(config);
-        tracing::info!(code = "BRK-1002", %addr, "BRK-1002 : Starting : Listening on TCP port {}", addr.port());
         let connections = TaskTracker::new();
         let context = ConnectionContext {
             engine,
@@ -87,30 +137,106 @@ impl AmqpServer {
             config,
             metrics,
         };
-        let accept_loop =
-            tokio::spawn(accept_loop(listener, context, stopped, connections.clone()));
-        Ok(Self {
-            addr,
+        let mut server = Self {
+            amqp: None,
+            amqps: None,
+            bound: Vec::new(),
             stop,
-            accept_loop,
+            accept_loops: Vec::new(),
             connections,
-        })
+        };
+        if let Some(listener) = plain {
+            let addr = listener.local_addr()?;
+            server.amqp = Some(addr);
+            server.bound.push(Bound {
+                addr,
+                transport: "TCP",
+            });
+            tracing::info!(code = "BRK-1002", %addr, "BRK-1002 : Starting : Listening on TCP port {}", addr.port());
+            server.accept_loops.push(tokio::spawn(accept_loop(
+                listener,
+                None,
+                context.clone(),
+                stopped.clone(),
+                server.connections.clone(),
+            )));
+        }
+        if let Some((listener, acceptor)) = tls {
+            let addr = listener.local_addr()?;
+            server.amqps = Some(addr);
+            server.bound.push(Bound {
+                addr,
+                transport: "TCP/SSL",
+            });
+            context.metrics.declare_tls_listener(AMQPS_LISTENER);
+            tracing::info!(code = "BRK-1002", %addr, "BRK-1002 : Starting : Listening on TCP/SSL port {}", addr.port());
+            server.accept_loops.push(tokio::spawn(accept_loop(
+                listener,
+                Some(acceptor),
+                context,
+                stopped,
+                server.connections.clone(),
+            )));
+        }
+        Ok(server)
     }
 }
 
 #[async_trait]
 impl Server for AmqpServer {
-    fn bind_addr(&self) -> SocketAddr {
-        self.addr
+    fn bind_addr(&self) -> Option<SocketAddr> {
+        self.amqp
+    }
+
+    fn tls_bind_addr(&self) -> Option<SocketAddr> {
+        self.amqps
     }
 
     async fn shutdown(self: Box<Self>) {
         let _ = self.stop.send(true);
-        let _ = self.accept_loop.await;
+        for accept_loop in self.accept_loops {
+            let _ = accept_loop.await;
+        }
         // Open connections were told to close (320); wait for them to go.
         self.connections.close();
         let _ = tokio::time::timeout(CLOSE_TIMEOUT * 2, self.connections.wait()).await;
-        tracing::info!(code = "BRK-1003", addr = %self.addr, "BRK-1003 : Shutting down : TCP port {}", self.addr.port());
+        for bound in &self.bound {
+            tracing::info!(code = "BRK-1003", addr = %bound.addr, "BRK-1003 : Shutting down : {} port {}", bound.transport, bound.addr.port());
+        }
+    }
+}
+
+/// A client's socket, plain or TLS: what the I/O loop reads and writes.
+/// Split in two halves, one for the loop and one for the writer task.
+pub trait ClientStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    type Reader: AsyncRead + Unpin + Send + 'static;
+    type Writer: AsyncWrite + Unpin + Send + 'static;
+    fn into_halves(self) -> (Self::Reader, Self::Writer);
+    /// The CN of the client's verified TLS certificate (SASL EXTERNAL).
+    fn certificate_user(&self) -> Option<String> {
+        None
+    }
+}
+
+impl ClientStream for TcpStream {
+    type Reader = OwnedReadHalf;
+    type Writer = OwnedWriteHalf;
+    fn into_halves(self) -> (OwnedReadHalf, OwnedWriteHalf) {
+        self.into_split()
+    }
+}
+
+type TlsStream = tokio_rustls::server::TlsStream<TcpStream>;
+
+impl ClientStream for TlsStream {
+    type Reader = tokio::io::ReadHalf<TlsStream>;
+    type Writer = tokio::io::WriteHalf<TlsStream>;
+    fn into_halves(self) -> (Self::Reader, Self::Writer) {
+        tokio::io::split(self)
+    }
+    fn certificate_user(&self) -> Option<String> {
+        let (_, session) = self.get_ref();
+        crate::tls::common_name(session.peer_certificates()?.first()?)
     }
 }
 
@@ -125,6 +251,7 @@ struct ConnectionContext {
 
 async fn accept_loop(
     listener: TcpListener,
+    tls: Option<TlsAcceptor>,
     context: ConnectionContext,
     mut stopped: watch::Receiver<bool>,
     connections: TaskTracker,
@@ -147,9 +274,15 @@ async fn accept_loop(
                 }
                 let context = context.clone();
                 let stopped = stopped.clone();
+                let accepted_at = Instant::now();
+                let tls = tls.clone();
                 connections.spawn(async move {
                     tracing::debug!(%peer, "connection accepted");
-                    if let Err(error) = serve_connection(stream, peer, context, stopped).await {
+                    let served = match tls {
+                        None => serve_connection(stream, peer, accepted_at, context, stopped).await,
+                        Some(tls) => serve_tls(tls, stream, peer, accepted_at, context, stopped).await,
+                    };
+                    if let Err(error) = served {
                         tracing::debug!(%peer, %error, "connection ended with an i/o error");
                     }
                 });
@@ -158,14 +291,44 @@ async fn accept_loop(
     }
 }
 
+/// The TLS handshake, within the same `gateway.handshake_timeout` as the
+/// AMQP handshake after it, then the connection. A client that does not
+/// speak TLS (a plain AMQP client on the AMQPS port) fails at its first
+/// bytes: logged once and counted, never answered in AMQP.
+async fn serve_tls(
+    tls: TlsAcceptor,
+    stream: TcpStream,
+    peer: SocketAddr,
+    accepted_at: Instant,
+    context: ConnectionContext,
+    mut stopped: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let deadline = accepted_at + context.config.handshake_timeout;
+    let handshake = tokio::select! {
+        _ = stopped.changed() => return Ok(()),
+        handshake = tokio::time::timeout_at(deadline, tls.accept(stream)) => handshake,
+    };
+    let reason = match handshake {
+        Ok(Ok(stream)) => {
+            return serve_connection(stream, peer, accepted_at, context, stopped).await
+        }
+        Ok(Err(error)) => error.to_string(),
+        Err(_) => "not finished before gateway.handshake_timeout".to_string(),
+    };
+    tracing::info!(%peer, listener = AMQPS_LISTENER, %reason, "TLS handshake failed, closing");
+    context.metrics.count_tls_handshake_failure(AMQPS_LISTENER);
+    Ok(())
+}
+
 struct Outbound {
     bytes: Bytes,
     deliveries: u32,
 }
 
-async fn serve_connection(
-    mut stream: TcpStream,
+async fn serve_connection<S: ClientStream>(
+    mut stream: S,
     peer: SocketAddr,
+    accepted_at: Instant,
     context: ConnectionContext,
     mut stopped: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
@@ -177,7 +340,7 @@ async fn serve_connection(
     } = context;
     // One deadline from accept to open-ok, whatever the client does or
     // fails to do meanwhile (RabbitMQ's handshake_timeout).
-    let deadline = tokio::time::sleep(config.handshake_timeout);
+    let deadline = tokio::time::sleep_until(accepted_at + config.handshake_timeout);
     tokio::pin!(deadline);
     let mut header = [0u8; 8];
     tokio::select! {
@@ -194,7 +357,8 @@ async fn serve_connection(
         stream.shutdown().await?;
         return Ok(());
     }
-    let (read_half, mut write_half) = stream.into_split();
+    let certificate_user = stream.certificate_user();
+    let (read_half, mut write_half) = stream.into_halves();
     // Until tune-ok, frames are held to the spec's minimum frame-max (as
     // RabbitMQ does): a peer that has not logged in gets no large buffers.
     let mut frames = FramedRead::new(
@@ -206,9 +370,9 @@ async fn serve_connection(
     let mut out = FrameWriter::default();
 
     // Handshake: written directly, before the writer task exists.
-    let mut handshake = Handshake::new(&config, peer);
+    let mut handshake = Handshake::new(&config, peer).with_certificate_user(certificate_user);
     handshake.start(&mut out);
-    write_half.write_all(&out.take()).await?;
+    send(&mut write_half, &out.take()).await?;
     let negotiated = loop {
         let frame = tokio::select! {
             _ = &mut deadline => {
@@ -227,14 +391,16 @@ async fn serve_connection(
             Ok(HandshakeStep::Open(negotiated)) => break negotiated,
             Err(error) => {
                 write_connection_close(&error, &mut out);
-                write_half.write_all(&out.take()).await?;
+                send(&mut write_half, &out.take()).await?;
                 let _ =
                     tokio::time::timeout(CLOSE_TIMEOUT, drain_until_close_ok(&mut frames)).await;
+                // TLS: close_notify, then FIN.
+                let _ = write_half.shutdown().await;
                 return Ok(());
             }
         }
         if !out.is_empty() {
-            write_half.write_all(&out.take()).await?;
+            send(&mut write_half, &out.take()).await?;
         }
     };
     // Held until this function returns, however the connection ends.
@@ -250,8 +416,9 @@ async fn serve_connection(
         )
         .on(MethodId::CONNECTION_OPEN);
         write_connection_close(&error, &mut out);
-        write_half.write_all(&out.take()).await?;
+        send(&mut write_half, &out.take()).await?;
         let _ = tokio::time::timeout(CLOSE_TIMEOUT, drain_until_close_ok(&mut frames)).await;
+        let _ = write_half.shutdown().await;
         return Ok(());
     };
     frames.decoder_mut().frame_max = negotiated.frame_max as usize;
@@ -262,7 +429,7 @@ async fn serve_connection(
             tracing::warn!(%peer, %error, "engine unavailable");
             let error = ConnectionError::new(reply_code::CONNECTION_FORCED, "engine unavailable");
             write_connection_close(&error, &mut out);
-            write_half.write_all(&out.take()).await?;
+            send(&mut write_half, &out.take()).await?;
             return Ok(());
         }
     };
@@ -413,6 +580,13 @@ async fn flush(
     writer.send(outbound).await.is_ok()
 }
 
+/// Writes `bytes` and flushes: a TLS stream may keep the tail of a write
+/// in its buffer until flushed (plain TCP's flush does nothing).
+async fn send<W: AsyncWrite + Unpin>(socket: &mut W, bytes: &[u8]) -> std::io::Result<()> {
+    socket.write_all(bytes).await?;
+    socket.flush().await
+}
+
 /// How long a write may make no progress (`gateway.write_timeout`).
 struct WriteDeadline {
     peer: SocketAddr,
@@ -424,9 +598,9 @@ impl WriteDeadline {
     /// within the timeout: a client that stops reading cannot hold its
     /// connection task (and the heartbeat check) for ever. A slow reader
     /// that keeps taking bytes is not cut off.
-    async fn write_all(
+    async fn write_all<W: AsyncWrite + Unpin>(
         &self,
-        socket: &mut OwnedWriteHalf,
+        socket: &mut W,
         mut bytes: &[u8],
     ) -> std::io::Result<()> {
         while !bytes.is_empty() {
@@ -447,10 +621,31 @@ impl WriteDeadline {
         }
         Ok(())
     }
+
+    /// Flushes what a TLS stream still buffers, under the same timeout.
+    /// Plain TCP's flush is ready at once: no timer is armed for it.
+    async fn flush<W: AsyncWrite + Unpin>(&self, socket: &mut W) -> std::io::Result<()> {
+        use futures::FutureExt;
+        let flush = socket.flush();
+        tokio::pin!(flush);
+        if let Some(flushed) = flush.as_mut().now_or_never() {
+            return flushed;
+        }
+        match self.timeout {
+            None => flush.await,
+            Some(timeout) => match tokio::time::timeout(timeout, flush).await {
+                Ok(flushed) => flushed,
+                Err(_) => {
+                    tracing::info!(peer = %self.peer, ?timeout, "client did not read for the write timeout, closing");
+                    Err(std::io::ErrorKind::TimedOut.into())
+                }
+            },
+        }
+    }
 }
 
-async fn write_loop(
-    mut socket: OwnedWriteHalf,
+async fn write_loop<W: AsyncWrite + Unpin>(
+    mut socket: W,
     mut outbound: mpsc::Receiver<Outbound>,
     commands: spillway_proto::CommandSender,
     metrics: GatewayMetrics,
@@ -467,6 +662,12 @@ async fn write_loop(
                 }
                 return;
             }
+        }
+        if let Err(error) = deadline.flush(&mut socket).await {
+            if error.kind() == std::io::ErrorKind::TimedOut {
+                metrics.count_write_timeout();
+            }
+            return;
         }
         if deliveries > 0 {
             metrics.count_delivered(deliveries);

@@ -44,6 +44,7 @@ use spillway_serve::{Role, Running, Settings};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 pub mod harness;
+pub mod pki;
 pub mod raw;
 
 pub use harness::{eventually, run_case, run_wiring_case, CaseFuture, ProbeOutcome};
@@ -88,6 +89,8 @@ pub struct Sandbox {
     /// The cluster secret the separate processes share.
     secret: ClusterSecret,
     amqp: SocketAddr,
+    /// The AMQPS address, when the configuration sets `gateway.amqps_listen`.
+    amqps: Option<SocketAddr>,
     management: SocketAddr,
     /// Where the store lives, when not in the sandbox's own directory.
     data_dir: Option<PathBuf>,
@@ -134,6 +137,7 @@ impl Sandbox {
             engine: None,
             secret,
             amqp: SocketAddr::from(([127, 0, 0, 1], 0)),
+            amqps: None,
             management: SocketAddr::from(([127, 0, 0, 1], 0)),
             metrics: BTreeMap::new(),
             in_process: None,
@@ -149,6 +153,13 @@ impl Sandbox {
 
     pub fn amqp_addr(&self) -> SocketAddr {
         self.amqp
+    }
+
+    /// The AMQPS address (`gateway.amqps_listen` in the sandbox's
+    /// configuration, e.g. `127.0.0.1:0`).
+    pub fn amqps_addr(&self) -> anyhow::Result<SocketAddr> {
+        self.amqps
+            .context("no AMQPS listener: the configuration sets no gateway.amqps_listen")
     }
 
     /// The storage node's internal gRPC address (separate wiring only).
@@ -381,6 +392,7 @@ impl Sandbox {
                 settings.storage.data_dir = self.data_dir();
                 let running = spillway_serve::run(Role::AllInOne, &settings).await?;
                 self.amqp = *running.addresses.get("amqp").context("no amqp address")?;
+                self.amqps = running.addresses.get("amqps").copied();
                 self.management = *running
                     .addresses
                     .get("management")
@@ -395,6 +407,7 @@ impl Sandbox {
             Wiring::AllInOneProcess => {
                 let ready = self.spawn("all-in-one", &[]).await?;
                 self.amqp = parse_addr(&ready, "amqp")?;
+                self.amqps = parse_addr(&ready, "amqps").ok();
                 self.management = parse_addr(&ready, "management")?;
             }
             Wiring::Separate => {
@@ -432,6 +445,7 @@ impl Sandbox {
                     )
                     .await?;
                 self.amqp = parse_addr(&gateway, "amqp")?;
+                self.amqps = parse_addr(&gateway, "amqps").ok();
             }
         }
         Ok(())

@@ -240,8 +240,8 @@ pub async fn read_until_connection_close<R: AsyncRead + Unpin>(
 
 /// Reads (and drops) until the broker closes the socket, at most `limit`;
 /// returns when that was.
-pub async fn closed_within(
-    socket: &mut TcpStream,
+pub async fn closed_within<R: AsyncRead + Unpin>(
+    socket: &mut R,
     limit: Duration,
 ) -> anyhow::Result<std::time::Instant> {
     let deadline = tokio::time::Instant::now() + limit;

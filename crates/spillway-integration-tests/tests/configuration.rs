@@ -222,3 +222,67 @@ async fn the_in_process_sandbox_refuses_the_same_file() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// TLS files that cannot work stop every role before it listens, naming
+/// the key: a certificate without its key, a file that cannot be read, one
+/// that holds no certificate, `verify_peer` without a CA, AMQPS without a
+/// certificate.
+#[tokio::test]
+async fn unusable_tls_settings_stop_every_role() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let pki = spillway_integration_tests::pki::Pki::new()?;
+    let cert_text = pki.server.cert.display().to_string();
+    let key_text = pki.server.key.display().to_string();
+    let missing_text = dir.path().join("missing.pem").display().to_string();
+    let (cert, key, missing) = (&*cert_text, &*key_text, &*missing_text);
+    let cases: [(&[(&str, &str)], String); 5] = [
+        (
+            &[("SPILLWAY_GATEWAY__TLS__CERT_FILE", cert)],
+            "`gateway.tls.key_file` = unset is out of range: the PEM private key of \
+             gateway.tls.cert_file"
+                .into(),
+        ),
+        (
+            &[
+                ("SPILLWAY_MANAGEMENT__TLS__CERT_FILE", missing),
+                ("SPILLWAY_MANAGEMENT__TLS__KEY_FILE", key),
+            ],
+            format!(
+                "`management.tls.cert_file` = {missing:?} (in environment variable \
+                 SPILLWAY_MANAGEMENT__TLS__CERT_FILE) is out of range: a usable PEM file: \
+                 cannot read {missing}"
+            ),
+        ),
+        (
+            &[
+                ("SPILLWAY_GATEWAY__TLS__CERT_FILE", key),
+                ("SPILLWAY_GATEWAY__TLS__KEY_FILE", key),
+            ],
+            format!("`gateway.tls.cert_file` = {key:?} (in environment variable SPILLWAY_GATEWAY__TLS__CERT_FILE) is out of range: a usable PEM file: {key} holds no PEM certificate"),
+        ),
+        (
+            &[
+                ("SPILLWAY_GATEWAY__TLS__CERT_FILE", cert),
+                ("SPILLWAY_GATEWAY__TLS__KEY_FILE", key),
+                ("SPILLWAY_GATEWAY__TLS__VERIFY_PEER", "true"),
+            ],
+            "`gateway.tls.verify_peer` = true (in environment variable \
+             SPILLWAY_GATEWAY__TLS__VERIFY_PEER) is out of range: false unless \
+             gateway.tls.ca_file is set"
+                .into(),
+        ),
+        (
+            &[("SPILLWAY_GATEWAY__AMQPS_LISTEN", "127.0.0.1:0")],
+            "`gateway.tls.cert_file` = unset is out of range: a PEM certificate file \
+             (gateway.amqps_listen is set)"
+                .into(),
+        ),
+    ];
+    for (env, expected) in &cases {
+        for role in ROLES {
+            let exit = run(dir.path(), role, None, env).await?;
+            assert_refused(&exit, role, &[expected.as_str()]);
+        }
+    }
+    Ok(())
+}

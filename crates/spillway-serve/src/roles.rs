@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use spillway_engine::{Engine, EngineAdminService, EngineConfig, EngineService};
-use spillway_gateway::{AmqpServer, GatewayMetrics, Server};
+use spillway_gateway::{AmqpServer, GatewayMetrics, Listeners, Server};
 use spillway_management::ManagementService;
 use spillway_proto::backoff::Backoff;
 use spillway_proto::cluster::{grpc_message_limit, ClusterClient};
@@ -53,8 +53,9 @@ impl Role {
 
 /// A started process: its bound addresses, and how to stop it.
 pub struct Running {
-    /// Component name → bound address (`amqp`, `engine`, `storage`,
-    /// `management`, and `metrics` for the HTTP `/metrics` and `/healthz`).
+    /// Component name → bound address (`amqp`, `amqps`, `engine`,
+    /// `storage`, `management`, and `metrics` for the HTTP `/metrics` and
+    /// `/healthz`).
     pub addresses: BTreeMap<&'static str, SocketAddr>,
     /// `/healthz`: ready once every listener is bound, not ready again from
     /// the start of shutdown.
@@ -163,7 +164,7 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
             start_amqp(&mut running, Arc::new(engine), settings, &metrics).await?;
             let routes =
                 ManagementService::new(admin, storage).routes(settings.management.auth())?;
-            let router = tonic::transport::Server::builder().add_routes(routes);
+            let router = management_server(settings)?.add_routes(routes);
             start_grpc(
                 &mut running,
                 "management",
@@ -241,7 +242,7 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
             )?);
             let routes =
                 ManagementService::new(admin, storage).routes(settings.management.auth())?;
-            let router = tonic::transport::Server::builder().add_routes(routes);
+            let router = management_server(settings)?.add_routes(routes);
             start_grpc(
                 &mut running,
                 "management",
@@ -348,24 +349,75 @@ async fn start_engine(storage: Arc<dyn StorageApi>, settings: &Settings) -> anyh
     }
 }
 
+/// The management server's builder: TLS on when `management.tls` has a
+/// certificate and key (client certificates as `ca_file`/`verify_peer` say).
+fn management_server(settings: &Settings) -> anyhow::Result<tonic::transport::Server> {
+    use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+    let builder = tonic::transport::Server::builder();
+    let Some(files) = settings.management.tls.files() else {
+        return Ok(builder);
+    };
+    let read = |key: &str, path: &std::path::Path| {
+        std::fs::read(path)
+            .with_context(|| format!("management.tls.{key}: cannot read {}", path.display()))
+    };
+    let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(
+        read("cert_file", &files.cert_file)?,
+        read("key_file", &files.key_file)?,
+    ));
+    if let Some(ca_file) = &files.ca_file {
+        tls = tls
+            .client_ca_root(Certificate::from_pem(read("ca_file", ca_file)?))
+            .client_auth_optional(!files.verify_peer);
+    }
+    builder
+        .tls_config(tls)
+        .context("management.tls: the certificate, key or CA cannot be used")
+}
+
 async fn start_amqp(
     running: &mut Running,
     engine: Arc<dyn EngineApi>,
     settings: &Settings,
     metrics: &Metrics,
 ) -> anyhow::Result<()> {
-    let addr: SocketAddr = settings.gateway.amqp_listen.parse().with_context(|| {
-        format!(
-            "gateway.amqp_listen '{}' is not an address",
-            settings.gateway.amqp_listen
-        )
-    })?;
+    let gateway = &settings.gateway;
+    let parse = |key: &str, listen: &str| -> anyhow::Result<SocketAddr> {
+        listen
+            .parse()
+            .with_context(|| format!("gateway.{key} '{listen}' is not an address"))
+    };
+    let mut listeners = Listeners::default();
+    if let Some(listen) = gateway.amqp_listen() {
+        listeners.amqp = Some(parse("amqp_listen", listen)?);
+    }
+    if let Some(listen) = gateway.amqps_listen() {
+        let addr = parse("amqps_listen", listen)?;
+        let files = gateway
+            .tls
+            .files()
+            .context("gateway.amqps_listen is set without gateway.tls.cert_file and key_file")?;
+        let tls = spillway_gateway::tls::server_config(&files).map_err(|error| {
+            anyhow::anyhow!("gateway.tls.{}: {}", error.key.as_str(), error.reason)
+        })?;
+        listeners.amqps = Some((addr, Arc::new(tls)));
+    }
     let gateway_metrics = GatewayMetrics::new();
     gateway_metrics.register(metrics);
-    let server = AmqpServer::start(addr, engine, settings.gateway.protocol(), gateway_metrics)
-        .await
-        .with_context(|| format!("binding the AMQP port {addr}"))?;
-    running.addresses.insert("amqp", server.bind_addr());
+    let wanted = [
+        listeners.amqp,
+        listeners.amqps.as_ref().map(|(addr, _)| *addr),
+    ];
+    let server =
+        AmqpServer::start_listeners(listeners, engine, gateway.protocol(), gateway_metrics)
+            .await
+            .with_context(|| format!("binding the AMQP ports {wanted:?}"))?;
+    if let Some(addr) = server.bind_addr() {
+        running.addresses.insert("amqp", addr);
+    }
+    if let Some(addr) = server.tls_bind_addr() {
+        running.addresses.insert("amqps", addr);
+    }
     running.amqp = Some(Box::new(server));
     Ok(())
 }

@@ -90,11 +90,114 @@ impl ClusterSettings {
     }
 }
 
+/// A listener's TLS (`gateway.tls`, `management.tls`): PEM files.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct TlsSettings {
+    /// The server's certificate chain, leaf first.
+    pub cert_file: Option<PathBuf>,
+    /// Its private key.
+    pub key_file: Option<PathBuf>,
+    /// The CAs client certificates are verified against. Set: a client
+    /// may present a certificate (and log in with SASL EXTERNAL on AMQPS).
+    pub ca_file: Option<PathBuf>,
+    /// Require a client certificate (needs `ca_file`).
+    pub verify_peer: bool,
+}
+
+impl TlsSettings {
+    /// The files, when a certificate and key are set (TLS is on).
+    pub fn files(&self) -> Option<spillway_gateway::tls::TlsFiles> {
+        Some(spillway_gateway::tls::TlsFiles {
+            cert_file: self.cert_file.clone()?,
+            key_file: self.key_file.clone()?,
+            ca_file: self.ca_file.clone(),
+            verify_peer: self.verify_peer,
+        })
+    }
+
+    fn is_set(&self) -> bool {
+        self.cert_file.is_some()
+            || self.key_file.is_some()
+            || self.ca_file.is_some()
+            || self.verify_peer
+    }
+
+    /// What is wrong with `section.tls` (`needed_by`: the setting that
+    /// needs a certificate, if any). Every file is read and checked as the
+    /// listener will use it, so a bad one stops start-up in every role.
+    fn check(&self, section: &str, needed_by: Option<&str>) -> Vec<Range> {
+        let key = |name: &str| format!("{section}.tls.{name}");
+        let path = |path: &Option<PathBuf>| {
+            path.as_ref().map_or("unset".to_string(), |path| {
+                Quoted(&path.display().to_string()).to_string()
+            })
+        };
+        let mut found = Vec::new();
+        if !self.is_set() && needed_by.is_none() {
+            return found;
+        }
+        if self.cert_file.is_none() {
+            let why = match needed_by {
+                Some(setting) => format!("{setting} is set"),
+                None => format!("{section}.tls is set"),
+            };
+            found.push(Range {
+                key: key("cert_file"),
+                value: "unset".into(),
+                allowed: format!("a PEM certificate file ({why})"),
+            });
+        }
+        if self.key_file.is_none() && self.cert_file.is_some() {
+            found.push(Range {
+                key: key("key_file"),
+                value: "unset".into(),
+                allowed: format!("the PEM private key of {}", key("cert_file")),
+            });
+        }
+        if self.verify_peer && self.ca_file.is_none() {
+            found.push(Range {
+                key: key("verify_peer"),
+                value: "true".into(),
+                allowed: format!(
+                    "false unless {} is set (the CAs client certificates are checked against)",
+                    key("ca_file")
+                ),
+            });
+        }
+        if !found.is_empty() {
+            return found;
+        }
+        if let Some(files) = self.files() {
+            if let Err(error) = spillway_gateway::tls::server_config(&files) {
+                use spillway_gateway::tls::TlsKey;
+                let value = match error.key {
+                    TlsKey::CertFile => path(&self.cert_file),
+                    TlsKey::KeyFile => path(&self.key_file),
+                    TlsKey::CaFile => path(&self.ca_file),
+                    TlsKey::VerifyPeer => self.verify_peer.to_string(),
+                };
+                found.push(Range {
+                    key: key(error.key.as_str()),
+                    value,
+                    allowed: format!("a usable PEM file: {}", error.reason),
+                });
+            }
+        }
+        found
+    }
+}
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(default)]
 pub struct GatewaySettings {
-    /// Where AMQP clients connect.
+    /// Where AMQP clients connect. Empty: no plain AMQP (only with
+    /// `amqps_listen` set).
     pub amqp_listen: String,
+    /// Where AMQPS (AMQP over TLS) clients connect. Unset or empty: no AMQPS.
+    pub amqps_listen: Option<String>,
+    /// AMQPS's certificate, key and client CAs.
+    pub tls: TlsSettings,
     /// The engine's gRPC address when the gateway runs alone.
     pub engine_addr: String,
     pub frame_max: u32,
@@ -130,6 +233,8 @@ impl Default for GatewaySettings {
         let protocol = GatewayConfig::default();
         Self {
             amqp_listen: "0.0.0.0:5672".into(),
+            amqps_listen: None,
+            tls: TlsSettings::default(),
             engine_addr: "http://127.0.0.1:50061".into(),
             frame_max: protocol.frame_max,
             channel_max: protocol.channel_max,
@@ -148,6 +253,19 @@ impl Default for GatewaySettings {
 }
 
 impl GatewaySettings {
+    /// The AMQPS address, when one is set (and not empty).
+    pub fn amqps_listen(&self) -> Option<&str> {
+        self.amqps_listen
+            .as_deref()
+            .map(str::trim)
+            .filter(|listen| !listen.is_empty())
+    }
+
+    /// The plain AMQP address, unless it is empty (off).
+    pub fn amqp_listen(&self) -> Option<&str> {
+        Some(self.amqp_listen.trim()).filter(|listen| !listen.is_empty())
+    }
+
     pub fn protocol(&self) -> GatewayConfig {
         GatewayConfig {
             frame_max: self.frame_max,
@@ -313,6 +431,9 @@ pub struct ManagementSettings {
     /// Users accepted with HTTP basic credentials. Default: `guest`/`guest`
     /// from loopback only, as on the AMQP port; setting `users` replaces it.
     pub users: Vec<spillway_management::ManagementUser>,
+    /// TLS for the management API: set a certificate and key and it serves
+    /// only TLS (`https://`).
+    pub tls: TlsSettings,
 }
 
 impl ManagementSettings {
@@ -332,6 +453,7 @@ impl Default for ManagementSettings {
             engine_addr: "http://127.0.0.1:50061".into(),
             token: None,
             users: vec![spillway_management::ManagementUser::guest()],
+            tls: TlsSettings::default(),
         }
     }
 }
@@ -689,12 +811,30 @@ impl Settings {
             }
         };
         let gateway = &self.gateway;
-        check(
-            gateway.amqp_listen.parse::<SocketAddr>().is_ok(),
-            "gateway.amqp_listen",
-            &Quoted(&gateway.amqp_listen),
-            "a literal IP:port, e.g. \"0.0.0.0:5672\"",
-        );
+        match (gateway.amqp_listen(), gateway.amqps_listen()) {
+            (None, None) => check(
+                false,
+                "gateway.amqp_listen",
+                &Quoted(&gateway.amqp_listen),
+                "a literal IP:port, e.g. \"0.0.0.0:5672\" (empty only with \
+                 gateway.amqps_listen set)",
+            ),
+            (None, Some(_)) => {}
+            (Some(listen), _) => check(
+                listen.parse::<SocketAddr>().is_ok(),
+                "gateway.amqp_listen",
+                &Quoted(&gateway.amqp_listen),
+                "a literal IP:port, e.g. \"0.0.0.0:5672\"",
+            ),
+        }
+        if let Some(listen) = gateway.amqps_listen() {
+            check(
+                listen.parse::<SocketAddr>().is_ok(),
+                "gateway.amqps_listen",
+                &Quoted(listen),
+                "a literal IP:port, e.g. \"0.0.0.0:5671\"",
+            );
+        }
         check(
             gateway.frame_max >= spillway_gateway::codec::MIN_FRAME_MAX,
             "gateway.frame_max",
@@ -783,6 +923,9 @@ impl Settings {
                 "a literal IP:port, e.g. \"127.0.0.1:9471\"",
             );
         }
+        let needed_by = gateway.amqps_listen().map(|_| "gateway.amqps_listen");
+        found.extend(gateway.tls.check("gateway", needed_by));
+        found.extend(self.management.tls.check("management", None));
         found
     }
 }
@@ -1427,6 +1570,155 @@ mod tests {
         let settings = result.expect("bounds around the offered heartbeat load");
         assert_eq!(settings.gateway.protocol().heartbeat_refusal(30), None);
         assert!(settings.gateway.protocol().heartbeat_refusal(0).is_some());
+    }
+
+    /// A CA, and a server certificate and key it signed, as PEM files.
+    fn tls_files(dir: &Path) -> anyhow::Result<(PathBuf, PathBuf, PathBuf)> {
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new())?;
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = rcgen::CertifiedIssuer::self_signed(ca, rcgen::KeyPair::generate()?)?;
+        let key = rcgen::KeyPair::generate()?;
+        let cert =
+            rcgen::CertificateParams::new(vec!["localhost".to_string()])?.signed_by(&key, &*ca)?;
+        let paths = (
+            dir.join("server.pem"),
+            dir.join("server.key"),
+            dir.join("ca.pem"),
+        );
+        std::fs::write(&paths.0, cert.pem())?;
+        std::fs::write(&paths.1, key.serialize_pem())?;
+        std::fs::write(&paths.2, ca.pem())?;
+        Ok(paths)
+    }
+
+    #[test]
+    fn tls_settings_load_from_the_file_and_the_environment() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let (cert, key, ca) = tls_files(dir.path())?;
+        let toml = format!(
+            "[gateway]\namqps_listen = \"127.0.0.1:5671\"\namqp_listen = \"\"\n\
+             [gateway.tls]\ncert_file = {:?}\nkey_file = {:?}\n",
+            cert.display().to_string(),
+            key.display().to_string()
+        );
+        let ca_text = ca.display().to_string();
+        let (_, result) = load(
+            &toml,
+            &[
+                ("SPILLWAY_GATEWAY__TLS__CA_FILE", &ca_text),
+                ("SPILLWAY_GATEWAY__TLS__VERIFY_PEER", "true"),
+                (
+                    "SPILLWAY_MANAGEMENT__TLS__CERT_FILE",
+                    &cert.display().to_string(),
+                ),
+                (
+                    "SPILLWAY_MANAGEMENT__TLS__KEY_FILE",
+                    &key.display().to_string(),
+                ),
+            ],
+        );
+        let settings = result?;
+        let gateway = &settings.gateway;
+        assert_eq!(gateway.amqp_listen(), None);
+        assert_eq!(gateway.amqps_listen(), Some("127.0.0.1:5671"));
+        let files = gateway
+            .tls
+            .files()
+            .ok_or_else(|| anyhow::anyhow!("no TLS"))?;
+        assert_eq!(files.ca_file.as_deref(), Some(ca.as_path()));
+        assert!(files.verify_peer);
+        assert!(settings.management.tls.files().is_some());
+        // Unset by default; an empty amqps_listen is unset too.
+        let (_, result) = load("", &[("SPILLWAY_GATEWAY__AMQPS_LISTEN", "")]);
+        let settings = result?;
+        assert_eq!(settings.gateway.amqps_listen(), None);
+        assert!(settings.gateway.tls.files().is_none());
+        Ok(())
+    }
+
+    #[test]
+    fn tls_problems_name_their_key() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let (cert, key, _) = tls_files(dir.path())?;
+        let cert = cert.display().to_string();
+        let key = key.display().to_string();
+        let missing = dir.path().join("missing.pem").display().to_string();
+        let garbage = dir.path().join("garbage.pem");
+        std::fs::write(&garbage, "not a certificate\n")?;
+        let garbage = garbage.display().to_string();
+        let cases: Vec<(Vec<(&str, &str)>, String)> = vec![
+            (
+                vec![("SPILLWAY_GATEWAY__TLS__CERT_FILE", cert.as_str())],
+                "`gateway.tls.key_file` = unset is out of range: the PEM private key of \
+                      gateway.tls.cert_file"
+                    .into(),
+            ),
+            (
+                vec![("SPILLWAY_GATEWAY__AMQPS_LISTEN", "127.0.0.1:5671")],
+                "`gateway.tls.cert_file` = unset is out of range: a PEM certificate file \
+                      (gateway.amqps_listen is set)"
+                    .into(),
+            ),
+            (
+                vec![
+                    ("SPILLWAY_MANAGEMENT__TLS__CERT_FILE", cert.as_str()),
+                    ("SPILLWAY_MANAGEMENT__TLS__KEY_FILE", key.as_str()),
+                    ("SPILLWAY_MANAGEMENT__TLS__VERIFY_PEER", "true"),
+                ],
+                "`management.tls.verify_peer` = true (in environment variable \
+                      SPILLWAY_MANAGEMENT__TLS__VERIFY_PEER) is out of range: false unless \
+                      management.tls.ca_file is set (the CAs client certificates are checked \
+                      against)"
+                    .into(),
+            ),
+            (
+                vec![
+                    ("SPILLWAY_GATEWAY__TLS__CERT_FILE", missing.as_str()),
+                    ("SPILLWAY_GATEWAY__TLS__KEY_FILE", key.as_str()),
+                ],
+                format!(
+                    "`gateway.tls.cert_file` = {missing:?} (in environment variable \
+                     SPILLWAY_GATEWAY__TLS__CERT_FILE) is out of range: a usable PEM file: \
+                     cannot read {missing}: No such file or directory (os error 2)"
+                ),
+            ),
+            (
+                vec![
+                    ("SPILLWAY_GATEWAY__TLS__CERT_FILE", cert.as_str()),
+                    ("SPILLWAY_GATEWAY__TLS__KEY_FILE", garbage.as_str()),
+                ],
+                format!(
+                    "`gateway.tls.key_file` = {garbage:?} (in environment variable \
+                     SPILLWAY_GATEWAY__TLS__KEY_FILE) is out of range: a usable PEM file: \
+                     {garbage} holds no usable PEM private key (no items found)"
+                ),
+            ),
+            (
+                vec![
+                    ("SPILLWAY_GATEWAY__TLS__CERT_FILE", cert.as_str()),
+                    ("SPILLWAY_GATEWAY__TLS__KEY_FILE", key.as_str()),
+                    ("SPILLWAY_GATEWAY__TLS__CA_FILE", garbage.as_str()),
+                ],
+                format!(
+                    "`gateway.tls.ca_file` = {garbage:?} (in environment variable \
+                     SPILLWAY_GATEWAY__TLS__CA_FILE) is out of range: a usable PEM file: \
+                     {garbage} holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
+                ),
+            ),
+            (
+                vec![("SPILLWAY_GATEWAY__AMQP_LISTEN", "")],
+                "`gateway.amqp_listen` = \"\" (in environment variable \
+                      SPILLWAY_GATEWAY__AMQP_LISTEN) is out of range: a literal IP:port, e.g. \
+                      \"0.0.0.0:5672\" (empty only with gateway.amqps_listen set)"
+                    .into(),
+            ),
+        ];
+        for (vars, expected) in cases {
+            let (_, result) = load("", &vars);
+            let lines: Vec<String> = problems(result).iter().map(ToString::to_string).collect();
+            assert_eq!(lines, [expected], "{vars:?}");
+        }
+        Ok(())
     }
 
     #[test]

@@ -41,6 +41,9 @@ pub struct Handshake<'a> {
     user: String,
     client_properties: FieldTable,
     tuned: Tuned,
+    /// The CN of the client's verified TLS certificate: SASL EXTERNAL is
+    /// offered and accepted only when this is set.
+    certificate_user: Option<String>,
 }
 
 /// Which client method the handshake waits for next.
@@ -84,7 +87,16 @@ impl<'a> Handshake<'a> {
             user: String::new(),
             client_properties: FieldTable::default(),
             tuned: Tuned::default(),
+            certificate_user: None,
         }
+    }
+
+    /// A connection whose client presented a verified TLS certificate with
+    /// this CN (None: no certificate, or one without a CN): EXTERNAL is
+    /// offered, and logs in as that user.
+    pub fn with_certificate_user(mut self, user: Option<String>) -> Self {
+        self.certificate_user = user;
+        self
     }
 
     pub fn start(&self, out: &mut FrameWriter) {
@@ -103,7 +115,10 @@ impl<'a> Handshake<'a> {
                 version_major: 0,
                 version_minor: 9,
                 server_properties: properties,
-                mechanisms: auth::MECHANISMS.into(),
+                mechanisms: match self.certificate_user {
+                    Some(_) => auth::MECHANISMS_WITH_EXTERNAL.into(),
+                    None => auth::MECHANISMS.into(),
+                },
                 locales: "en_US".into(),
             })),
         );
@@ -166,9 +181,11 @@ impl<'a> Handshake<'a> {
             start_ok.mechanism.as_str(),
             start_ok.response.as_bytes(),
             self.peer.ip(),
+            self.certificate_user.as_deref(),
         )
         .map_err(|error| {
-            tracing::info!(peer = %self.peer, %error, "authentication refused");
+            let mechanism = start_ok.mechanism.as_str();
+            tracing::info!(peer = %self.peer, %error, mechanism, "authentication refused");
             // The reply name is added once, when connection.close is written.
             ConnectionError::new(reply_code::ACCESS_REFUSED, error.to_string())
                 .on(MethodId::CONNECTION_START_OK)
