@@ -605,6 +605,27 @@ mod libc_signal {
     pub const KILL: &str = "KILL";
 }
 
+/// Publishes `body` and waits for the broker's answer: the publisher confirm on a channel
+/// in confirm mode, or just the write otherwise.
+pub async fn publish(
+    channel: &lapin::Channel,
+    exchange: &str,
+    routing_key: &str,
+    body: &[u8],
+    properties: lapin::BasicProperties,
+) -> anyhow::Result<lapin::Confirmation> {
+    Ok(channel
+        .basic_publish(
+            exchange.into(),
+            routing_key.into(),
+            lapin::options::BasicPublishOptions::default(),
+            body,
+            properties,
+        )
+        .await?
+        .await?)
+}
+
 /// `SPILLWAY_BIN`, or `target/release/spillway` next to this test binary.
 pub fn spillway_bin() -> anyhow::Result<PathBuf> {
     if let Some(path) = std::env::var_os("SPILLWAY_BIN") {

@@ -9,7 +9,7 @@ use futures::StreamExt;
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ExchangeKind};
-use spillway_integration_tests::{both_wirings, eventually, Sandbox};
+use spillway_integration_tests::{both_wirings, eventually, publish, Sandbox};
 
 both_wirings!(
     timeout_secs = 60;
@@ -38,25 +38,6 @@ fn s(text: &str) -> ShortString {
 
 async fn channel(conn: &Connection) -> anyhow::Result<Channel> {
     Ok(conn.create_channel().await?)
-}
-
-async fn publish(
-    ch: &Channel,
-    exchange: &str,
-    key: &str,
-    body: &[u8],
-    props: BasicProperties,
-) -> anyhow::Result<Confirmation> {
-    Ok(ch
-        .basic_publish(
-            s(exchange),
-            s(key),
-            BasicPublishOptions::default(),
-            body,
-            props,
-        )
-        .await?
-        .await?)
 }
 
 async fn declare(ch: &Channel, name: &str) -> anyhow::Result<lapin::Queue> {

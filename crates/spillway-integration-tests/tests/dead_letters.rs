@@ -14,7 +14,7 @@ use lapin::message::BasicGetMessage;
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ExchangeKind};
-use spillway_integration_tests::{both_wirings, eventually, Sandbox, MANAGEMENT_TOKEN};
+use spillway_integration_tests::{both_wirings, eventually, publish, Sandbox, MANAGEMENT_TOKEN};
 use spillway_proto::management::management_client::ManagementClient;
 use spillway_proto::management::PeekMessagesRequest;
 
@@ -46,25 +46,6 @@ fn table(entries: &[(&str, AMQPValue)]) -> FieldTable {
 
 fn text(value: &str) -> AMQPValue {
     AMQPValue::LongString(value.into())
-}
-
-async fn publish(
-    ch: &Channel,
-    exchange: &str,
-    key: &str,
-    body: &[u8],
-    props: BasicProperties,
-) -> anyhow::Result<Confirmation> {
-    Ok(ch
-        .basic_publish(
-            s(exchange),
-            s(key),
-            BasicPublishOptions::default(),
-            body,
-            props,
-        )
-        .await?
-        .await?)
 }
 
 async fn declare(
