@@ -626,6 +626,18 @@ pub async fn publish(
         .await?)
 }
 
+/// The consumer's next delivery, failing when none comes `within` or the consumer ends.
+pub async fn next_delivery(
+    consumer: &mut lapin::Consumer,
+    within: Duration,
+) -> anyhow::Result<lapin::message::Delivery> {
+    use futures::StreamExt;
+    let next = tokio::time::timeout(within, consumer.next())
+        .await
+        .map_err(|_| anyhow::anyhow!("no delivery within {within:?}"))?;
+    Ok(next.ok_or_else(|| anyhow::anyhow!("the consumer ended"))??)
+}
+
 /// `SPILLWAY_BIN`, or `target/release/spillway` next to this test binary.
 pub fn spillway_bin() -> anyhow::Result<PathBuf> {
     if let Some(path) = std::env::var_os("SPILLWAY_BIN") {

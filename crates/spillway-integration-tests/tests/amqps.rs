@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 use amq_protocol::frame::AMQPFrame;
 use amq_protocol::protocol::{connection, AMQPClass};
 use amq_protocol::types::FieldTable as RawTable;
-use futures::StreamExt;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions,
     QueueDeclareOptions,
@@ -29,7 +28,8 @@ use lapin::BasicProperties;
 use spillway_integration_tests::pki::{Identity, Pki};
 use spillway_integration_tests::raw;
 use spillway_integration_tests::{
-    both_wirings, eventually, spillctl_bin, Component, Sandbox, Wiring, MANAGEMENT_TOKEN,
+    both_wirings, eventually, next_delivery, spillctl_bin, Component, Sandbox, Wiring,
+    MANAGEMENT_TOKEN,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -99,6 +99,17 @@ async fn connect_tls(
     Ok(connection)
 }
 
+/// Waits (5 s at most) until the TLS handshake failures counted reach `count`.
+async fn failures_reach(sandbox: &Sandbox, count: f64) -> anyhow::Result<f64> {
+    eventually(Duration::from_secs(5), || async {
+        tls_handshake_failures(sandbox)
+            .await
+            .ok()
+            .filter(|n| *n >= count)
+    })
+    .await
+}
+
 async fn tls_handshake_failures(sandbox: &Sandbox) -> anyhow::Result<f64> {
     sandbox
         .metric(
@@ -146,10 +157,7 @@ async fn round_trip(
             FieldTable::default(),
         )
         .await?;
-    let delivery = tokio::time::timeout(Duration::from_secs(10), consumer.next())
-        .await
-        .map_err(|_| anyhow::anyhow!("no delivery over TLS"))?
-        .ok_or_else(|| anyhow::anyhow!("the consumer ended"))??;
+    let delivery = next_delivery(&mut consumer, Duration::from_secs(10)).await?;
     anyhow::ensure!(delivery.data == body, "got {:?}", delivery.data);
     delivery.ack(BasicAckOptions::default()).await?;
     channel.close(200, "bye".into()).await?;
@@ -324,13 +332,7 @@ async fn plaintext_and_silent_clients_on_the_tls_port(wiring: Wiring) -> anyhow:
         plaintext_took < Duration::from_secs(2),
         "{plaintext_took:?}"
     );
-    eventually(Duration::from_secs(5), || async {
-        tls_handshake_failures(&sandbox)
-            .await
-            .ok()
-            .filter(|n| *n >= before + 1.0)
-    })
-    .await?;
+    failures_reach(&sandbox, before + 1.0).await?;
 
     // A client that connects and says nothing: the TLS handshake is inside
     // gateway.handshake_timeout (3 s).
@@ -342,13 +344,7 @@ async fn plaintext_and_silent_clients_on_the_tls_port(wiring: Wiring) -> anyhow:
         silent_took >= Duration::from_millis(2500),
         "closed after {silent_took:?}, before the handshake timeout"
     );
-    eventually(Duration::from_secs(5), || async {
-        tls_handshake_failures(&sandbox)
-            .await
-            .ok()
-            .filter(|n| *n >= before + 2.0)
-    })
-    .await?;
+    failures_reach(&sandbox, before + 2.0).await?;
     eprintln!("plaintext client closed in {plaintext_took:?}, silent one in {silent_took:?}");
     sandbox.serves_a_fresh_client().await?;
     Ok(())
@@ -379,13 +375,7 @@ async fn bad_client_certificates_are_refused(wiring: Wiring) -> anyhow::Result<(
             Err(error) => eprintln!("{what}: {error}"),
         }
     }
-    eventually(Duration::from_secs(5), || async {
-        tls_handshake_failures(&sandbox)
-            .await
-            .ok()
-            .filter(|n| *n >= before + 3.0)
-    })
-    .await?;
+    failures_reach(&sandbox, before + 3.0).await?;
     // The good certificate still gets in.
     let client = pki.client(CERT_USER)?;
     let connection = connect_tls(

@@ -11,7 +11,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use lapin::options::*;
 use lapin::types::FieldTable;
 use lapin::BasicProperties;
@@ -22,7 +21,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
-use spillway_integration_tests::{eventually, Sandbox, Wiring};
+use spillway_integration_tests::{eventually, next_delivery, Sandbox, Wiring};
 
 const QUEUE: &str = "traced";
 
@@ -214,10 +213,7 @@ async fn case(
             FieldTable::default(),
         )
         .await?;
-    let delivery = tokio::time::timeout(Duration::from_secs(10), consumer.next())
-        .await
-        .map_err(|_| anyhow::anyhow!("the published message was not delivered"))?
-        .ok_or_else(|| anyhow::anyhow!("consumer ended"))??;
+    let delivery = next_delivery(&mut consumer, Duration::from_secs(10)).await?;
     anyhow::ensure!(delivery.data == b"traced message");
     delivery.ack(BasicAckOptions::default()).await?;
 
