@@ -16,6 +16,7 @@ import signal
 import subprocess
 import time
 import urllib.parse
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -247,6 +248,26 @@ class SpillwayBroker(Broker):
         self.host, self.port = host.strip("[]"), int(port)
         if "amqps" in ready:
             self.amqps_port = int(ready["amqps"].rpartition(":")[2])
+        self._wait_for_recovery()
+
+    def _wait_for_recovery(self, timeout: float = 60.0) -> None:
+        """The broker serves before durable queues' stored messages are in (background
+        recovery); a test that restarts and then counts a queue waits for them."""
+        engine = self.procs["all-in-one" if self.wiring == "all-in-one" else "engine"]
+        url = f"http://{engine.address('metrics')}/metrics"
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    text = response.read().decode()
+                if any(line.split() == ["spillway_recovery_complete", "1"]
+                       for line in text.splitlines()):
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise BrokerError(f"recovery not complete after {timeout:.0f}s\n{self.logs()}")
+            time.sleep(0.05)
 
     def _ready_amqp(self, ready: dict) -> str:
         if "amqp" not in ready:

@@ -423,6 +423,22 @@ async fn main() -> ExitCode {
     }
 }
 
+/// Start-up recovery, in one line: "complete: …" or "in progress: …".
+fn recovery_line(recovery: Option<&m::RecoveryStatus>) -> String {
+    let Some(r) = recovery else {
+        return "-".to_string();
+    };
+    let state = if r.complete {
+        "complete"
+    } else {
+        "in progress"
+    };
+    format!(
+        "{state}: {}/{} queues, {} messages, {} ms",
+        r.queues_recovered, r.queues_total, r.messages_recovered, r.elapsed_ms
+    )
+}
+
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let mut client = connect(&cli).await?;
     let vhost = cli.vhost.clone();
@@ -457,6 +473,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     ),
                     ("resident message bytes", opt(status.resident_message_bytes)),
                     ("store quota bytes", opt(status.store_quota_bytes)),
+                    ("recovery", recovery_line(status.recovery.as_ref())),
                 ])
             })
         }

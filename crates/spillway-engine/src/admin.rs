@@ -184,6 +184,7 @@ fn queue_view(vhost: &str, queue: &Queue, stats: Option<&QueueStats>) -> m::Queu
             spilled_bytes: queue.spilled_bytes,
             overfull: queue.overfull,
             blocked_channels: queue.blocked_channels.len() as u32,
+            recovering: queue.recovering,
         }),
     }
 }
@@ -689,6 +690,7 @@ impl EngineAdminApi for Engine {
             consumers: stats.iter().map(|s| s.consumers as u32).sum(),
             connections,
             channels,
+            recovery: Some(crate::recovery::status(&broker.recovery)),
             ..Default::default()
         })
     }
@@ -1140,6 +1142,12 @@ fn move_round(
         if !vhost.queues.contains_key(name) {
             return Err(not_found("queue", name, vhost_name));
         }
+    }
+    // Its head is not in yet: moving would take later messages first.
+    if vhost.queues.get(source).is_some_and(|q| q.recovering) {
+        return Err(service_error(crate::broker::still_recovering(
+            source, vhost_name,
+        )));
     }
     let available = vhost
         .queues

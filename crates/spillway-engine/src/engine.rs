@@ -136,8 +136,9 @@ impl Shared {
 }
 
 impl Engine {
-    /// Starts the engine on a store, recovering durable exchanges, queues,
-    /// bindings and persistent messages before it accepts any session.
+    /// Starts the engine on a store: durable exchanges, queues and bindings
+    /// are recovered before it returns; the queues' messages are read in the
+    /// background while it serves (`recovery.rs`).
     pub async fn start(
         store: Arc<dyn StorageApi>,
         config: EngineConfig,
@@ -152,8 +153,10 @@ impl Engine {
             .await
             .map_err(EngineError::Lease)?;
         tracing::info!(epoch = lease.epoch, store_id = %lease.store_id, "store leased");
-        let stored = match recovery::read(store.as_ref(), lease.epoch).await {
-            Ok(stored) => stored,
+        // Definitions only: queues' messages are read in the background,
+        // once the engine serves (`recovery::run`).
+        let definitions = match store.load_definitions().await {
+            Ok(definitions) => definitions,
             Err(error) => {
                 // The next attempt must not wait for this lease to expire.
                 let _ = store.release_lease(lease.epoch).await;
@@ -179,7 +182,11 @@ impl Engine {
             default_max_deliveries: config.default_max_deliveries,
             limits: config.limits,
         });
-        recovery::install(&mut broker, stored);
+        let recovering = recovery::install_definitions(
+            &mut broker,
+            definitions,
+            recovery::first_message_id(lease.epoch),
+        );
         let shared = Arc::new(Shared {
             broker: Mutex::new(broker),
             next_session: AtomicU64::new(1),
@@ -200,6 +207,11 @@ impl Engine {
             shared.writer.watch_failure(),
         ));
         tokio::spawn(run_loader(Arc::downgrade(&shared), load_requests));
+        tokio::spawn(recovery::run(
+            Arc::downgrade(&shared),
+            lease.epoch,
+            recovering,
+        ));
         tokio::spawn(run_housekeeping(
             Arc::downgrade(&shared),
             config.housekeeping_interval,
@@ -243,6 +255,11 @@ impl Engine {
             .writer
             .failure()
             .map(|failure| failure.0.to_string())
+    }
+
+    /// How start-up recovery of durable queues' messages is going.
+    pub fn recovery_progress(&self) -> spillway_proto::management::RecoveryStatus {
+        crate::recovery::status(&self.shared.broker.lock().recovery)
     }
 
     /// The channels producer flow control holds back right now.

@@ -280,6 +280,10 @@ pub struct Queue {
     pub overfull: bool,
     /// The channels blocked on this queue.
     pub blocked_channels: BTreeSet<(SessionId, ChannelId)>,
+    /// A durable queue whose stored entries are still being read at
+    /// start-up (`crate::recovery`): it takes publishes but delivers
+    /// nothing, so that nothing published now overtakes what it held.
+    pub recovering: bool,
 }
 
 /// RabbitMQ's queue length limits (`x-max-length`, `x-max-length-bytes`,
@@ -412,6 +416,7 @@ impl Queue {
             exclusive_consumer: false,
             overfull: false,
             blocked_channels: BTreeSet::new(),
+            recovering: false,
         }
     }
 
@@ -507,10 +512,34 @@ impl Queue {
         self.messages.insert(position, message);
     }
 
-    /// Appends a message recovered from the store at start-up, as it was.
-    pub fn push_recovered(&mut self, message: QueuedMessage) {
-        self.count_in(&message);
-        self.messages.push_back(message);
+    /// Puts the messages recovered from the store (oldest first, payloads
+    /// in the store) ahead of those published while they were being read,
+    /// which all have later ids.
+    pub fn prepend_recovered(&mut self, recovered: Vec<QueuedMessage>) {
+        let Some(first) = recovered.first().map(|m| m.id) else {
+            return;
+        };
+        debug_assert!(recovered.windows(2).all(|pair| pair[0].id < pair[1].id));
+        debug_assert!(recovered
+            .last()
+            .zip(self.messages.front())
+            .is_none_or(|(last, front)| last.id < front.id));
+        // Nothing resident behind them: eviction may start at them.
+        let tail_spilled = self
+            .messages
+            .front()
+            .is_none_or(|front| front.id >= self.spilled_from);
+        for message in &recovered {
+            self.count_in(message);
+        }
+        for message in recovered.into_iter().rev() {
+            self.messages.push_front(message);
+        }
+        if tail_spilled {
+            self.spilled_from = first;
+        }
+        // Read-ahead starts again at the new head.
+        self.read_ahead_until = self.read_ahead_until.min(first);
     }
 
     pub fn purge(&mut self) -> Vec<QueuedMessage> {

@@ -603,7 +603,7 @@ mod tests {
         async fn status(&self, _: bool) -> Result<StoreStatus, ServiceError> {
             Ok(StoreStatus::default())
         }
-        async fn remove_orphans(&self, _: u64) -> Result<u64, ServiceError> {
+        async fn remove_orphans(&self, _: u64, _: u64) -> Result<u64, ServiceError> {
             Ok(0)
         }
         async fn acquire_lease(&self, _: AcquireLeaseRequest) -> Result<Lease, ServiceError> {

@@ -147,6 +147,17 @@ impl Session {
                 self.apply_now(Command::Publish(cmd));
             }
             Command::Get(cmd) => self.get(cmd, commands).await,
+            // Both count (or need) every message the queue holds.
+            Command::QueuePurge(cmd) => {
+                wait_for_recovery(&self.shared, self.id, &cmd.queue).await;
+                self.apply_now(Command::QueuePurge(cmd));
+                self.send_synced_reply().await;
+            }
+            Command::QueueDelete(cmd) => {
+                wait_for_recovery(&self.shared, self.id, &cmd.queue).await;
+                self.apply_now(Command::QueueDelete(cmd));
+                self.send_synced_reply().await;
+            }
             command => {
                 self.apply_now(command);
                 self.send_synced_reply().await;
@@ -450,6 +461,20 @@ impl Session {
 }
 
 /// Holds a publisher while the store is behind on spilled payloads.
+/// Waits while the session's queue is still loading its stored messages at
+/// start-up (`crate::recovery`).
+async fn wait_for_recovery(shared: &Shared, session: SessionId, queue: &str) {
+    loop {
+        // The lock's guard must not live across the await below.
+        let wait = shared.broker.lock().recovery_wait(session, queue);
+        let Some(recovered) = wait else {
+            return;
+        };
+        // Dropped if the queue goes meanwhile: look again.
+        let _ = recovered.await;
+    }
+}
+
 async fn wait_for_spill_room(budget: Arc<MemoryBudget>) {
     while budget.spill_backlog_full() {
         let drained = budget.drained.notified();

@@ -216,6 +216,29 @@ impl Collector for QueueCollector {
                     u64::from(engine.store_failure().is_some()),
                 ),
             ];
+            let recovery = engine.recovery_progress();
+            let gauges = gauges.into_iter().chain([
+                (
+                    "spillway_recovery_complete",
+                    "1 once every durable queue's stored messages are recovered (MST-1006), 0 while they load",
+                    u64::from(recovery.complete),
+                ),
+                (
+                    "spillway_recovery_queues",
+                    "Durable queues found in the store at start-up",
+                    u64::from(recovery.queues_total),
+                ),
+                (
+                    "spillway_recovery_queues_recovered",
+                    "Durable queues whose stored messages are recovered",
+                    u64::from(recovery.queues_recovered),
+                ),
+                (
+                    "spillway_recovery_messages_recovered",
+                    "Messages recovered from the store at start-up",
+                    recovery.messages_recovered,
+                ),
+            ]);
             for (name, help, value) in gauges {
                 let family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
                 ConstGauge::new(value).encode(family)?;

@@ -77,6 +77,27 @@ impl Component {
     }
 }
 
+/// The management API's client, as [`Sandbox::management`] makes it.
+pub type Management = spillway_proto::management::management_client::ManagementClient<
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, BearerToken>,
+>;
+
+/// Adds a bearer token to every call.
+#[derive(Clone)]
+pub struct BearerToken(tonic::metadata::MetadataValue<tonic::metadata::Ascii>);
+
+impl tonic::service::Interceptor for BearerToken {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        request
+            .metadata_mut()
+            .insert("authorization", self.0.clone());
+        Ok(request)
+    }
+}
+
 pub struct Sandbox {
     wiring: Wiring,
     dir: tempfile::TempDir,
@@ -100,6 +121,8 @@ pub struct Sandbox {
     in_process: Option<Running>,
     /// Started in dependency order; stopped in reverse.
     children: Vec<(String, Child)>,
+    /// Whether booting waits for start-up recovery to complete.
+    await_recovery: bool,
 }
 
 impl Sandbox {
@@ -118,6 +141,21 @@ impl Sandbox {
         wiring: Wiring,
         config: &str,
         data_dir: Option<PathBuf>,
+    ) -> anyhow::Result<Self> {
+        Self::start_with(wiring, config, data_dir, true).await
+    }
+
+    /// Starts on the store in `data_dir` and returns as soon as the broker
+    /// serves, while durable queues may still be loading their messages.
+    pub async fn start_recovering(wiring: Wiring, data_dir: PathBuf) -> anyhow::Result<Self> {
+        Self::start_with(wiring, "", Some(data_dir), false).await
+    }
+
+    async fn start_with(
+        wiring: Wiring,
+        config: &str,
+        data_dir: Option<PathBuf>,
+        await_recovery: bool,
     ) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir().context("temp dir")?;
         let config = if config.is_empty() {
@@ -142,6 +180,7 @@ impl Sandbox {
             metrics: BTreeMap::new(),
             in_process: None,
             children: Vec::new(),
+            await_recovery,
         };
         sandbox.boot().await?;
         Ok(sandbox)
@@ -194,6 +233,21 @@ impl Sandbox {
             .or_else(|| self.metrics.get("all-in-one"))
             .copied()
             .with_context(|| format!("no metrics address for {component:?}"))
+    }
+
+    /// A client of the management gRPC API, with the sandbox's token.
+    pub async fn management(&self) -> anyhow::Result<Management> {
+        let channel =
+            tonic::transport::Channel::from_shared(format!("http://{}", self.management))?
+                .connect()
+                .await?;
+        let token = format!("Bearer {MANAGEMENT_TOKEN}").parse()?;
+        Ok(
+            spillway_proto::management::management_client::ManagementClient::with_interceptor(
+                channel,
+                BearerToken(token),
+            ),
+        )
     }
 
     /// The management gRPC API (bearer token [`MANAGEMENT_TOKEN`]).
@@ -316,7 +370,11 @@ impl Sandbox {
             ],
         )
         .await?;
-        Ok(started.elapsed())
+        let ready = started.elapsed();
+        if self.await_recovery {
+            self.wait_for_recovery().await?;
+        }
+        Ok(ready)
     }
 
     /// Runs one more engine process against this sandbox's storage node and
@@ -377,7 +435,33 @@ impl Sandbox {
         self.dir.path().join(SECRET_FILE)
     }
 
+    /// Starts the processes and, unless the test watches recovery itself
+    /// ([`Sandbox::start_recovering`]), waits until the durable queues'
+    /// stored messages are in: a test that restarts and then counts what a
+    /// queue holds must not count a queue still loading.
     async fn boot(&mut self) -> anyhow::Result<()> {
+        self.boot_processes().await?;
+        if self.await_recovery {
+            self.wait_for_recovery().await?;
+        }
+        Ok(())
+    }
+
+    /// Waits until the engine reports start-up recovery complete
+    /// (`spillway_recovery_complete`).
+    pub async fn wait_for_recovery(&self) -> anyhow::Result<()> {
+        eventually(Duration::from_secs(120), || async {
+            self.engine_metric("spillway_recovery_complete")
+                .await
+                .ok()
+                .filter(|complete| *complete == 1.0)
+        })
+        .await
+        .context("recovery did not complete")?;
+        Ok(())
+    }
+
+    async fn boot_processes(&mut self) -> anyhow::Result<()> {
         self.metrics.clear();
         match self.wiring {
             Wiring::InProcess => {

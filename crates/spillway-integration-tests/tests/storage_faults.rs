@@ -374,7 +374,7 @@ async fn stale_epochs(sandbox: &Sandbox) -> anyhow::Result<()> {
     {
         let storage = sandbox.storage_api()?;
         for epoch in [0, u64::MAX] {
-            match storage.remove_orphans(epoch).await {
+            match storage.remove_orphans(epoch, u64::MAX).await {
                 Err(ServiceError::FailedPrecondition(text)) => {
                     ensure!(text.contains("epoch"), "unclear refusal: {text}")
                 }

@@ -49,10 +49,11 @@ pub trait StorageApi: Send + Sync + 'static {
     async fn read_messages(&self, ids: Vec<u64>) -> Result<Vec<MessageRecord>, ServiceError>;
     /// Disk usage; with `count_records`, exact record counts (a scan).
     async fn status(&self, count_records: bool) -> Result<StoreStatus, ServiceError>;
-    /// Deletes every message record no durable queue entry references;
-    /// returns how many. Only an engine that is starting may ask, with the
-    /// epoch of the lease it holds (another epoch is refused).
-    async fn remove_orphans(&self, epoch: u64) -> Result<u64, ServiceError>;
+    /// Deletes every message record with an id below `below_id` that no
+    /// durable queue entry references; returns how many. Only an engine
+    /// that is recovering may ask, with the epoch of the lease it holds
+    /// (another epoch is refused) and the first id it gives out itself.
+    async fn remove_orphans(&self, epoch: u64, below_id: u64) -> Result<u64, ServiceError>;
     /// Takes (epoch 0) or renews (the current epoch) the store's one engine
     /// lease; refused with `FailedPrecondition` while another engine holds
     /// it, or when the epoch is stale.
@@ -176,11 +177,11 @@ impl StorageApi for RemoteStorage {
         Ok(())
     }
 
-    async fn remove_orphans(&self, epoch: u64) -> Result<u64, ServiceError> {
+    async fn remove_orphans(&self, epoch: u64, below_id: u64) -> Result<u64, ServiceError> {
         let response = self
             .client
             .clone()
-            .remove_orphans(crate::storage::RemoveOrphansRequest { epoch })
+            .remove_orphans(crate::storage::RemoveOrphansRequest { epoch, below_id })
             .await?;
         Ok(response.into_inner().removed)
     }

@@ -96,13 +96,17 @@ impl MemoryStore {
 
     /// Deletes the message records no queue entry references; returns how
     /// many.
-    pub fn remove_orphaned_records(&self) -> u64 {
+    /// Deletes the records with an id below `below_id` that no queue entry
+    /// references (see `RocksStore::remove_orphans_leased`).
+    pub fn remove_orphaned_records(&self, below_id: u64) -> u64 {
         let mut map = self.inner.map.lock();
         let referenced: HashSet<u64> = under(&map, &[keys::ENTRY])
             .filter_map(|(key, _)| keys::entry_id(key))
             .collect();
         let orphans: Vec<Vec<u8>> = under(&map, &[keys::MESSAGE])
-            .filter(|(key, _)| keys::message_id(key).is_some_and(|id| !referenced.contains(&id)))
+            .filter(|(key, _)| {
+                keys::message_id(key).is_some_and(|id| id < below_id && !referenced.contains(&id))
+            })
             .map(|(key, _)| key.clone())
             .collect();
         for key in &orphans {
@@ -260,9 +264,9 @@ impl StorageApi for MemoryStore {
         Ok(self.status_now(count_records))
     }
 
-    async fn remove_orphans(&self, epoch: u64) -> Result<u64, ServiceError> {
+    async fn remove_orphans(&self, epoch: u64, below_id: u64) -> Result<u64, ServiceError> {
         self.inner.lease.lock().check(epoch, "in memory")?;
-        Ok(self.remove_orphaned_records())
+        Ok(self.remove_orphaned_records(below_id))
     }
 
     async fn acquire_lease(
@@ -375,7 +379,7 @@ mod tests {
         ]));
         let status = store.status_now(true);
         assert_eq!((status.message_records, status.queue_entries), (3, 1));
-        assert_eq!(store.remove_orphaned_records(), 2);
+        assert_eq!(store.remove_orphaned_records(u64::MAX), 2);
         assert_eq!(store.read(&[1, 2, 3])?.len(), 1);
         Ok(())
     }

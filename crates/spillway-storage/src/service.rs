@@ -124,11 +124,18 @@ impl Storage for StorageService {
         request: Request<spillway_proto::storage::RemoveOrphansRequest>,
     ) -> Result<Response<spillway_proto::storage::RemoveOrphansResponse>, Status> {
         let store = self.store.clone();
-        let epoch = request.into_inner().epoch;
-        let cleanup = tokio::task::spawn_blocking(move || store.remove_orphans_leased(epoch))
-            .await
-            .map_err(|error| Status::internal(error.to_string()))?
-            .map_err(|error| Status::from(spillway_proto::ServiceError::from(error)))?;
+        let request = request.into_inner();
+        // 0: no bound (an engine that predates the bound).
+        let below_id = match request.below_id {
+            0 => u64::MAX,
+            below_id => below_id,
+        };
+        let cleanup = tokio::task::spawn_blocking(move || {
+            store.remove_orphans_leased(request.epoch, below_id)
+        })
+        .await
+        .map_err(|error| Status::internal(error.to_string()))?
+        .map_err(|error| Status::from(spillway_proto::ServiceError::from(error)))?;
         Ok(Response::new(
             spillway_proto::storage::RemoveOrphansResponse {
                 removed: cleanup.orphaned_messages,

@@ -277,13 +277,21 @@ impl RocksStore {
         self.write_batch(batch)
     }
 
-    /// [`RocksStore::remove_orphans`] for the engine holding `epoch`.
-    pub fn remove_orphans_leased(&self, epoch: u64) -> Result<Cleanup, StoreError> {
-        let lease = self.meta.lease.read();
-        lease
+    /// [`RocksStore::scan_orphans`] for the engine holding `epoch`.
+    /// The lease is checked before the scan and before every batch of
+    /// deletes, not held across the scan: a long scan must not hold up the
+    /// lease's renewal, nor the writes that wait behind it.
+    pub fn remove_orphans_leased(&self, epoch: u64, below_id: u64) -> Result<Cleanup, StoreError> {
+        self.check_lease(epoch)?;
+        self.scan_orphans(below_id, || self.check_lease(epoch))
+    }
+
+    fn check_lease(&self, epoch: u64) -> Result<(), StoreError> {
+        self.meta
+            .lease
+            .read()
             .check(epoch, &self.describe())
-            .map_err(StoreError::Refused)?;
-        self.remove_orphans()
+            .map_err(StoreError::Refused)
     }
 
     /// A record under `key` did not decode: log it, count it, and delete it
@@ -313,20 +321,34 @@ impl RocksStore {
         }
     }
 
-    /// Deletes the message records no queue entry references. Run before the
-    /// engine connects, so nothing can reference them any more.
+    /// Deletes the message records no queue entry references.
     pub fn remove_orphans(&self) -> Result<Cleanup, StoreError> {
+        self.scan_orphans(u64::MAX, || Ok(()))
+    }
+
+    /// Deletes the message records with an id below `below_id` that no
+    /// queue entry references. A starting engine asks with the first id it
+    /// will give out: records at or above it are its own (payloads that
+    /// flowed to disk hold no entry), and while it recovers no older id can
+    /// gain an entry, so nothing it still needs is taken. `before_write`
+    /// runs before each batch of deletes and may stop the scan.
+    fn scan_orphans(
+        &self,
+        below_id: u64,
+        before_write: impl Fn() -> Result<(), StoreError>,
+    ) -> Result<Cleanup, StoreError> {
         let entry_prefix = [keys::ENTRY];
         let mut referenced = HashSet::new();
         self.for_each_under(&entry_prefix, |key, _| {
-            referenced.extend(keys::entry_id(key));
+            referenced.extend(keys::entry_id(key).filter(|id| *id < below_id));
             Ok(())
         })?;
         let mut cleanup = Cleanup::default();
         let mut batch = rocksdb::WriteBatch::default();
         let message_prefix = [keys::MESSAGE];
         self.for_each_under(&message_prefix, |key, value| {
-            let orphan = keys::message_id(key).is_some_and(|id| !referenced.contains(&id));
+            let orphan =
+                keys::message_id(key).is_some_and(|id| id < below_id && !referenced.contains(&id));
             if !orphan {
                 return Ok(());
             }
@@ -334,11 +356,13 @@ impl RocksStore {
             cleanup.orphaned_messages += 1;
             cleanup.orphaned_bytes += value.len() as u64;
             if batch.len() >= 10_000 {
+                before_write()?;
                 self.db.write(std::mem::take(&mut batch))?;
             }
             Ok(())
         })?;
         if cleanup.orphaned_messages > 0 {
+            before_write()?;
             self.db.write(batch)?;
             let end = keys::prefix_end(&message_prefix);
             self.db
@@ -657,10 +681,10 @@ impl StorageApi for RocksStore {
         Ok(self.quota.watch())
     }
 
-    async fn remove_orphans(&self, epoch: u64) -> Result<u64, ServiceError> {
+    async fn remove_orphans(&self, epoch: u64, below_id: u64) -> Result<u64, ServiceError> {
         self.blocking(move |store| {
             store
-                .remove_orphans_leased(epoch)
+                .remove_orphans_leased(epoch, below_id)
                 .map(|c| c.orphaned_messages)
         })
         .await
@@ -794,7 +818,7 @@ mod tests {
                 )),
                 Ok(()) => panic!("a deposed engine wrote"),
             }
-            assert!(store.remove_orphans_leased(first.epoch).is_err());
+            assert!(store.remove_orphans_leased(first.epoch, u64::MAX).is_err());
             batch.epoch = second.epoch;
             store.write_leased(&batch)?;
             (second.store_id, second.epoch)

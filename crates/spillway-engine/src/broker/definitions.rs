@@ -550,6 +550,11 @@ impl Broker {
         let vhost = self.vhost_mut(&vhost_name)?;
         let queue = find_queue_mut(vhost, &cmd.queue, &vhost_name)?;
         check_exclusive(queue, session, &vhost_name)?;
+        // A client's purge waits for it (`Session::wait_for_recovery`);
+        // management's is refused.
+        if queue.recovering {
+            return Err(still_recovering(&cmd.queue, &vhost_name));
+        }
         let purged = queue.purge();
         let stores = queue.stores_messages();
         let mut ops = Vec::new();
@@ -581,6 +586,9 @@ impl Broker {
                 format!("queue '{}' in vhost '{}' in use", cmd.queue, vhost_name),
             ));
         }
+        if cmd.if_empty && queue.recovering {
+            return Err(still_recovering(&cmd.queue, &vhost_name));
+        }
         if cmd.if_empty && !queue.messages.is_empty() {
             return Err(AmqpError::new(
                 reply_code::PRECONDITION_FAILED,
@@ -602,6 +610,12 @@ impl Broker {
             return;
         };
         let Some(queue) = vhost.queues.remove(name) else {
+            return;
+        };
+        if queue.recovering {
+            self.abandon_recovery(vhost_name, name);
+        }
+        let Some(vhost) = self.vhosts.get_mut(vhost_name) else {
             return;
         };
         let mut ops = Vec::new();
@@ -672,6 +686,15 @@ impl Broker {
             self.remove_queue(vhost_name, name);
         }
     }
+}
+
+/// What a queue whose stored messages are still being read at start-up
+/// answers where it cannot wait.
+pub(crate) fn still_recovering(queue: &str, vhost: &str) -> AmqpError {
+    AmqpError::new(
+        reply_code::RESOURCE_LOCKED,
+        format!("queue '{queue}' in vhost '{vhost}' is still being recovered, try again"),
+    )
 }
 
 fn inequivalent(

@@ -143,6 +143,12 @@ impl Broker {
         let vhost = self.vhost_mut(&vhost_name)?;
         let queue = find_queue_mut(vhost, &cmd.queue, &vhost_name)?;
         check_exclusive(queue, session, &vhost_name)?;
+        if queue.recovering {
+            // Answered once its stored messages are in (woken then).
+            let (waiter, wait) = oneshot::channel();
+            queue.get_waiters.push(waiter);
+            return Ok(GetOutcome::Wait(wait));
+        }
         let head_resident = match queue.messages.front() {
             None => return Ok(GetOutcome::Empty),
             Some(head) => head.message.is_some(),
@@ -275,7 +281,9 @@ impl Broker {
         else {
             return;
         };
-        if queue.consumers.is_empty() {
+        // A recovering queue delivers nothing until its stored messages are
+        // in front of what was published meanwhile.
+        if queue.consumers.is_empty() || queue.recovering {
             return;
         }
         let mut ops = Vec::new();

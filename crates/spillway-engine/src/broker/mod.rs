@@ -40,6 +40,7 @@ use crate::persistence::StoreWriter;
 
 pub(crate) use arguments::{recovered_dead_letter, recovered_limits, RUNTIME_ARGUMENTS};
 pub use dead_letter::DeadLetterJob;
+pub(crate) use definitions::still_recovering;
 pub use dispatch::GetOutcome;
 pub use publish::PublishOutcome;
 
@@ -75,6 +76,8 @@ pub struct Broker {
     pub(crate) default_max_deliveries: u64,
     /// Vhost, user and per-connection limits (`crate::limits`).
     pub(crate) limits: crate::limits::Limits,
+    /// Start-up recovery's progress (`crate::recovery`).
+    pub(crate) recovery: crate::recovery::Recovery,
 }
 
 /// What the broker needs from the engine around it.
@@ -115,6 +118,7 @@ impl Broker {
             consumer_timeout: context.consumer_timeout,
             default_max_deliveries: context.default_max_deliveries,
             limits: crate::limits::Limits::new(context.limits),
+            recovery: crate::recovery::Recovery::none(),
         }
     }
 
@@ -339,7 +343,7 @@ fn check_exclusive(queue: &Queue, session: SessionId, vhost_name: &str) -> OpRes
     }
 }
 
-fn op(op: write_op::Op) -> WriteOp {
+pub(crate) fn op(op: write_op::Op) -> WriteOp {
     WriteOp { op: Some(op) }
 }
 

@@ -220,6 +220,11 @@ pub struct QueueStatus {
     /// Channels blocked on this queue.
     #[prost(uint32, tag = "9")]
     pub blocked_channels: u32,
+    /// A durable queue whose stored messages are still being read after a
+    /// restart: it takes publishes and consumers, delivers nothing yet, and
+    /// `messages` counts only what was published since.
+    #[prost(bool, tag = "10")]
+    pub recovering: bool,
 }
 #[allow(clippy::all)]
 #[derive(serde::Serialize)]
@@ -503,6 +508,26 @@ pub struct BrokerStatus {
     /// Channels held by producer flow control (see ListChannels for who).
     #[prost(uint32, tag = "20")]
     pub blocked_channels: u32,
+    /// Start-up recovery of durable queues' messages (in the background).
+    #[prost(message, optional, tag = "21")]
+    pub recovery: ::core::option::Option<RecoveryStatus>,
+}
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct RecoveryStatus {
+    /// Every durable queue's stored messages are in.
+    #[prost(bool, tag = "1")]
+    pub complete: bool,
+    #[prost(uint32, tag = "2")]
+    pub queues_recovered: u32,
+    #[prost(uint32, tag = "3")]
+    pub queues_total: u32,
+    #[prost(uint64, tag = "4")]
+    pub messages_recovered: u64,
+    /// Since the engine started; once complete, how long recovery took.
+    #[prost(uint64, tag = "5")]
+    pub elapsed_ms: u64,
 }
 #[allow(clippy::all)]
 #[derive(serde::Serialize)]

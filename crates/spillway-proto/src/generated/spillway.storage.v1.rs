@@ -4,6 +4,10 @@
 pub struct RemoveOrphansRequest {
     #[prost(uint64, tag = "1")]
     pub epoch: u64,
+    /// Only records with an id below this one (the first id the asking engine
+    /// gives out) are considered; 0: every record.
+    #[prost(uint64, tag = "2")]
+    pub below_id: u64,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
