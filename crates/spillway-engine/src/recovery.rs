@@ -151,5 +151,6 @@ fn recovered(entry: QueueEntry) -> QueuedMessage {
         persistent: true,
         shared: false,
         loading: false,
+        expires_at: entry.expires_at_ms,
     }
 }

@@ -12,7 +12,9 @@
 //! - `settle`: ack, nack, reject, recover, and putting deliveries back;
 //! - `dispatch`: consumers (consume, cancel, qos), handing messages to them,
 //!   the gateway's written-deliveries credit, basic.get;
-//! - `arguments`: what `x-*` queue arguments mean and when two agree.
+//! - `arguments`: what `x-*` queue arguments mean and when two agree;
+//! - `expiry`: message TTL (`expiration`, `x-message-ttl`) and queue TTL
+//!   (`x-expires`), on one timer.
 //!
 //! Flow to disk (`crate::flow`) and producer flow control
 //! (`crate::producer_flow`) are `impl Broker` blocks of their own.
@@ -21,6 +23,7 @@ mod arguments;
 mod dead_letter;
 mod definitions;
 mod dispatch;
+mod expiry;
 mod publish;
 mod settle;
 mod timeouts;
@@ -41,6 +44,7 @@ use crate::persistence::StoreWriter;
 pub(crate) use arguments::{recovered_dead_letter, recovered_limits, RUNTIME_ARGUMENTS};
 pub use dead_letter::DeadLetterJob;
 pub use dispatch::GetOutcome;
+pub(crate) use expiry::now_ms;
 pub use publish::PublishOutcome;
 
 pub type OpResult<T> = Result<T, AmqpError>;
@@ -75,6 +79,8 @@ pub struct Broker {
     pub(crate) default_max_deliveries: u64,
     /// Vhost, user and per-connection limits (`crate::limits`).
     pub(crate) limits: crate::limits::Limits,
+    /// Message and queue TTL: the queues to look at, and when.
+    pub(crate) expiry: expiry::ExpiryTimers,
 }
 
 /// What the broker needs from the engine around it.
@@ -115,6 +121,7 @@ impl Broker {
             consumer_timeout: context.consumer_timeout,
             default_max_deliveries: context.default_max_deliveries,
             limits: crate::limits::Limits::new(context.limits),
+            expiry: expiry::ExpiryTimers::default(),
         }
     }
 
