@@ -509,9 +509,16 @@ async fn persistent_expiry_survives_a_restart(sb: &mut Sandbox) -> anyhow::Resul
     assert_expired_in(&dead.delivery.properties, "r-ttl", Some("2000"));
     dead.delivery.ack(BasicAckOptions::default()).await?;
     assert_eq!(message_count(&ch, "r-ttl").await?, 1);
-    // In the store: the one left, nothing of the dead-lettered one.
-    let stored = sb.store_status(true).await?;
-    assert_eq!((stored.message_records, stored.queue_entries), (1, 1));
+    // In the store: the one left, nothing of the dead-lettered one (the
+    // ack's delete is not waited for).
+    let sb: &Sandbox = sb;
+    eventually(WAIT, || async {
+        sb.store_status(true)
+            .await
+            .ok()
+            .filter(|stored| (stored.message_records, stored.queue_entries) == (1, 1))
+    })
+    .await?;
     let lasting = get(&ch, "r-ttl").await?;
     assert_eq!(lasting.delivery.data, b"lasting");
     close(ch, conn).await
@@ -560,12 +567,15 @@ async fn x_expires_deletes_an_unused_queue(sb: &mut Sandbox) -> anyhow::Result<(
             .is_ok_and(|queue| queue.is_none())
     })
     .await?;
-    // Deleted from the store too.
-    let definitions = sb.storage_api()?.load_definitions().await?;
-    assert!(
-        !definitions.queues.iter().any(|q| q.name == "xe-unused"),
-        "the durable queue's definition is still stored"
-    );
+    // Deleted from the store too (the write follows at once).
+    let store = sb.storage_api()?;
+    eventually(WAIT, || async {
+        store
+            .load_definitions()
+            .await
+            .is_ok_and(|definitions| !definitions.queues.iter().any(|q| q.name == "xe-unused"))
+    })
+    .await?;
     // The consumed one outlived it; without its consumer it goes too.
     assert!(queue_info(sb, "xe-consumed").await?.is_some());
     consumer_ch

@@ -307,19 +307,19 @@ mod tests {
     fn expirations_are_read_and_refused_as_rabbitmq_does() {
         assert_eq!(parse_expiration("0"), Ok(0));
         assert_eq!(parse_expiration("60000"), Ok(60_000));
-        assert_eq!(parse_expiration("abc").as_deref(), Err("no_integer"));
-        assert_eq!(parse_expiration("").as_deref(), Err("no_integer"));
+        assert_eq!(parse_expiration("abc").err().as_deref(), Some("no_integer"));
+        assert_eq!(parse_expiration("").err().as_deref(), Some("no_integer"));
         assert_eq!(
-            parse_expiration("10x").as_deref(),
-            Err("{leftover_string,\"x\"}")
+            parse_expiration("10x").err().as_deref(),
+            Some("{leftover_string,\"x\"}")
         );
         assert_eq!(
-            parse_expiration("-1").as_deref(),
-            Err("{value_negative,-1}")
+            parse_expiration("-1").err().as_deref(),
+            Some("{value_negative,-1}")
         );
         assert_eq!(
-            parse_expiration("4294967296").as_deref(),
-            Err("{value_too_large,4294967296}")
+            parse_expiration("4294967296").err().as_deref(),
+            Some("{value_too_large,4294967296}")
         );
     }
 
@@ -336,7 +336,7 @@ mod tests {
             args.insert(key.into(), value);
             queue_limits(&args, "q", "/")
                 .err()
-                .map(|error| error.reply_text)
+                .map(|error| error.text)
                 .unwrap_or_default()
         };
         assert_eq!(
