@@ -1244,18 +1244,22 @@ fn move_round(
                 body_size: old.body_size,
                 redelivered: old.redelivered,
                 delivery_count: old.delivery_count,
+                expires_at_ms: old.expires_at,
             })));
             copy.mark_stored(u64::MAX);
         }
         let mut entry = QueuedMessage::resident(id, copy);
         entry.redelivered = old.redelivered;
         entry.delivery_count = old.delivery_count;
+        // A moved message keeps its expiry.
+        entry.expires_at = old.expires_at;
         // Within limits (checked above): nothing is dropped.
         target.enqueue(entry);
     }
     if let Some(vhost) = broker.vhosts.get_mut(vhost_name) {
         vhost.queues.insert(destination.to_string(), target);
     }
+    broker.reschedule_expiry(vhost_name, destination);
     progress.moved += count;
     let (done, written) = oneshot::channel();
     engine.shared.writer.submit_synced(ops, Some(done));

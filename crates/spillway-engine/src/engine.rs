@@ -187,6 +187,8 @@ impl Engine {
             definitions,
             recovery::first_message_id(lease.epoch),
         );
+        broker.schedule_recovered_expiries();
+        let expiry_wake = broker.expiry.waker();
         let shared = Arc::new(Shared {
             broker: Mutex::new(broker),
             next_session: AtomicU64::new(1),
@@ -216,6 +218,7 @@ impl Engine {
             Arc::downgrade(&shared),
             config.housekeeping_interval,
         ));
+        tokio::spawn(run_expiry(Arc::downgrade(&shared), expiry_wake));
         Ok(Self { shared })
     }
 }
@@ -417,6 +420,35 @@ async fn run_housekeeping(shared: std::sync::Weak<Shared>, interval: Duration) {
         let mut broker = shared.broker.lock();
         broker.housekeeping();
         broker.expire_unacked(std::time::Instant::now());
+    }
+}
+
+/// Message and queue TTL (`broker/expiry.rs`): sleeps until the first
+/// queue is due (or an earlier one is scheduled), lets its expired head go
+/// or deletes it if unused past `x-expires`. Ends with the engine.
+async fn run_expiry(shared: std::sync::Weak<Shared>, wake: Arc<Notify>) {
+    // Looked at again at least this often, whatever the clock did.
+    const LONGEST_SLEEP: Duration = Duration::from_secs(60);
+    loop {
+        let Some(engine) = shared.upgrade() else {
+            return;
+        };
+        let next = engine.broker.lock().run_expiry(crate::broker::now_ms());
+        // Not kept while asleep: the engine may go meanwhile.
+        drop(engine);
+        let sleep = next.map_or(LONGEST_SLEEP, |when| {
+            Duration::from_millis(when.saturating_sub(crate::broker::now_ms())).min(LONGEST_SLEEP)
+        });
+        if sleep.is_zero() {
+            // More is due already (a large backlog expires a batch at a
+            // time): let others have the lock in between.
+            tokio::task::yield_now().await;
+            continue;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(sleep) => {}
+            () = wake.notified() => {}
+        }
     }
 }
 

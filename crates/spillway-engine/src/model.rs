@@ -135,7 +135,7 @@ impl Drop for Message {
 /// back, or recovered): older than any write of this run.
 pub const STORED_EARLIER: u64 = 1;
 
-/// A message's place in one queue. 32 bytes: a backlog that flowed to disk
+/// A message's place in one queue. 40 bytes: a backlog that flowed to disk
 /// costs this much memory per message.
 #[derive(Clone, Debug)]
 pub struct QueuedMessage {
@@ -155,6 +155,11 @@ pub struct QueuedMessage {
     pub shared: bool,
     /// Its payload is being read back from the store.
     pub loading: bool,
+    /// When it expires in this queue, in milliseconds since the Unix epoch
+    /// (0 = never): its `expiration` or the queue's `x-message-ttl`,
+    /// whichever is lower, counted from when it was enqueued. Kept across
+    /// requeues and, for persistent messages, restarts.
+    pub expires_at: u64,
 }
 
 impl QueuedMessage {
@@ -168,7 +173,14 @@ impl QueuedMessage {
             redelivered: false,
             shared: false,
             loading: false,
+            expires_at: 0,
         }
+    }
+
+    /// Expired at `now` (milliseconds since the Unix epoch)? A message is
+    /// deliverable up to and including its `expires_at` millisecond.
+    pub fn expired(&self, now: u64) -> bool {
+        self.expires_at != 0 && now > self.expires_at
     }
 
     /// Bytes this entry holds resident, for its queue's share of the budget.
@@ -284,6 +296,12 @@ pub struct Queue {
     /// start-up (`crate::recovery`): it takes publishes but delivers
     /// nothing, so that nothing published now overtakes what it held.
     pub recovering: bool,
+    /// When the expiry timer next looks at this queue (milliseconds since
+    /// the Unix epoch; 0 = not scheduled): see `broker/expiry.rs`.
+    pub expiry_check_at: u64,
+    /// Last declared, read with basic.get, or left by its last consumer
+    /// (milliseconds since the Unix epoch), for `x-expires`.
+    pub last_used: u64,
 }
 
 /// RabbitMQ's queue length limits (`x-max-length`, `x-max-length-bytes`,
@@ -303,6 +321,11 @@ pub struct QueueLimits {
     /// instead of requeued (`x-qpid-maximum-delivery-count`, or RabbitMQ's
     /// `x-delivery-limit` + 1). None: the broker's default applies.
     pub max_deliveries: Option<u64>,
+    /// `x-message-ttl`: milliseconds a message may wait in the queue.
+    pub message_ttl: Option<u64>,
+    /// `x-expires`: milliseconds the queue may stay unused before it is
+    /// deleted.
+    pub expires: Option<u64>,
 }
 
 /// A queue's dead-letter exchange and the routing key its dead letters are
@@ -323,16 +346,24 @@ pub enum DeathReason {
     DeliveryLimit,
     /// Dropped (drop-head) or refused (reject-publish-dlx) by a length limit.
     Maxlen,
+    /// Its `expiration` or the queue's `x-message-ttl` passed.
+    Expired,
 }
 
 impl DeathReason {
-    pub const ALL: [DeathReason; 3] = [Self::Rejected, Self::DeliveryLimit, Self::Maxlen];
+    pub const ALL: [DeathReason; 4] = [
+        Self::Rejected,
+        Self::DeliveryLimit,
+        Self::Maxlen,
+        Self::Expired,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Rejected => "rejected",
             Self::DeliveryLimit => "delivery_limit",
             Self::Maxlen => "maxlen",
+            Self::Expired => "expired",
         }
     }
 
@@ -341,6 +372,7 @@ impl DeathReason {
             Self::Rejected => 0,
             Self::DeliveryLimit => 1,
             Self::Maxlen => 2,
+            Self::Expired => 3,
         }
     }
 }
@@ -350,8 +382,8 @@ impl DeathReason {
 /// cycle, or no queue bound to it).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeadLetterCounts {
-    dead_lettered: [u64; 3],
-    discarded: [u64; 3],
+    dead_lettered: [u64; 4],
+    discarded: [u64; 4],
 }
 
 impl DeadLetterCounts {
@@ -417,6 +449,8 @@ impl Queue {
             overfull: false,
             blocked_channels: BTreeSet::new(),
             recovering: false,
+            expiry_check_at: 0,
+            last_used: 0,
         }
     }
 

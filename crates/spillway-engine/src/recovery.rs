@@ -303,6 +303,8 @@ impl Broker {
                 messages = count,
                 "MST-1005 : Recovered {count} messages : Queue {name}"
             );
+            // Recovered messages keep their expiry (`broker/expiry.rs`).
+            self.reschedule_expiry(vhost, name);
             self.read_ahead(vhost, name);
             self.dispatch(vhost, name);
         } else {
@@ -393,5 +395,6 @@ fn recovered(entry: QueueEntry) -> QueuedMessage {
         persistent: true,
         shared: true,
         loading: false,
+        expires_at: entry.expires_at_ms,
     }
 }

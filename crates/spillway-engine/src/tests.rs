@@ -480,3 +480,58 @@ async fn gets_wait_for_delivery_credit_and_later_commands_keep_their_order() {
     );
     assert_eq!(answered[4], (104, b"5".to_vec()));
 }
+
+/// `x-message-ttl` on a durable queue: the expiry is stored with the
+/// persistent message, so after a restart it still expires (from the head,
+/// on the timer, with nobody asking), and the store keeps nothing of it.
+#[tokio::test]
+async fn persistent_messages_expire_after_a_restart_and_leave_the_store() {
+    use spillway_proto::StorageApi;
+
+    let store = MemoryStore::new();
+    let engine = engine_on(&store).await;
+    let mut client = Client::open(&engine).await;
+    let mut arguments = FieldTable::default();
+    arguments.insert(ShortString::from("x-message-ttl"), AMQPValue::LongInt(300));
+    client.declare("fleeting", true, &arguments).await;
+    client
+        .request(|request_id| {
+            Command::ConfirmSelect(pb::ConfirmSelect {
+                request_id,
+                channel: 1,
+            })
+        })
+        .await;
+    client.publish("fleeting", b"brief", true, 1).await;
+    match client.event().await {
+        Event::Confirm(confirm) => assert!(confirm.ack),
+        other => panic!("expected a confirm, got {other:?}"),
+    }
+    let entries = store
+        .load_messages("/", "fleeting")
+        .await
+        .expect("the store answers");
+    assert_eq!(entries.len(), 1);
+    assert!(entries[0].expires_at_ms > 0, "the expiry is stored");
+    drop(client);
+    engine.shutdown().await;
+
+    let engine = engine_on(&store).await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let status = store.status(true).await.expect("the store answers");
+        if status.message_records == 0 && status.queue_entries == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the expired message is still stored: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut client = Client::open(&engine).await;
+    assert!(matches!(
+        client.get("fleeting").await,
+        reply::Result::GetEmpty(_)
+    ));
+}

@@ -28,6 +28,7 @@ pub(crate) fn put_entry(queue: &str, id: u64) -> WriteOp {
         body_size: 3,
         redelivered: false,
         delivery_count: 0,
+        expires_at_ms: 0,
     }))
 }
 

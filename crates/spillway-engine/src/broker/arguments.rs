@@ -70,6 +70,8 @@ pub(super) fn queue_limits(
     };
     Ok(QueueLimits {
         max_deliveries,
+        message_ttl: ttl_argument(arguments, "x-message-ttl", queue, vhost)?,
+        expires: ttl_argument(arguments, "x-expires", queue, vhost)?,
         max_length: count("x-max-length")?,
         max_bytes: count("x-max-length-bytes")?,
         overflow,
@@ -77,6 +79,103 @@ pub(super) fn queue_limits(
         resume_capacity: capacity.map(|capacity| resume_capacity.unwrap_or(capacity)),
         max_count: count("qpid.max_count")?.filter(|count| *count > 0),
     })
+}
+
+/// RabbitMQ's largest TTL (`rabbit_misc:check_expiry`): 2^32 - 1 ms.
+pub(crate) const MAX_EXPIRY: u64 = u32::MAX as u64;
+
+/// `x-message-ttl` (a non-negative integer) or `x-expires` (a positive
+/// one), milliseconds, refused in RabbitMQ's (3.10) words: `invalid arg
+/// 'x-expires' for queue 'q' in vhost '/': {value_zero,0}`, `… "expected
+/// integer, got longstr"`.
+fn ttl_argument(
+    arguments: &FieldTable,
+    arg: &str,
+    queue: &str,
+    vhost: &str,
+) -> OpResult<Option<u64>> {
+    let Some(value) = arguments.inner().get(arg) else {
+        return Ok(None);
+    };
+    let refuse = |why: String| {
+        AmqpError::invalid_argument(
+            reply_code::PRECONDITION_FAILED,
+            format!("invalid arg '{arg}' for queue '{queue}' in vhost '{vhost}': {why}"),
+        )
+    };
+    let n = match value {
+        AMQPValue::Timestamp(_) => None,
+        other => as_integer(other),
+    };
+    let Some(n) = n else {
+        return Err(refuse(format!(
+            "\"expected integer, got {}\"",
+            rabbit_type_name(value)
+        )));
+    };
+    if n < 0 {
+        return Err(refuse(format!("{{value_negative,{n}}}")));
+    }
+    if n == 0 && arg == "x-expires" {
+        return Err(refuse("{value_zero,0}".to_string()));
+    }
+    match u64::try_from(n) {
+        Ok(ms) if ms <= MAX_EXPIRY => Ok(Some(ms)),
+        _ => Err(refuse(format!("{{value_too_large,{n}}}"))),
+    }
+}
+
+/// RabbitMQ's name of a field's type, as its refusals print it.
+fn rabbit_type_name(value: &AMQPValue) -> &'static str {
+    match value {
+        AMQPValue::Boolean(_) => "bool",
+        AMQPValue::ShortShortInt(_) => "byte",
+        AMQPValue::ShortShortUInt(_) => "unsignedbyte",
+        AMQPValue::ShortInt(_) => "short",
+        AMQPValue::ShortUInt(_) => "unsignedshort",
+        AMQPValue::LongInt(_) => "signedint",
+        AMQPValue::LongUInt(_) => "unsignedint",
+        AMQPValue::LongLongInt(_) => "long",
+        AMQPValue::Float(_) => "float",
+        AMQPValue::Double(_) => "double",
+        AMQPValue::DecimalValue(_) => "decimal",
+        AMQPValue::ShortString(_) => "shortstr",
+        AMQPValue::LongString(_) => "longstr",
+        AMQPValue::FieldArray(_) => "array",
+        AMQPValue::Timestamp(_) => "timestamp",
+        AMQPValue::FieldTable(_) => "table",
+        AMQPValue::ByteArray(_) => "binary",
+        AMQPValue::Void => "void",
+    }
+}
+
+/// The `expiration` property: a string of digits, milliseconds. Refused
+/// as RabbitMQ refuses it (`rabbit_basic:parse_expiration`), the text
+/// after `invalid expiration '…': `.
+pub(crate) fn parse_expiration(text: &str) -> Result<u64, String> {
+    // Erlang's string:to_integer: an optional sign, then digits.
+    let digits_start = usize::from(text.starts_with(['-', '+']));
+    let digits_end = text[digits_start..]
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or(text.len(), |end| digits_start + end);
+    if digits_end == digits_start {
+        return Err("no_integer".to_string());
+    }
+    let leftover = &text[digits_end..];
+    if !leftover.is_empty() {
+        return Err(format!("{{leftover_string,{leftover:?}}}"));
+    }
+    let number: i128 = match text[..digits_end].trim_start_matches('+').parse() {
+        Ok(n) => n,
+        Err(_) => return Err(format!("{{value_too_large,{}}}", &text[..digits_end])),
+    };
+    if number < 0 {
+        return Err(format!("{{value_negative,{number}}}"));
+    }
+    match u64::try_from(number) {
+        Ok(ms) if ms <= MAX_EXPIRY => Ok(ms),
+        _ => Err(format!("{{value_too_large,{number}}}")),
+    }
 }
 
 /// The stored arguments of a recovered queue were checked when it was declared.
@@ -198,4 +297,59 @@ pub(crate) fn dead_letter_queue_name(queue: &str) -> String {
 /// The stored arguments of a recovered queue were checked when it was declared.
 pub fn recovered_dead_letter(queue: &str, arguments: &FieldTable) -> Option<DeadLetterTarget> {
     dead_letter_target(arguments, queue, "").ok().flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expirations_are_read_and_refused_as_rabbitmq_does() {
+        assert_eq!(parse_expiration("0"), Ok(0));
+        assert_eq!(parse_expiration("60000"), Ok(60_000));
+        assert_eq!(parse_expiration("abc").err().as_deref(), Some("no_integer"));
+        assert_eq!(parse_expiration("").err().as_deref(), Some("no_integer"));
+        assert_eq!(
+            parse_expiration("10x").err().as_deref(),
+            Some("{leftover_string,\"x\"}")
+        );
+        assert_eq!(
+            parse_expiration("-1").err().as_deref(),
+            Some("{value_negative,-1}")
+        );
+        assert_eq!(
+            parse_expiration("4294967296").err().as_deref(),
+            Some("{value_too_large,4294967296}")
+        );
+    }
+
+    #[test]
+    fn ttl_arguments_are_checked() {
+        let mut args = FieldTable::default();
+        args.insert("x-message-ttl".into(), AMQPValue::LongInt(0));
+        args.insert("x-expires".into(), AMQPValue::LongLongInt(5000));
+        let limits = queue_limits(&args, "q", "/").unwrap_or_default();
+        assert_eq!(limits.message_ttl, Some(0));
+        assert_eq!(limits.expires, Some(5000));
+        let refused = |key: &str, value: AMQPValue| {
+            let mut args = FieldTable::default();
+            args.insert(key.into(), value);
+            queue_limits(&args, "q", "/")
+                .err()
+                .map(|error| error.text)
+                .unwrap_or_default()
+        };
+        assert_eq!(
+            refused("x-message-ttl", AMQPValue::LongInt(-1)),
+            "invalid arg 'x-message-ttl' for queue 'q' in vhost '/': {value_negative,-1}"
+        );
+        assert_eq!(
+            refused("x-message-ttl", AMQPValue::LongString("10".into())),
+            "invalid arg 'x-message-ttl' for queue 'q' in vhost '/': \"expected integer, got longstr\""
+        );
+        assert_eq!(
+            refused("x-expires", AMQPValue::LongInt(0)),
+            "invalid arg 'x-expires' for queue 'q' in vhost '/': {value_zero,0}"
+        );
+    }
 }

@@ -237,7 +237,16 @@ impl Broker {
             cmd.body,
             cmd.persistent,
         );
-        let enqueued = self.enqueue_routed(vhost_name, &targets, &copy, id, out.ops);
+        // A dead letter has no `expiration` any more; the target queues'
+        // `x-message-ttl` applies from now.
+        let enqueued = self.enqueue_routed(
+            vhost_name,
+            &targets,
+            &copy,
+            id,
+            (super::now_ms(), None),
+            out.ops,
+        );
         out.pending.extend(enqueued.dead_letters);
         // After the new record's write, in the same batch.
         self.release_dead_letter(vhost_name, &job, out.ops);

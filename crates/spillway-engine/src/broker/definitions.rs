@@ -250,11 +250,14 @@ impl Broker {
                     ));
                 }
             }
-            return Ok(pb::QueueDeclareOk {
-                queue: name,
+            let ok = pb::QueueDeclareOk {
                 message_count: existing.messages.len() as u32,
                 consumer_count: existing.consumers.len() as u32,
-            });
+                queue: name,
+            };
+            // A declare (passive too) is a use, for `x-expires`.
+            self.touch_queue(&vhost_name, &ok.queue);
+            return Ok(ok);
         }
         if cmd.passive {
             return Err(AmqpError::new(
@@ -297,6 +300,7 @@ impl Broker {
         }
         let vhost = self.vhost_mut(&vhost_name)?;
         vhost.queues.insert(name.clone(), queue);
+        self.touch_queue(&vhost_name, &name);
         if qpid_dlq {
             self.ensure_qpid_dlq(&vhost_name, &name, durable);
         }

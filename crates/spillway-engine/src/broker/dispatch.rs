@@ -101,13 +101,19 @@ impl Broker {
         channel: ChannelId,
         tag: &str,
     ) {
-        if let Some(queue) = self.queue_mut_opt(vhost, queue) {
-            queue
+        let mut unused = false;
+        if let Some(entry) = self.queue_mut_opt(vhost, queue) {
+            entry
                 .consumers
                 .retain(|c| !(c.session == session && c.channel == channel && c.tag == tag));
-            if queue.consumers.is_empty() {
-                queue.exclusive_consumer = false;
+            if entry.consumers.is_empty() {
+                entry.exclusive_consumer = false;
+                unused = true;
             }
+        }
+        if unused {
+            // `x-expires` counts from when the last consumer left.
+            self.touch_queue(vhost, queue);
         }
     }
 
@@ -149,6 +155,26 @@ impl Broker {
             queue.get_waiters.push(waiter);
             return Ok(GetOutcome::Wait(wait));
         }
+        // Never an expired message: those at the head go first. And a
+        // basic.get is a use of the queue, for `x-expires`.
+        let now = super::now_ms();
+        let mut touched = Vec::new();
+        let mut expired_any = false;
+        while self
+            .queue_mut_opt(&vhost_name, &cmd.queue)
+            .and_then(|queue| queue.messages.front())
+            .is_some_and(|head| head.expired(now))
+        {
+            expired_any = true;
+            touched.extend(self.expire_head(&vhost_name, &cmd.queue, now));
+        }
+        if expired_any {
+            self.reschedule_expiry(&vhost_name, &cmd.queue);
+            self.dispatch_all(&vhost_name, touched);
+        }
+        self.touch_queue(&vhost_name, &cmd.queue);
+        let vhost = self.vhost_mut(&vhost_name)?;
+        let queue = find_queue_mut(vhost, &cmd.queue, &vhost_name)?;
         let head_resident = match queue.messages.front() {
             None => return Ok(GetOutcome::Empty),
             Some(head) => head.message.is_some(),
@@ -224,6 +250,7 @@ impl Broker {
         }
         self.read_ahead(&vhost_name, &cmd.queue);
         self.check_underfull(&vhost_name, &cmd.queue);
+        self.reschedule_expiry(&vhost_name, &cmd.queue);
         Ok(GetOutcome::Got(get_ok))
     }
 
@@ -264,14 +291,39 @@ impl Broker {
 
     /// Hands ready messages to consumers with room, round robin. Stops at a
     /// message whose payload is still in the store: read-ahead brings it
-    /// back and dispatches again.
+    /// back and dispatches again. A head whose time has passed is expired,
+    /// never delivered.
     pub fn dispatch(&mut self, vhost_name: &str, queue_name: &str) {
+        self.dispatch_at(vhost_name, queue_name, super::now_ms());
+    }
+
+    /// [`Broker::dispatch`] with the clock at `now` (ms since the epoch):
+    /// a publish dispatches as of its own enqueue, so that a message with
+    /// TTL 0 goes to a consumer that can take it at once.
+    pub(super) fn dispatch_at(&mut self, vhost_name: &str, queue_name: &str, now: u64) {
+        let mut expired = Vec::new();
+        self.dispatch_ready(vhost_name, queue_name, now, &mut expired);
+        if !expired.is_empty() {
+            let touched = self.let_expired_go(vhost_name, queue_name, expired);
+            self.reschedule_expiry(vhost_name, queue_name);
+            self.dispatch_all(vhost_name, touched);
+        }
+    }
+
+    fn dispatch_ready(
+        &mut self,
+        vhost_name: &str,
+        queue_name: &str,
+        now: u64,
+        expired: &mut Vec<QueuedMessage>,
+    ) {
         let Self {
             vhosts,
             sessions,
             persist,
             shared_refs,
             flow_active,
+            expiry,
             ..
         } = self;
         let flow_active = *flow_active;
@@ -287,7 +339,15 @@ impl Broker {
             return;
         }
         let mut ops = Vec::new();
-        while queue.messages.front().is_some_and(|m| m.message.is_some()) {
+        loop {
+            while queue.messages.front().is_some_and(|m| m.expired(now)) {
+                if let Some(entry) = queue.dequeue() {
+                    expired.push(entry);
+                }
+            }
+            if !queue.messages.front().is_some_and(|m| m.message.is_some()) {
+                break;
+            }
             let count = queue.consumers.len();
             let mut chosen = None;
             for step in 0..count {
@@ -378,6 +438,10 @@ impl Broker {
                 );
             }
             let _ = session.events.send(event(Event::Deliver(deliver)));
+        }
+        // The new head's expiry, if it has one, is on the timer.
+        if let Some(when) = super::expiry::next_check(queue) {
+            expiry.schedule(vhost_name, queue, when);
         }
         persist.submit(ops, Durability::Logged, None);
         self.read_ahead(vhost_name, queue_name);

@@ -12,7 +12,9 @@
 //! - `settle`: ack, nack, reject, recover, and putting deliveries back;
 //! - `dispatch`: consumers (consume, cancel, qos), handing messages to them,
 //!   the gateway's written-deliveries credit, basic.get;
-//! - `arguments`: what `x-*` queue arguments mean and when two agree.
+//! - `arguments`: what `x-*` queue arguments mean and when two agree;
+//! - `expiry`: message TTL (`expiration`, `x-message-ttl`) and queue TTL
+//!   (`x-expires`), on one timer.
 //!
 //! Flow to disk (`crate::flow`) and producer flow control
 //! (`crate::producer_flow`) are `impl Broker` blocks of their own.
@@ -21,6 +23,7 @@ mod arguments;
 mod dead_letter;
 mod definitions;
 mod dispatch;
+mod expiry;
 mod publish;
 mod settle;
 mod timeouts;
@@ -42,6 +45,7 @@ pub(crate) use arguments::{recovered_dead_letter, recovered_limits, RUNTIME_ARGU
 pub use dead_letter::DeadLetterJob;
 pub(crate) use definitions::still_recovering;
 pub use dispatch::GetOutcome;
+pub(crate) use expiry::now_ms;
 pub use publish::PublishOutcome;
 
 pub type OpResult<T> = Result<T, AmqpError>;
@@ -78,6 +82,8 @@ pub struct Broker {
     pub(crate) limits: crate::limits::Limits,
     /// Start-up recovery's progress (`crate::recovery`).
     pub(crate) recovery: crate::recovery::Recovery,
+    /// Message and queue TTL: the queues to look at, and when.
+    pub(crate) expiry: expiry::ExpiryTimers,
 }
 
 /// What the broker needs from the engine around it.
@@ -119,6 +125,7 @@ impl Broker {
             default_max_deliveries: context.default_max_deliveries,
             limits: crate::limits::Limits::new(context.limits),
             recovery: crate::recovery::Recovery::none(),
+            expiry: expiry::ExpiryTimers::default(),
         }
     }
 

@@ -29,6 +29,8 @@ pub enum PublishOutcome {
 impl Broker {
     pub fn publish(&mut self, session: SessionId, cmd: pb::Publish) -> OpResult<PublishOutcome> {
         let vhost_name = self.session_vhost(session)?;
+        // Refused before routing, as RabbitMQ does.
+        let message_ttl = message_ttl(&cmd.properties)?;
         let store_failure = self.store_failure.clone();
         let vhost = self.vhost_mut(&vhost_name)?;
         let exchange = find_exchange(vhost, &cmd.exchange, &vhost_name)?;
@@ -95,7 +97,15 @@ impl Broker {
             cmd.persistent,
         );
         let mut ops = Vec::new();
-        let enqueued = self.enqueue_routed(&vhost_name, &targets, &message, id, &mut ops);
+        let now = super::now_ms();
+        let enqueued = self.enqueue_routed(
+            &vhost_name,
+            &targets,
+            &message,
+            id,
+            (now, message_ttl),
+            &mut ops,
+        );
         let rejected = enqueued.rejected;
         let stored_now = message.stored_seq() != 0;
         let outcome = if rejected && confirm_seq > 0 {
@@ -127,9 +137,16 @@ impl Broker {
             // stay resident over the threshold.
             self.housekeeping();
         }
+        let mut dead_lettered = dead_lettered;
         for name in &targets {
             self.spill_arrival(&vhost_name, name, id);
-            self.dispatch(&vhost_name, name);
+            self.dispatch_at(&vhost_name, name, now);
+            if enqueued.zero_ttl {
+                // TTL 0: delivered at once to a consumer that could take
+                // it, else expired now (if it is the head; behind others
+                // it expires when it gets there).
+                dead_lettered.extend(self.expire_head(&vhost_name, name, now.saturating_add(1)));
+            }
             self.after_publish(session, channel, &vhost_name, name);
         }
         self.dispatch_all(&vhost_name, dead_lettered);
@@ -150,18 +167,23 @@ pub(super) struct Enqueued {
     /// dead-letter exchange pushed out, and the message itself where a
     /// `reject-publish-dlx` queue refused it.
     pub dead_letters: Vec<DeadLetterJob>,
+    /// A queue holds it with a TTL of 0: deliver it at once or expire it.
+    pub zero_ttl: bool,
 }
 
 impl Broker {
     /// Hands message `id`, routed to `targets`, to each of them within its
     /// length limits, adding what the store must write to `ops`. The one
-    /// path for publishes and dead letters.
+    /// path for publishes and dead letters. `(now, message_ttl)`: when it is
+    /// enqueued (ms since the epoch) and its `expiration`, from which (and
+    /// each queue's `x-message-ttl`) its expiry in each queue is fixed.
     pub(super) fn enqueue_routed(
         &mut self,
         vhost_name: &str,
         targets: &[String],
         message: &Arc<Message>,
         id: u64,
+        (now, message_ttl): (u64, Option<u64>),
         ops: &mut Vec<WriteOp>,
     ) -> Enqueued {
         let mut enqueued = Enqueued::default();
@@ -170,6 +192,7 @@ impl Broker {
         let Self {
             vhosts,
             shared_refs,
+            expiry,
             ..
         } = self;
         let Some(vhost) = vhosts.get_mut(vhost_name) else {
@@ -195,6 +218,10 @@ impl Broker {
                 continue;
             }
             let stores = queue.stores_messages();
+            let expires_at = super::expiry::expires_at(now, message_ttl, queue.limits.message_ttl);
+            if expires_at == now {
+                enqueued.zero_ttl = true;
+            }
             if message.persistent && stores {
                 if message.stored_seq() == 0 {
                     ops.push(op(write_op::Op::PutMessage(message.record(id))));
@@ -207,12 +234,17 @@ impl Broker {
                     body_size: body_len,
                     redelivered: false,
                     delivery_count: 0,
+                    expires_at_ms: expires_at,
                 })));
             }
             let mut entry = QueuedMessage::resident(id, message.clone());
             entry.shared = shared;
+            entry.expires_at = expires_at;
             holders += 1;
             let dropped = queue.enqueue(entry);
+            if expires_at != 0 {
+                expiry.schedule(vhost_name, queue, expires_at.saturating_add(1));
+            }
             let dead_letters = queue.dead_letter.is_some();
             for entry in dropped {
                 if dead_letters {
@@ -235,4 +267,34 @@ impl Broker {
         }
         enqueued
     }
+}
+
+/// The message's `expiration` (ms), if it has one; one that is not a
+/// non-negative integer is refused with 406 in RabbitMQ's words
+/// (`invalid expiration 'abc': no_integer`). Only a message whose property
+/// flags announce an expiration is parsed.
+fn message_ttl(properties: &bytes::Bytes) -> OpResult<Option<u64>> {
+    const EXPIRATION_FLAG: u16 = 0x0100;
+    let flags = match properties.get(..2) {
+        Some(&[high, low]) => u16::from_be_bytes([high, low]),
+        _ => return Ok(None),
+    };
+    if flags & EXPIRATION_FLAG == 0 {
+        return Ok(None);
+    }
+    // Malformed properties are the gateway's to refuse.
+    let Ok((_, props)) = amq_protocol::protocol::basic::parse_properties(&properties[..]) else {
+        return Ok(None);
+    };
+    let Some(expiration) = props.expiration() else {
+        return Ok(None);
+    };
+    super::arguments::parse_expiration(expiration.as_str())
+        .map(Some)
+        .map_err(|why| {
+            AmqpError::new(
+                reply_code::PRECONDITION_FAILED,
+                format!("invalid expiration '{}': {why}", expiration.as_str()),
+            )
+        })
 }

@@ -160,6 +160,7 @@ impl Broker {
         let Self {
             vhosts,
             shared_refs,
+            expiry,
             ..
         } = self;
         match vhosts
@@ -187,9 +188,16 @@ impl Broker {
                         body_size: entry.body_size,
                         redelivered: true,
                         delivery_count: entry.delivery_count,
+                        expires_at_ms: entry.expires_at,
                     })));
                 }
+                // Its expiry stands: one that passed while it was out
+                // expires now (dispatch, basic.get or the timer).
+                let expires_at = entry.expires_at;
                 queue.requeue(unacked.message);
+                if expires_at != 0 {
+                    expiry.schedule(vhost, queue, expires_at.saturating_add(1));
+                }
                 touched.push(unacked.queue);
             }
             None => discard(

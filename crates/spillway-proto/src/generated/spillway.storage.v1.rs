@@ -242,6 +242,11 @@ pub struct QueueEntry {
     /// records written before delivery counts existed.
     #[prost(uint32, tag = "6")]
     pub delivery_count: u32,
+    /// When the message expires in this queue (per-message `expiration` or the
+    /// queue's `x-message-ttl`, the lower, fixed at enqueue): milliseconds since
+    /// the Unix epoch; 0 = never.
+    #[prost(uint64, tag = "7")]
+    pub expires_at_ms: u64,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
