@@ -345,7 +345,7 @@ impl Broker {
                     expired.push(entry);
                 }
             }
-            if !queue.messages.front().is_some_and(|m| m.message.is_some()) {
+            if queue.messages.front().is_none_or(|m| m.message.is_none()) {
                 break;
             }
             let count = queue.consumers.len();

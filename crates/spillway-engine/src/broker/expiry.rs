@@ -158,7 +158,7 @@ impl Broker {
                     messages = depth,
                     "QUE-1002 : Deleted : Queue {} : unused for {} ms (x-expires)",
                     queue,
-                    group_thousands(expires)
+                    crate::producer_flow::thousands(expires)
                 );
                 self.remove_queue(&vhost, &queue);
                 continue;
@@ -269,7 +269,7 @@ impl Broker {
                     messages = count,
                     exchange = %exchange,
                     "QUE-1103 : Expired : {} messages of queue {} : dead-lettered to exchange {}",
-                    group_thousands(count as u64),
+                    crate::producer_flow::thousands(count as u64),
                     queue_name,
                     exchange
                 );
@@ -291,7 +291,7 @@ impl Broker {
                     queue = queue_name,
                     messages = count,
                     "QUE-1103 : Expired : {} messages of queue {} : discarded",
-                    group_thousands(count as u64),
+                    crate::producer_flow::thousands(count as u64),
                     queue_name
                 );
                 let stores = queue.stores_messages();
@@ -311,19 +311,6 @@ impl Broker {
     }
 }
 
-/// "60,000": the operational log's numbers.
-fn group_thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -335,13 +322,5 @@ mod tests {
         assert_eq!(expires_at(1000, None, Some(70)), 1070);
         assert_eq!(expires_at(1000, Some(50), Some(20)), 1020);
         assert_eq!(expires_at(1000, Some(0), Some(20)), 1000);
-    }
-
-    #[test]
-    fn numbers_are_grouped() {
-        assert_eq!(group_thousands(0), "0");
-        assert_eq!(group_thousands(999), "999");
-        assert_eq!(group_thousands(60_000), "60,000");
-        assert_eq!(group_thousands(1_234_567), "1,234,567");
     }
 }
