@@ -43,6 +43,7 @@ use spillway_proto::{RemoteStorage, StorageApi};
 use spillway_serve::{Role, Running, Settings};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+pub mod amqp;
 pub mod harness;
 pub mod pki;
 pub mod raw;

@@ -10,14 +10,11 @@
 
 use std::time::Duration;
 
-use lapin::message::BasicGetMessage;
 use lapin::options::*;
-use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection};
-use spillway_integration_tests::{
-    both_wirings, eventually, next_delivery, publish, Sandbox, MANAGEMENT_TOKEN,
-};
-use spillway_proto::management::management_client::ManagementClient;
+use spillway_integration_tests::amqp::*;
+use spillway_integration_tests::{both_wirings, eventually, next_delivery, publish, Sandbox};
 use spillway_proto::management::{argument_value, ListQueuesRequest};
 
 both_wirings!(
@@ -32,123 +29,12 @@ both_wirings!(
     bad_ttl_arguments_and_expirations_are_refused,
 );
 
-const WAIT: Duration = Duration::from_secs(10);
-
-fn s(text: &str) -> ShortString {
-    text.into()
-}
-
-fn table(entries: &[(&str, AMQPValue)]) -> FieldTable {
-    let mut table = FieldTable::default();
-    for (key, value) in entries {
-        table.insert(s(key), value.clone());
-    }
-    table
-}
-
-fn text(value: &str) -> AMQPValue {
-    AMQPValue::LongString(value.into())
-}
-
 /// Dead letters of the queue go to `target` through the default exchange.
 fn dead_letters_to(target: &str) -> Vec<(&'static str, AMQPValue)> {
     vec![
         ("x-dead-letter-exchange", text("")),
         ("x-dead-letter-routing-key", text(target)),
     ]
-}
-
-async fn declare(
-    ch: &Channel,
-    name: &str,
-    durable: bool,
-    args: FieldTable,
-) -> anyhow::Result<lapin::Queue> {
-    Ok(ch
-        .queue_declare(
-            s(name),
-            QueueDeclareOptions {
-                durable,
-                ..Default::default()
-            },
-            args,
-        )
-        .await?)
-}
-
-/// The next message of `queue` (unacked), waiting for it to arrive.
-async fn get(ch: &Channel, queue: &str) -> anyhow::Result<BasicGetMessage> {
-    eventually(WAIT, || async {
-        ch.basic_get(s(queue), BasicGetOptions { no_ack: false })
-            .await
-            .ok()
-            .flatten()
-    })
-    .await
-}
-
-async fn message_count(ch: &Channel, queue: &str) -> anyhow::Result<u32> {
-    let queue = ch
-        .queue_declare(
-            s(queue),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
-    Ok(queue.message_count())
-}
-
-fn header<'a>(props: &'a BasicProperties, key: &str) -> Option<&'a AMQPValue> {
-    props.headers().as_ref()?.inner().get(key)
-}
-
-fn string(value: Option<&AMQPValue>) -> Option<String> {
-    match value? {
-        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
-        AMQPValue::ShortString(s) => Some(s.as_str().to_string()),
-        _ => None,
-    }
-}
-
-fn integer(value: Option<&AMQPValue>) -> Option<i64> {
-    match value? {
-        AMQPValue::LongLongInt(n) => Some(*n),
-        AMQPValue::LongInt(n) => Some(i64::from(*n)),
-        _ => None,
-    }
-}
-
-/// The `x-death` tables, most recent first.
-fn deaths(props: &BasicProperties) -> Vec<FieldTable> {
-    match header(props, "x-death") {
-        Some(AMQPValue::FieldArray(array)) => array
-            .as_slice()
-            .iter()
-            .filter_map(|value| match value {
-                AMQPValue::FieldTable(table) => Some(table.clone()),
-                _ => None,
-            })
-            .collect(),
-        _ => Vec::new(),
-    }
-}
-
-fn field(death: &FieldTable, key: &str) -> Option<String> {
-    string(death.inner().get(key))
-}
-
-fn routing_keys(death: &FieldTable) -> Vec<String> {
-    match death.inner().get("routing-keys") {
-        Some(AMQPValue::FieldArray(keys)) => keys
-            .as_slice()
-            .iter()
-            .filter_map(|k| string(Some(k)))
-            .collect(),
-        _ => Vec::new(),
-    }
 }
 
 /// Checks the single `x-death` entry of a message that expired in `queue`.
@@ -180,30 +66,13 @@ fn assert_expired_in(props: &BasicProperties, queue: &str, original_expiration: 
     );
 }
 
-async fn close(ch: Channel, conn: Connection) -> anyhow::Result<()> {
-    ch.close(200, s("bye")).await?;
-    conn.close(200, s("bye")).await?;
-    Ok(())
-}
-
 /// The queue as management shows it (None: it does not exist). Asking
 /// management is not a use of the queue, for `x-expires`.
 async fn queue_info(
     sb: &Sandbox,
     name: &str,
 ) -> anyhow::Result<Option<spillway_proto::management::Queue>> {
-    let channel =
-        tonic::transport::Channel::from_shared(format!("http://{}", sb.management_addr()))?
-            .connect()
-            .await?;
-    let token: tonic::metadata::MetadataValue<_> = format!("Bearer {MANAGEMENT_TOKEN}").parse()?;
-    let mut management =
-        ManagementClient::with_interceptor(channel, move |mut request: tonic::Request<()>| {
-            request
-                .metadata_mut()
-                .insert("authorization", token.clone());
-            Ok(request)
-        });
+    let mut management = sb.management().await?;
     let queues = management
         .list_queues(ListQueuesRequest { vhost: "/".into() })
         .await?

@@ -1,0 +1,142 @@
+//! Small lapin helpers the end-to-end tests share: building argument
+//! tables, declaring and reading queues, and reading the headers the broker
+//! writes (`x-delivery-count`, `x-death`).
+
+use std::time::Duration;
+
+use lapin::message::BasicGetMessage;
+use lapin::options::{BasicGetOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{BasicProperties, Channel, Connection};
+
+use crate::eventually;
+
+/// How long [`get`] waits for a message to arrive.
+pub const WAIT: Duration = Duration::from_secs(10);
+
+pub fn s(text: &str) -> ShortString {
+    text.into()
+}
+
+/// A field table of `entries`, as queue arguments or headers.
+pub fn table(entries: &[(&str, AMQPValue)]) -> FieldTable {
+    let mut table = FieldTable::default();
+    for (key, value) in entries {
+        table.insert(s(key), value.clone());
+    }
+    table
+}
+
+/// A long-string field value.
+pub fn text(value: &str) -> AMQPValue {
+    AMQPValue::LongString(value.into())
+}
+
+/// Declares `name` (durable or not) with `args`.
+pub async fn declare(
+    ch: &Channel,
+    name: &str,
+    durable: bool,
+    args: FieldTable,
+) -> anyhow::Result<lapin::Queue> {
+    Ok(ch
+        .queue_declare(
+            s(name),
+            QueueDeclareOptions {
+                durable,
+                ..Default::default()
+            },
+            args,
+        )
+        .await?)
+}
+
+/// The next message of `queue` (unacked), waiting up to [`WAIT`] for it to
+/// arrive.
+pub async fn get(ch: &Channel, queue: &str) -> anyhow::Result<BasicGetMessage> {
+    eventually(WAIT, || async {
+        ch.basic_get(s(queue), BasicGetOptions { no_ack: false })
+            .await
+            .ok()
+            .flatten()
+    })
+    .await
+}
+
+/// The ready-message count of `queue`, from a passive declare.
+pub async fn message_count(ch: &Channel, queue: &str) -> anyhow::Result<u32> {
+    let queue = ch
+        .queue_declare(
+            s(queue),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    Ok(queue.message_count())
+}
+
+/// The header `key` of a message.
+pub fn header<'a>(props: &'a BasicProperties, key: &str) -> Option<&'a AMQPValue> {
+    props.headers().as_ref()?.inner().get(key)
+}
+
+/// A field value as an integer, whichever integer type carries it.
+pub fn integer(value: Option<&AMQPValue>) -> Option<i64> {
+    match value? {
+        AMQPValue::LongLongInt(n) => Some(*n),
+        AMQPValue::LongInt(n) => Some(i64::from(*n)),
+        AMQPValue::LongUInt(n) => Some(i64::from(*n)),
+        _ => None,
+    }
+}
+
+/// A field value as a string (long or short).
+pub fn string(value: Option<&AMQPValue>) -> Option<String> {
+    match value? {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ShortString(s) => Some(s.as_str().to_string()),
+        _ => None,
+    }
+}
+
+/// The `x-death` tables of a dead letter, most recent first.
+pub fn deaths(props: &BasicProperties) -> Vec<FieldTable> {
+    match header(props, "x-death") {
+        Some(AMQPValue::FieldArray(array)) => array
+            .as_slice()
+            .iter()
+            .filter_map(|value| match value {
+                AMQPValue::FieldTable(table) => Some(table.clone()),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// A string field of one `x-death` table.
+pub fn field(death: &FieldTable, key: &str) -> Option<String> {
+    string(death.inner().get(key))
+}
+
+/// The `routing-keys` of one `x-death` table.
+pub fn routing_keys(death: &FieldTable) -> Vec<String> {
+    match death.inner().get("routing-keys") {
+        Some(AMQPValue::FieldArray(keys)) => keys
+            .as_slice()
+            .iter()
+            .filter_map(|k| string(Some(k)))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Closes the channel, then the connection, cleanly.
+pub async fn close(ch: Channel, conn: Connection) -> anyhow::Result<()> {
+    ch.close(200, s("bye")).await?;
+    conn.close(200, s("bye")).await?;
+    Ok(())
+}
