@@ -29,7 +29,7 @@ use spillway_gateway::connection::{ConnectionError, Handshake, HandshakeStep, Ne
 use spillway_gateway::GatewayConfig;
 use spillway_proto::amqp::{self, closes_only_the_channel, nesting, reply_code, reply_name};
 use spillway_proto::engine::{self as pb, reply, session_command::Command, session_event::Event};
-use spillway_proto::engine::{SessionCommand, SessionEvent};
+use spillway_proto::engine::{AuthenticateRequest, LoginResult, SessionCommand, SessionEvent};
 use tokio_util::codec::Decoder;
 
 /// The fuzz targets, each named after the directory of its seeds and
@@ -207,20 +207,44 @@ const FUZZ_PASSWORD: &str = "fuzz-secret";
 const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 const REMOTE: IpAddr = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1));
 
-/// The gateway's defaults with two users: guest (loopback only, as
-/// configured out of the box) and one that may log in from anywhere.
+/// The gateway's defaults.
 fn fuzz_config() -> GatewayConfig {
-    GatewayConfig {
-        users: vec![
-            User::guest(),
-            User {
-                name: FUZZ_USER.into(),
-                password: FUZZ_PASSWORD.into(),
-                loopback_only: false,
-            },
-        ],
-        ..GatewayConfig::default()
+    GatewayConfig::default()
+}
+
+/// Two users: guest (loopback only, as configured out of the box) and one
+/// that may log in from anywhere.
+fn fuzz_users() -> Vec<User> {
+    vec![
+        User::guest(),
+        User {
+            name: FUZZ_USER.into(),
+            password: FUZZ_PASSWORD.into(),
+            loopback_only: false,
+            tags: Vec::new(),
+        },
+    ]
+}
+
+/// The engine's answer to a login, by its rules (the engine's own check is
+/// unit-tested in `spillway-engine`'s `access.rs`): a known name with its
+/// password (or EXTERNAL, no password), loopback-only users from loopback.
+fn fuzz_login(request: &AuthenticateRequest) -> LoginResult {
+    let users = fuzz_users();
+    let Some(user) = users.iter().find(|u| u.name == request.user) else {
+        return LoginResult::InvalidCredentials;
+    };
+    if request
+        .password
+        .as_deref()
+        .is_some_and(|password| password != user.password)
+    {
+        return LoginResult::InvalidCredentials;
     }
+    if user.loopback_only && !request.peer_is_loopback {
+        return LoginResult::LoopbackOnly;
+    }
+    LoginResult::Accepted
 }
 
 /// `data[0]` bit 0 picks the peer (0 = loopback, 1 = remote); the rest is
@@ -258,7 +282,13 @@ pub fn check_handshake(data: &[u8]) -> HandshakeOutcome {
             Err(_) => break HandshakeOutcome::FrameError,
         };
         let response = start_ok_response(&frame);
-        match handshake.on_frame(frame, &mut out) {
+        let mut step = handshake.on_frame(frame);
+        if let Ok(HandshakeStep::Authenticate(request)) = &step {
+            let answer = fuzz_login(request);
+            step = handshake.on_login(Ok(answer), &mut out);
+        }
+        match step {
+            Ok(HandshakeStep::Authenticate(_)) => panic!("a login answered twice"),
             Ok(HandshakeStep::Continue) => {
                 if response.is_some() {
                     accepted_response = response;
@@ -321,7 +351,8 @@ fn check_negotiated(
     peer: IpAddr,
     response: Option<&[u8]>,
 ) {
-    let Some(user) = config.users.iter().find(|u| u.name == negotiated.user) else {
+    let users = fuzz_users();
+    let Some(user) = users.iter().find(|u| u.name == negotiated.user) else {
         panic!("logged in as unknown user {:?}", negotiated.user);
     };
     let Some(response) = response else {
@@ -1008,8 +1039,9 @@ fn check_content_header(bytes: &[u8]) -> Result<(), nesting::NestingError> {
 }
 
 fn check_amqplain(bytes: &[u8]) -> Result<String, auth::AuthError> {
-    let users = fuzz_config().users;
-    let result = auth::authenticate(&users, "AMQPLAIN", bytes, LOOPBACK, None);
+    let users = fuzz_users();
+    let result = auth::login_request("AMQPLAIN", bytes, LOOPBACK, None)
+        .and_then(|request| auth::login_outcome(request.user.clone(), fuzz_login(&request)));
     if let Ok(user) = &result {
         let Some(user) = users.iter().find(|u| &u.name == user) else {
             panic!("AMQPLAIN logged in unknown user {user:?}");

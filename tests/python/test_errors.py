@@ -205,12 +205,16 @@ def test_wrong_password_403(broker):
     assert isinstance(e.value, (pe.ProbableAuthenticationError, pe.AuthenticationError)), \
         repr(e.value)
     assert "403" in repr(e.value) and "ACCESS_REFUSED" in repr(e.value)
+    # RabbitMQ's words: the reason is in the broker's log, not told to the client.
+    assert "Login was refused using authentication mechanism PLAIN" in repr(e.value)
 
 
 def test_unknown_user_403(broker):
     with pytest.raises((pe.ProbableAuthenticationError, pe.AuthenticationError)) as e:
         broker.connect(credentials=pika.PlainCredentials("nobody-here", "guest"))
     assert "403" in repr(e.value)
+    # The same words as a wrong password: no way to tell which names exist.
+    assert "Login was refused using authentication mechanism PLAIN" in repr(e.value)
 
 
 def test_use_after_channel_error_is_refused_client_side(conn, names):

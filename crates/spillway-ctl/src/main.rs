@@ -26,6 +26,8 @@ use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+mod users;
+
 #[derive(Parser)]
 #[command(
     name = "spillctl",
@@ -104,6 +106,12 @@ enum Command {
     /// Vhost and user limits (RabbitMQ's set_vhost_limits / set_user_limits).
     #[command(subcommand)]
     Limits(LimitsCommand),
+    /// The broker's users (RabbitMQ's add_user, change_password, ...).
+    #[command(subcommand)]
+    User(users::UserCommand),
+    /// What users may configure, write and read in a vhost (--vhost).
+    #[command(subcommand)]
+    Permissions(users::PermissionsCommand),
     /// The store quota.
     StoreQuota {
         #[arg(long)]
@@ -668,6 +676,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             out.print(&r, || "broker settings changed".to_string())
         }
         Command::Limits(command) => limits_command(&mut client, &out, vhost, command).await,
+        Command::User(command) => users::user_command(&mut client, &out, command).await,
+        Command::Permissions(command) => {
+            users::permissions_command(&mut client, &out, vhost, command).await
+        }
         Command::StoreQuota {
             overfull_size,
             underfull_size,

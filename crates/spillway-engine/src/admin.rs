@@ -304,19 +304,31 @@ fn ok<T>(result: OpResult<T>) -> Result<T, ServiceError> {
 impl EngineAdminApi for Engine {
     async fn create_vhost(&self, request: m::CreateVhostRequest) -> Result<m::Vhost, ServiceError> {
         check_name("vhost", &request.name)?;
-        let mut broker = self.shared.broker.lock();
-        if broker.vhosts.contains_key(&request.name) {
-            return Err(ServiceError::AlreadyExists(format!(
-                "vhost '{}' already exists",
-                request.name
-            )));
-        }
-        broker
-            .vhosts
-            .insert(request.name.clone(), VHost::new(&request.name));
+        let (done, written) = oneshot::channel();
+        let view = {
+            let mut broker = self.shared.broker.lock();
+            if broker.vhosts.contains_key(&request.name) {
+                return Err(ServiceError::AlreadyExists(format!(
+                    "vhost '{}' already exists",
+                    request.name
+                )));
+            }
+            broker
+                .vhosts
+                .insert(request.name.clone(), VHost::new(&request.name));
+            // On disk before the caller hears of it: the vhost survives a
+            // restart.
+            self.shared.writer.submit_synced(
+                vec![store_op(write_op::Op::PutVhost(store::VhostDefinition {
+                    name: request.name.clone(),
+                }))],
+                Some(done),
+            );
+            vhost_view(&broker, vhost(&broker, &request.name)?)
+        };
+        await_written(written, "the vhost").await?;
         tracing::info!(vhost = %request.name, "vhost created by management");
-        let vhost = vhost(&broker, &request.name)?;
-        Ok(vhost_view(&broker, vhost))
+        Ok(view)
     }
 
     async fn list_vhosts(
@@ -379,10 +391,24 @@ impl EngineAdminApi for Engine {
             }
             Ok(())
         })?;
-        let mut broker = self.shared.broker.lock();
-        broker.vhosts.remove(&request.name);
-        broker.limits.forget_vhost(&request.name);
-        drop(broker);
+        let (done, written) = oneshot::channel();
+        {
+            let mut broker = self.shared.broker.lock();
+            broker.vhosts.remove(&request.name);
+            broker.limits.forget_vhost(&request.name);
+            let mut ops = vec![store_op(write_op::Op::DeleteVhost(
+                store::VhostDefinition {
+                    name: request.name.clone(),
+                },
+            ))];
+            // Nobody keeps permissions in a vhost that is gone.
+            ops.extend(crate::access_admin::forget_vhost(
+                &self.shared,
+                &request.name,
+            ));
+            self.shared.writer.submit_synced(ops, Some(done));
+        }
+        await_written(written, "the vhost's deletion").await?;
         tracing::info!(vhost = %request.name, "vhost deleted by management");
         Ok(m::DeleteVhostResponse {})
     }
@@ -810,6 +836,45 @@ impl EngineAdminApi for Engine {
         _request: m::ListLimitsRequest,
     ) -> Result<m::ListLimitsResponse, ServiceError> {
         Ok(crate::limits::list(&self.shared.broker.lock()))
+    }
+
+    async fn list_users(
+        &self,
+        _request: m::ListUsersRequest,
+    ) -> Result<m::ListUsersResponse, ServiceError> {
+        Ok(crate::access_admin::list_users(&self.shared))
+    }
+
+    async fn put_user(&self, request: m::PutUserRequest) -> Result<m::User, ServiceError> {
+        crate::access_admin::put_user(&self.shared, request).await
+    }
+
+    async fn delete_user(
+        &self,
+        request: m::DeleteUserRequest,
+    ) -> Result<m::DeleteUserResponse, ServiceError> {
+        crate::access_admin::delete_user(&self.shared, request).await
+    }
+
+    async fn set_permissions(
+        &self,
+        request: m::SetPermissionsRequest,
+    ) -> Result<m::Permission, ServiceError> {
+        crate::access_admin::set_permissions(&self.shared, request).await
+    }
+
+    async fn clear_permissions(
+        &self,
+        request: m::ClearPermissionsRequest,
+    ) -> Result<m::ClearPermissionsResponse, ServiceError> {
+        crate::access_admin::clear_permissions(&self.shared, request).await
+    }
+
+    async fn list_permissions(
+        &self,
+        request: m::ListPermissionsRequest,
+    ) -> Result<m::ListPermissionsResponse, ServiceError> {
+        Ok(crate::access_admin::list_permissions(&self.shared, request))
     }
 }
 
@@ -1278,8 +1343,26 @@ fn move_round(
     }
 }
 
-fn store_op(op: write_op::Op) -> WriteOp {
+pub(crate) fn store_op(op: write_op::Op) -> WriteOp {
     WriteOp { op: Some(op) }
+}
+
+/// Waits for a definition's synced write; a store that failed it is
+/// UNAVAILABLE to the caller (the engine keeps the write and retries it,
+/// `MST-1101`).
+pub(crate) async fn await_written(
+    written: oneshot::Receiver<crate::persistence::WriteOutcome>,
+    what: &str,
+) -> Result<(), ServiceError> {
+    match written.await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(failure)) => Err(ServiceError::Unavailable(format!(
+            "{what} is not yet on disk: {failure}"
+        ))),
+        Err(_) => Err(ServiceError::Unavailable(format!(
+            "{what} is not yet on disk: the engine is stopping"
+        ))),
+    }
 }
 
 // ------------------------------------------------------------ gRPC

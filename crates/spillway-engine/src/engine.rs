@@ -16,12 +16,14 @@ use spillway_proto::backoff::Backoff;
 use spillway_proto::{EngineApi, ServiceError, SessionStreams, StorageApi};
 use tokio::sync::{mpsc, Notify, Semaphore};
 
+use crate::access::{AccessControl, LoginRefusal, Permissions};
 use crate::broker::{Broker, BrokerContext};
 use crate::budget::{self, MemoryBudget};
 use crate::flow::{FlowStatus, LoadRequest};
 use crate::persistence::{FailureSource, StoreWriter, WriterLimits};
 use crate::recovery;
 use crate::session::run_session;
+use spillway_proto::engine::LoginResult;
 
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -51,6 +53,31 @@ pub struct EngineConfig {
     /// How long the engine's lease on the store lasts unless renewed; it is
     /// renewed every fifth of that.
     pub lease_ttl: Duration,
+    /// The users a store without any gets on its first start (the
+    /// configuration's `[[gateway.users]]`), each with every permission in
+    /// the default vhost.
+    pub seed_users: Vec<SeedUser>,
+}
+
+/// A user of the configuration, stored when the store has no users yet.
+#[derive(Clone, Debug)]
+pub struct SeedUser {
+    pub name: String,
+    pub password: String,
+    pub tags: Vec<String>,
+    pub loopback_only: bool,
+}
+
+impl SeedUser {
+    /// RabbitMQ's default user: guest/guest, administrator, from loopback only.
+    pub fn guest() -> Self {
+        Self {
+            name: "guest".into(),
+            password: "guest".into(),
+            tags: vec!["administrator".into()],
+            loopback_only: true,
+        }
+    }
 }
 
 impl Default for EngineConfig {
@@ -65,6 +92,7 @@ impl Default for EngineConfig {
             limits: crate::LimitConfig::default(),
             writer_limits: WriterLimits::default(),
             lease_ttl: DEFAULT_LEASE_TTL,
+            seed_users: vec![SeedUser::guest()],
         }
     }
 }
@@ -120,6 +148,12 @@ pub(crate) struct Shared {
     store: Mutex<Option<Arc<dyn StorageApi>>>,
     /// The store this engine leased (its id), and the lease's terms.
     lease: LeaseTerms,
+    /// Users and permissions (`access.rs`). Apart from the broker's lock:
+    /// logins do not wait for the message path.
+    pub(crate) access: parking_lot::RwLock<AccessControl>,
+    /// [`AccessControl::generation`], readable without the lock: sessions
+    /// re-read their permissions only when it moved.
+    pub(crate) access_generation: AtomicU64,
 }
 
 #[derive(Clone, Debug)]
@@ -155,7 +189,7 @@ impl Engine {
         tracing::info!(epoch = lease.epoch, store_id = %lease.store_id, "store leased");
         // Definitions only: queues' messages are read in the background,
         // once the engine serves (`recovery::run`).
-        let definitions = match store.load_definitions().await {
+        let mut definitions = match store.load_definitions().await {
             Ok(definitions) => definitions,
             Err(error) => {
                 // The next attempt must not wait for this lease to expire.
@@ -182,6 +216,13 @@ impl Engine {
             default_max_deliveries: config.default_max_deliveries,
             limits: config.limits,
         });
+        let mut access = AccessControl::from_definitions(
+            std::mem::take(&mut definitions.users),
+            std::mem::take(&mut definitions.permissions),
+        );
+        if access.is_empty() {
+            seed_users(&mut access, &config.seed_users, &writer);
+        }
         let recovering = recovery::install_definitions(
             &mut broker,
             definitions,
@@ -201,6 +242,8 @@ impl Engine {
                 holder,
                 ttl: config.lease_ttl,
             },
+            access_generation: AtomicU64::new(access.generation()),
+            access: parking_lot::RwLock::new(access),
         });
         tokio::spawn(run_quota_watch(Arc::downgrade(&shared)));
         tokio::spawn(run_lease_renewal(Arc::downgrade(&shared)));
@@ -289,6 +332,42 @@ impl Engine {
         );
         self.shared.housekeeping_kick.notify_one();
     }
+}
+
+/// Stores the configuration's users in a store that has none, each with
+/// every permission in the default vhost (as RabbitMQ gives its default
+/// user). Synced with the store writer's first batch.
+fn seed_users(access: &mut AccessControl, seeds: &[SeedUser], writer: &StoreWriter) {
+    use spillway_proto::storage::{write_op::Op, WriteOp};
+    let mut ops = Vec::new();
+    for seed in seeds {
+        let user = match access.put_user(
+            &seed.name,
+            Some(&seed.password),
+            seed.tags.clone(),
+            seed.loopback_only,
+        ) {
+            Ok(user) => user,
+            Err(error) => {
+                tracing::warn!(user = %seed.name, %error, "configured user not stored");
+                continue;
+            }
+        };
+        let all = Permissions::all();
+        ops.push(WriteOp {
+            op: Some(Op::PutUser(user.definition())),
+        });
+        ops.push(WriteOp {
+            op: Some(Op::PutPermission(all.definition(&seed.name, "/"))),
+        });
+        // The user exists: this cannot fail.
+        let _ = access.set_permissions(&seed.name, "/", all);
+    }
+    tracing::info!(
+        users = seeds.len(),
+        "the store has no users: the configured ones are stored, with every permission in vhost '/'"
+    );
+    writer.submit_synced(ops, None);
 }
 
 /// Follows the storage node's disk quota state for as long as the engine
@@ -536,5 +615,23 @@ impl EngineApi for Engine {
             commands: command_tx,
             events: event_rx,
         })
+    }
+
+    async fn authenticate(
+        &self,
+        request: spillway_proto::engine::AuthenticateRequest,
+    ) -> Result<LoginResult, ServiceError> {
+        let access = self.shared.access.read();
+        Ok(
+            match access.authenticate(
+                &request.user,
+                request.password.as_deref(),
+                request.peer_is_loopback,
+            ) {
+                Ok(_) => LoginResult::Accepted,
+                Err(LoginRefusal::InvalidCredentials) => LoginResult::InvalidCredentials,
+                Err(LoginRefusal::LoopbackOnly) => LoginResult::LoopbackOnly,
+            },
+        )
     }
 }

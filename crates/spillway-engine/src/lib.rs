@@ -30,6 +30,8 @@
 //! [`StorageApi`]: spillway_proto::StorageApi
 //! [`EngineApi`]: spillway_proto::EngineApi
 
+pub mod access;
+mod access_admin;
 mod admin;
 pub mod broker;
 pub mod budget;
@@ -50,7 +52,7 @@ mod tests;
 
 pub use admin::EngineAdminService;
 pub use engine::{
-    Engine, EngineConfig, EngineError, DEFAULT_CONSUMER_TIMEOUT, DEFAULT_LEASE_TTL,
+    Engine, EngineConfig, EngineError, SeedUser, DEFAULT_CONSUMER_TIMEOUT, DEFAULT_LEASE_TTL,
     DEFAULT_SESSION_CREDIT_BYTES,
 };
 pub use flow::FlowStatus;

@@ -106,6 +106,12 @@ pub(crate) fn install_definitions(
     definitions: Definitions,
     first_id: u64,
 ) -> Vec<(String, String)> {
+    for def in definitions.vhosts {
+        broker
+            .vhosts
+            .entry(def.name.clone())
+            .or_insert_with(|| VHost::new(&def.name));
+    }
     for def in definitions.exchanges {
         let Some(kind) = ExchangeKind::parse(&def.kind) else {
             tracing::warn!(exchange = %def.name, kind = %def.kind, "stored exchange has an unknown type, skipped");

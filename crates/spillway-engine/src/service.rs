@@ -5,7 +5,9 @@ use std::pin::Pin;
 
 use futures::Stream;
 use spillway_proto::engine::engine_server::{Engine as EngineGrpc, EngineServer};
-use spillway_proto::engine::{SessionCommand, SessionEvent};
+use spillway_proto::engine::{
+    AuthenticateRequest, AuthenticateResponse, SessionCommand, SessionEvent,
+};
 use spillway_proto::{serve_remote_session, EngineApi};
 use tonic::{Request, Response, Status, Streaming};
 
@@ -45,5 +47,15 @@ impl EngineGrpc for EngineService {
             request.into_inner(),
             session,
         )))
+    }
+
+    async fn authenticate(
+        &self,
+        request: Request<AuthenticateRequest>,
+    ) -> Result<Response<AuthenticateResponse>, Status> {
+        let result = self.engine.authenticate(request.into_inner()).await?;
+        Ok(Response::new(AuthenticateResponse {
+            result: result.into(),
+        }))
     }
 }

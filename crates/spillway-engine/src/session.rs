@@ -20,6 +20,7 @@ use spillway_proto::engine::{
 use spillway_proto::{CommandReceiver, QueuedCommand};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::access::{self, SessionAccess};
 use crate::broker::{event, GetOutcome, PublishOutcome};
 use crate::budget::MemoryBudget;
 use crate::engine::Shared;
@@ -41,6 +42,7 @@ pub(crate) async fn run_session(
         confirms: FuturesOrdered::new(),
         deferred: VecDeque::new(),
         synced_reply: None,
+        access: None,
     };
     loop {
         if let Some(queued) = session.deferred.pop_front() {
@@ -88,6 +90,8 @@ struct Session {
     deferred: VecDeque<QueuedCommand>,
     /// A durable definition's reply, held until its write is synced.
     synced_reply: Option<SyncedReply>,
+    /// The user's permissions in the session's vhost, once opened.
+    access: Option<SessionAccess>,
 }
 
 /// How long a basic.get waits for delivery credit before it is answered
@@ -132,6 +136,10 @@ impl Session {
         let Some(command) = command.command else {
             return;
         };
+        if let Err(refusal) = self.check_access(&command) {
+            self.refuse(&command, refusal);
+            return;
+        }
         match command {
             // The remote boundary unpacks the gateway's batches
             // (`serve_remote_session`) and the in-process gateway sends none:
@@ -289,12 +297,37 @@ impl Session {
     fn apply_now(&mut self, command: Command) {
         let id = self.id;
         if let Command::Open(open) = &command {
+            let (permissions, generation) = {
+                let access = self.shared.access.read();
+                (
+                    access.permissions(&open.user, &open.vhost),
+                    access.generation(),
+                )
+            };
             let mut broker = self.shared.broker.lock();
-            let result = broker
-                .admit_session(open)
-                .and_then(|()| broker.open_session(id, open, self.events.clone()));
+            let result = match &permissions {
+                // RabbitMQ's answer to a user without permissions there.
+                None if broker.vhosts.contains_key(&open.vhost) => Err(AmqpError::new(
+                    reply_code::NOT_ALLOWED,
+                    format!(
+                        "access to vhost '{}' refused for user '{}'",
+                        open.vhost, open.user
+                    ),
+                )),
+                _ => broker
+                    .admit_session(open)
+                    .and_then(|()| broker.open_session(id, open, self.events.clone())),
+            };
             drop(broker);
             self.opened = result.is_ok();
+            if let (true, Some(permissions)) = (self.opened, permissions) {
+                self.access = Some(SessionAccess::new(
+                    &open.user,
+                    &open.vhost,
+                    permissions,
+                    generation,
+                ));
+            }
             self.ok(open.request_id, result);
             return;
         }
@@ -448,6 +481,56 @@ impl Session {
             }
             Command::DeliveriesWritten(cmd) => broker.deliveries_written(id, cmd.count),
         }
+    }
+
+    /// Whether the session's user may do what `command` does (RabbitMQ's
+    /// configure/write/read permissions); the refusal is a 403.
+    fn check_access(&mut self, command: &Command) -> Result<(), AmqpError> {
+        let checks = access::required(command);
+        if checks.iter().all(Option::is_none) {
+            return Ok(());
+        }
+        let Some(session_access) = self.access.as_mut() else {
+            return Ok(());
+        };
+        let generation = self
+            .shared
+            .access_generation
+            .load(std::sync::atomic::Ordering::Acquire);
+        for (kind, resource, name) in checks.into_iter().flatten() {
+            let shared = &self.shared;
+            session_access
+                .check(kind, resource, name, generation, |user, vhost| {
+                    shared.access.read().permissions(user, vhost)
+                })
+                .map_err(|text| AmqpError::new(reply_code::ACCESS_REFUSED, text))?;
+        }
+        Ok(())
+    }
+
+    /// Answers a command the user may not run: its reply is the error, or
+    /// (publish) the channel is closed with it.
+    fn refuse(&self, command: &Command, error: AmqpError) {
+        let request_id = match command {
+            Command::Publish(cmd) => {
+                self.send_async_error(cmd.channel, error, MethodId::BASIC_PUBLISH);
+                return;
+            }
+            Command::Consume(cmd) => cmd.request_id,
+            Command::Get(cmd) => cmd.request_id,
+            Command::QueuePurge(cmd) => cmd.request_id,
+            Command::QueueDelete(cmd) => cmd.request_id,
+            Command::QueueDeclare(cmd) => cmd.request_id,
+            Command::ExchangeDeclare(cmd) => cmd.request_id,
+            Command::ExchangeDelete(cmd) => cmd.request_id,
+            Command::QueueBind(cmd) | Command::QueueUnbind(cmd) => cmd.request_id,
+            Command::ExchangeBind(cmd) | Command::ExchangeUnbind(cmd) => cmd.request_id,
+            _ => {
+                debug_assert!(false, "a refused command without a reply: {command:?}");
+                return;
+            }
+        };
+        self.reply(request_id, Err(error));
     }
 
     /// Methods without a reply (publish, ack, nack) report failure as a

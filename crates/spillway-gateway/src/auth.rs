@@ -1,10 +1,23 @@
-//! SASL PLAIN and AMQPLAIN against the users from configuration, and
-//! EXTERNAL: the user named by a verified TLS client certificate's CN.
+//! SASL PLAIN, AMQPLAIN and EXTERNAL (the user named by a verified TLS
+//! client certificate's CN): the client's response is read here, the login
+//! itself is checked by the engine, which holds the users
+//! ([`spillway_proto::EngineApi::authenticate`]).
+//!
+//! A refused login tells the client only RabbitMQ's "Login was refused …"
+//! (an unknown user, a wrong password and a loopback-only user read the
+//! same); the reason goes to the log, at most once a minute per peer address
+//! and user ([`RefusalLog`]), and to `spillway_login_refusals_total`.
 
+use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
+use spillway_proto::engine::{AuthenticateRequest, LoginResult};
 
+/// A user of the configuration (`[[gateway.users]]`): stored by the engine
+/// when its store has no users yet, then managed through management.
 #[derive(Clone, Debug, Deserialize)]
 pub struct User {
     pub name: String,
@@ -12,6 +25,9 @@ pub struct User {
     /// Like RabbitMQ's guest: only accepted from a loopback address.
     #[serde(default)]
     pub loopback_only: bool,
+    /// RabbitMQ's user tags (`administrator`, `monitoring`, `management`).
+    #[serde(default)]
+    pub tags: Vec<String>,
 }
 
 impl User {
@@ -20,6 +36,7 @@ impl User {
             name: "guest".into(),
             password: "guest".into(),
             loopback_only: true,
+            tags: vec!["administrator".into()],
         }
     }
 }
@@ -43,41 +60,139 @@ pub enum AuthError {
     LoopbackOnly(String),
 }
 
-/// Returns the authenticated user name. `certificate_user` is the CN of
-/// the connection's verified client certificate, if it has one: only then
-/// is EXTERNAL accepted, as that user (who must be configured; the response
-/// is ignored, as RabbitMQ does).
-pub fn authenticate(
-    users: &[User],
+impl AuthError {
+    /// What the client is told in connection.close. For a refused login,
+    /// RabbitMQ's words: the same whether the user is unknown, the password
+    /// wrong, or the user limited to loopback, so that a stranger learns
+    /// nothing about which names exist.
+    pub fn reply_text(&self, mechanism: &str) -> String {
+        match self {
+            AuthError::Refused(_) | AuthError::LoopbackOnly(_) => format!(
+                "Login was refused using authentication mechanism {mechanism}. \
+                 For details see the broker logfile."
+            ),
+            other => other.to_string(),
+        }
+    }
+
+    /// The label of `spillway_login_refusals_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            AuthError::Mechanism(_) => "mechanism",
+            AuthError::Malformed(_) => "malformed",
+            AuthError::Refused(_) => "invalid_credentials",
+            AuthError::LoopbackOnly(_) => "loopback_only",
+        }
+    }
+
+    /// The user the client named, when its response could be read.
+    pub fn user(&self) -> Option<&str> {
+        match self {
+            AuthError::Refused(user) | AuthError::LoopbackOnly(user) => Some(user),
+            AuthError::Mechanism(_) | AuthError::Malformed(_) => None,
+        }
+    }
+}
+
+/// Reads the client's SASL response into the login the engine checks.
+/// `certificate_user` is the CN of the connection's verified client
+/// certificate, if it has one: only then is EXTERNAL accepted, as that user
+/// (the response is ignored, as RabbitMQ does).
+pub fn login_request(
     mechanism: &str,
     response: &[u8],
     peer: IpAddr,
     certificate_user: Option<&str>,
-) -> Result<String, AuthError> {
-    let (user, name) = match (mechanism, certificate_user) {
-        ("EXTERNAL", Some(name)) => (users.iter().find(|u| u.name == name), name.to_string()),
-        ("PLAIN" | "AMQPLAIN", _) => {
-            let (name, password) = if mechanism == "PLAIN" {
-                parse_plain(response)?
-            } else {
-                parse_amqplain(response)?
-            };
-            let user = users
-                .iter()
-                .find(|u| u.name == name)
-                .filter(|user| constant_time_eq(user.password.as_bytes(), password.as_bytes()));
-            (user, name)
+) -> Result<AuthenticateRequest, AuthError> {
+    let (user, password) = match (mechanism, certificate_user) {
+        ("EXTERNAL", Some(name)) => (name.to_string(), None),
+        ("PLAIN", _) => {
+            let (user, password) = parse_plain(response)?;
+            (user, Some(password))
+        }
+        ("AMQPLAIN", _) => {
+            let (user, password) = parse_amqplain(response)?;
+            (user, Some(password))
         }
         (other, _) => return Err(AuthError::Mechanism(other.to_string())),
     };
-    // An unknown user and a wrong password get the same answer.
-    let Some(user) = user else {
-        return Err(AuthError::Refused(name));
-    };
-    if user.loopback_only && !peer.is_loopback() {
-        return Err(AuthError::LoopbackOnly(name));
+    Ok(AuthenticateRequest {
+        user,
+        password,
+        peer_is_loopback: peer.is_loopback(),
+    })
+}
+
+/// The engine's answer as the handshake needs it: the user, or why not.
+pub fn login_outcome(user: String, result: LoginResult) -> Result<String, AuthError> {
+    match result {
+        LoginResult::Accepted => Ok(user),
+        LoginResult::LoopbackOnly => Err(AuthError::LoopbackOnly(user)),
+        LoginResult::InvalidCredentials | LoginResult::Unspecified => Err(AuthError::Refused(user)),
     }
-    Ok(name)
+}
+
+/// How often one peer address and user may put a refused login in the log.
+pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(60);
+/// The most (peer address, user) pairs [`RefusalLog`] remembers; past it,
+/// the oldest windows are forgotten, so a scan over many names or addresses
+/// cannot grow it without bound.
+const REFUSAL_LOG_PAIRS: usize = 4096;
+
+/// Rate-limits the log line of a refused login: the first refusal of a
+/// peer address and user is logged, later ones within
+/// [`REFUSAL_LOG_INTERVAL`] are only counted, and the next line says how
+/// many were left out. (Hand-written: `governor`'s keyed limiter would
+/// bound the rate but not report what it suppressed.)
+#[derive(Debug, Default)]
+pub struct RefusalLog {
+    windows: Mutex<HashMap<(IpAddr, String), Window>>,
+}
+
+#[derive(Debug)]
+struct Window {
+    opened: Instant,
+    suppressed: u64,
+}
+
+impl RefusalLog {
+    /// Whether the refusal of `user` from `peer` at `now` is to be logged;
+    /// if so, how many refusals of the pair were left out before it.
+    pub fn admit(&self, peer: IpAddr, user: &str, now: Instant) -> Option<u64> {
+        let mut windows = self
+            .windows
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // A user name is a short string (≤ 255 bytes): the key is bounded.
+        if let Some(window) = windows.get_mut(&(peer, user.to_string())) {
+            if now.duration_since(window.opened) < REFUSAL_LOG_INTERVAL {
+                window.suppressed += 1;
+                return None;
+            }
+            let suppressed = window.suppressed;
+            *window = Window {
+                opened: now,
+                suppressed: 0,
+            };
+            return Some(suppressed);
+        }
+        if windows.len() >= REFUSAL_LOG_PAIRS {
+            windows.retain(|_, window| now.duration_since(window.opened) < REFUSAL_LOG_INTERVAL);
+            if windows.len() >= REFUSAL_LOG_PAIRS {
+                // Still full inside one interval: a flood. Forget it all
+                // rather than grow; the metric still counts every refusal.
+                windows.clear();
+            }
+        }
+        windows.insert(
+            (peer, user.to_string()),
+            Window {
+                opened: now,
+                suppressed: 0,
+            },
+        );
+        Some(0)
+    }
 }
 
 /// `authzid \0 authcid \0 password`.
@@ -118,12 +233,10 @@ fn parse_amqplain(response: &[u8]) -> Result<(String, String), AuthError> {
     }
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
     use std::net::Ipv4Addr;
 
@@ -131,58 +244,102 @@ mod tests {
     const REMOTE: IpAddr = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1));
 
     #[test]
-    fn plain_guest_only_from_loopback() {
-        let users = [User::guest()];
+    fn plain_and_amqplain_responses_are_read() {
+        let plain = login_request("PLAIN", b"\0guest\0secret", LOCAL, None).unwrap();
         assert_eq!(
-            authenticate(&users, "PLAIN", b"\0guest\0guest", LOCAL, None),
-            Ok("guest".into())
+            (plain.user.as_str(), plain.password.as_deref()),
+            ("guest", Some("secret"))
+        );
+        assert!(plain.peer_is_loopback);
+        assert!(
+            !login_request("PLAIN", b"\0guest\0secret", REMOTE, None)
+                .unwrap()
+                .peer_is_loopback
         );
         assert_eq!(
-            authenticate(&users, "PLAIN", b"\0guest\0guest", REMOTE, None),
-            Err(AuthError::LoopbackOnly("guest".into()))
+            login_request("PLAIN", b"garbage", LOCAL, None),
+            Err(AuthError::Malformed("PLAIN"))
         );
         assert_eq!(
-            authenticate(&users, "PLAIN", b"\0guest\0nope", LOCAL, None),
-            Err(AuthError::Refused("guest".into()))
+            login_request("CRAM-MD5", b"", LOCAL, None),
+            Err(AuthError::Mechanism("CRAM-MD5".into()))
         );
-        assert!(authenticate(&users, "PLAIN", b"garbage", LOCAL, None).is_err());
     }
 
     #[test]
-    fn external_only_with_a_certificate_and_only_for_a_known_user() {
-        let users = [
-            User::guest(),
-            User {
-                name: "app".into(),
-                password: "secret".into(),
-                loopback_only: false,
-            },
-        ];
+    fn external_only_with_a_certificate_and_then_as_its_name() {
         assert_eq!(
-            authenticate(&users, "EXTERNAL", b"", LOCAL, None),
+            login_request("EXTERNAL", b"", LOCAL, None),
             Err(AuthError::Mechanism("EXTERNAL".into()))
         );
-        assert_eq!(
-            authenticate(&users, "EXTERNAL", b"", REMOTE, Some("app")),
-            Ok("app".into())
-        );
         // Whatever the response says, the certificate decides.
-        assert_eq!(
-            authenticate(&users, "EXTERNAL", b"guest", REMOTE, Some("app")),
-            Ok("app".into())
-        );
-        assert_eq!(
-            authenticate(&users, "EXTERNAL", b"", REMOTE, Some("mallory")),
-            Err(AuthError::Refused("mallory".into()))
-        );
-        assert_eq!(
-            authenticate(&users, "EXTERNAL", b"", REMOTE, Some("guest")),
-            Err(AuthError::LoopbackOnly("guest".into()))
-        );
+        let external = login_request("EXTERNAL", b"guest", REMOTE, Some("app")).unwrap();
+        assert_eq!((external.user.as_str(), external.password), ("app", None));
         // PLAIN still works on a connection with a certificate.
+        let plain = login_request("PLAIN", b"\0app\0secret", REMOTE, Some("guest")).unwrap();
+        assert_eq!(plain.user, "app");
+    }
+
+    #[test]
+    fn the_engines_answer_becomes_the_refusal() {
         assert_eq!(
-            authenticate(&users, "PLAIN", b"\0app\0secret", REMOTE, Some("guest")),
-            Ok("app".into())
+            login_outcome("a".into(), LoginResult::Accepted),
+            Ok("a".into())
         );
+        assert_eq!(
+            login_outcome("a".into(), LoginResult::InvalidCredentials),
+            Err(AuthError::Refused("a".into()))
+        );
+        assert_eq!(
+            login_outcome("a".into(), LoginResult::LoopbackOnly),
+            Err(AuthError::LoopbackOnly("a".into()))
+        );
+    }
+
+    #[test]
+    fn a_wrong_password_and_a_loopback_only_user_read_the_same() {
+        let wrong = AuthError::Refused("guest".into()).reply_text("PLAIN");
+        let remote = AuthError::LoopbackOnly("guest".into()).reply_text("PLAIN");
+        assert_eq!(wrong, remote);
+        assert_eq!(
+            wrong,
+            "Login was refused using authentication mechanism PLAIN. \
+             For details see the broker logfile."
+        );
+    }
+
+    #[test]
+    fn refusals_are_logged_once_a_minute_per_peer_and_user() {
+        let log = RefusalLog::default();
+        let start = Instant::now();
+        assert_eq!(log.admit(LOCAL, "guest", start), Some(0));
+        assert_eq!(log.admit(LOCAL, "guest", start), None);
+        assert_eq!(
+            log.admit(LOCAL, "guest", start + Duration::from_secs(1)),
+            None
+        );
+        // Another user, another address: their own windows.
+        assert_eq!(log.admit(LOCAL, "app", start), Some(0));
+        assert_eq!(log.admit(REMOTE, "guest", start), Some(0));
+        // After the interval: logged again, with what was left out.
+        assert_eq!(
+            log.admit(LOCAL, "guest", start + REFUSAL_LOG_INTERVAL),
+            Some(2)
+        );
+        assert_eq!(
+            log.admit(LOCAL, "guest", start + REFUSAL_LOG_INTERVAL),
+            None
+        );
+    }
+
+    #[test]
+    fn a_flood_of_names_does_not_grow_the_refusal_log_without_bound() {
+        let log = RefusalLog::default();
+        let now = Instant::now();
+        for n in 0..3 * REFUSAL_LOG_PAIRS {
+            assert_eq!(log.admit(REMOTE, &format!("user-{n}"), now), Some(0));
+        }
+        let held = log.windows.lock().map(|w| w.len()).unwrap_or(usize::MAX);
+        assert!(held <= REFUSAL_LOG_PAIRS, "{held} pairs held");
     }
 }

@@ -51,9 +51,6 @@ pub struct GatewayConfig {
     pub max_heartbeat: u16,
     /// Largest message body accepted, bytes; larger publishes get 406.
     pub max_message_size: u64,
-    /// Users allowed to connect (PLAIN / AMQPLAIN, or EXTERNAL with a TLS
-    /// client certificate whose CN is the name).
-    pub users: Vec<User>,
     /// Body bytes a connection blocked by producer flow control may still
     /// publish before the gateway stops reading its socket.
     pub blocked_overdraft: u64,
@@ -106,7 +103,6 @@ impl Default for GatewayConfig {
             min_heartbeat: 0,
             max_heartbeat: 0,
             max_message_size: 128 * 1024 * 1024,
-            users: vec![User::guest()],
             blocked_overdraft: 1024 * 1024,
             handshake_timeout: std::time::Duration::from_secs(10),
             max_connections: 0,

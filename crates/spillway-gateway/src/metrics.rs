@@ -28,7 +28,11 @@ pub struct GatewayMetrics {
     unfinished_content_closes: Counter,
     refusals: LimitRefusals,
     tls_handshake_failures: TlsFailures,
+    login_refusals: LoginRefusals,
 }
+
+/// `spillway_login_refusals_total{reason}`.
+type LoginRefusals = Family<Vec<(&'static str, &'static str)>, Counter>;
 
 /// `spillway_tls_handshake_failures_total{listener}`.
 type TlsFailures = Family<Vec<(&'static str, &'static str)>, Counter>;
@@ -106,6 +110,21 @@ impl GatewayMetrics {
             "Connections to a TLS listener that failed before the TLS handshake finished (not TLS, a refused or missing client certificate, the handshake timeout), by listener",
             self.tls_handshake_failures.clone(),
         );
+        // The usual reasons show at 0 before their first refusal.
+        for reason in ["invalid_credentials", "loopback_only"] {
+            let _ = self.login_refusals.get_or_create(&vec![("reason", reason)]);
+        }
+        metrics.register(
+            "spillway_login_refusals",
+            "Logins refused at connection.start-ok, by reason (invalid_credentials: an unknown user or a wrong password; loopback_only; malformed; mechanism)",
+            self.login_refusals.clone(),
+        );
+    }
+
+    pub(crate) fn count_login_refusal(&self, reason: &'static str) {
+        self.login_refusals
+            .get_or_create(&vec![("reason", reason)])
+            .inc();
     }
 
     /// Shows `listener` in `spillway_tls_handshake_failures_total` (at 0

@@ -32,6 +32,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::codec::FramedRead;
 use tokio_util::task::TaskTracker;
 
+use crate::auth::{AuthError, RefusalLog};
 use crate::codec::{FrameDecoder, FrameError, FrameWriter, MIN_FRAME_MAX, PROTOCOL_HEADER};
 use crate::connection::{
     write_connection_close, Connection, ConnectionError, Handshake, HandshakeStep, Next,
@@ -136,6 +137,7 @@ impl AmqpServer {
             slots: ConnectionSlots::new(config.max_connections),
             config,
             metrics,
+            login_refusals: Arc::new(RefusalLog::default()),
         };
         let mut server = Self {
             amqp: None,
@@ -247,6 +249,8 @@ struct ConnectionContext {
     config: Arc<GatewayConfig>,
     metrics: GatewayMetrics,
     slots: ConnectionSlots,
+    /// Rate-limits the log lines of refused logins.
+    login_refusals: Arc<RefusalLog>,
 }
 
 async fn accept_loop(
@@ -289,6 +293,30 @@ async fn accept_loop(
             }
         }
     }
+}
+
+/// Counts a refused login, and logs it with the peer, the user and the
+/// reason (never the password) unless the pair was logged less than
+/// [`crate::auth::REFUSAL_LOG_INTERVAL`] ago.
+fn log_login_refusal(
+    log: &RefusalLog,
+    metrics: &GatewayMetrics,
+    peer: SocketAddr,
+    refusal: &AuthError,
+) {
+    metrics.count_login_refusal(refusal.reason());
+    let user = refusal.user().unwrap_or("");
+    let Some(suppressed) = log.admit(peer.ip(), user, std::time::Instant::now()) else {
+        return;
+    };
+    tracing::warn!(
+        code = "CON-1101",
+        %peer,
+        user,
+        reason = refusal.reason(),
+        suppressed,
+        "CON-1101 : Login refused : {refusal} : from {peer} ({suppressed} more refusals of this user and address not logged in the last minute)"
+    );
 }
 
 /// The TLS handshake, within the same `gateway.handshake_timeout` as the
@@ -337,6 +365,7 @@ async fn serve_connection<S: ClientStream>(
         config,
         metrics,
         slots,
+        login_refusals,
     } = context;
     // One deadline from accept to open-ok, whatever the client does or
     // fails to do meanwhile (RabbitMQ's handshake_timeout).
@@ -381,15 +410,32 @@ async fn serve_connection<S: ClientStream>(
             }
             frame = frames.next() => frame,
         };
-        let step = match frame {
+        let mut step = match frame {
             None => return Ok(()),
             Some(Err(error)) => Err(frame_error(error)),
-            Some(Ok(frame)) => handshake.on_frame(frame, &mut out),
+            Some(Ok(frame)) => handshake.on_frame(frame),
         };
+        if let Ok(HandshakeStep::Authenticate(request)) = step {
+            // The engine holds the users; within the same deadline.
+            let answer = tokio::select! {
+                _ = &mut deadline => {
+                    tracing::info!(%peer, timeout = ?config.handshake_timeout, "login not checked in time, closing");
+                    return Ok(());
+                }
+                answer = engine.authenticate(request) => answer,
+            };
+            step = handshake.on_login(answer, &mut out);
+        }
         match step {
             Ok(HandshakeStep::Continue) => {}
+            Ok(HandshakeStep::Authenticate(_)) => {
+                debug_assert!(false, "the login was answered above");
+            }
             Ok(HandshakeStep::Open(negotiated)) => break negotiated,
             Err(error) => {
+                if let Some(refusal) = handshake.take_refusal() {
+                    log_login_refusal(&login_refusals, &metrics, peer, &refusal);
+                }
                 write_connection_close(&error, &mut out);
                 send(&mut write_half, &out.take()).await?;
                 let _ =

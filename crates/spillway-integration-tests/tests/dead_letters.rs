@@ -12,7 +12,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ExchangeKind};
+use lapin::{BasicProperties, Confirmation, ExchangeKind};
 use spillway_integration_tests::amqp::*;
 use spillway_integration_tests::{both_wirings, eventually, publish, Sandbox};
 use spillway_proto::management::PeekMessagesRequest;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel, Connection};
+use lapin::BasicProperties;
 use spillway_integration_tests::amqp::*;
 use spillway_integration_tests::{both_wirings, eventually, next_delivery, publish, Sandbox};
 use spillway_proto::management::{argument_value, ListQueuesRequest};

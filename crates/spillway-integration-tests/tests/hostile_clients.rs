@@ -12,6 +12,8 @@
 //!   `gateway.max_unfinished_content`.
 //! - Hundreds of sockets that stop in the handshake, or in a frame header:
 //!   all closed at `gateway.handshake_timeout`.
+//! - A password guesser: told only RabbitMQ's "Login was refused …",
+//!   counted in `spillway_login_refusals_total`, logged once a minute.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -38,6 +40,7 @@ both_wirings!(
     a_consumer_that_never_acks_a_spilled_backlog_stays_within_the_budget,
     unfinished_bodies_past_the_limit_close_the_connection,
     hundreds_of_stalled_handshakes_are_closed_at_the_timeout,
+    a_password_guesser_is_counted_and_logged_once,
 );
 
 const MIB: usize = 1024 * 1024;
@@ -350,4 +353,57 @@ async fn hundreds_of_stalled_handshakes_are_closed_at_the_timeout(
         raw::closed_within(socket, Duration::from_secs(15)).await?;
     }
     sandbox.serves_a_fresh_client().await
+}
+
+/// Five wrong passwords for guest and one unknown user: each is refused
+/// with RabbitMQ's words (which do not tell a wrong password from an
+/// unknown name), each is counted, and the log has one line per user and
+/// address, not one per attempt.
+async fn a_password_guesser_is_counted_and_logged_once(wiring: Wiring) -> anyhow::Result<()> {
+    const REFUSED: &str = "ACCESS_REFUSED - Login was refused using authentication mechanism \
+                           PLAIN. For details see the broker logfile.";
+    let sandbox = Sandbox::start(wiring).await?;
+    let counted = "spillway_login_refusals_total{reason=\"invalid_credentials\"}";
+    anyhow::ensure!(gateway_metric(&sandbox, counted).await? == 0.0);
+    let addr = sandbox.amqp_addr();
+    let mut texts = Vec::new();
+    for (user, password) in std::iter::repeat_n(("guest", "wrong"), 5).chain([("nobody", "guest")])
+    {
+        let uri = format!("amqp://{user}:{password}@{addr}/%2f");
+        let refused =
+            lapin::Connection::connect(&uri, lapin::ConnectionProperties::default()).await;
+        let error = refused.err().map(|e| e.to_string());
+        texts.push(error.ok_or_else(|| anyhow::anyhow!("{user} logged in with {password}"))?);
+    }
+    for text in &texts {
+        anyhow::ensure!(text.contains(REFUSED), "{text}");
+    }
+    anyhow::ensure!(gateway_metric(&sandbox, counted).await? == 6.0);
+    sandbox.serves_a_fresh_client().await?;
+    if wiring == Wiring::Separate {
+        let logs = sandbox.logs();
+        let lines = |user: &str| {
+            logs.lines()
+                .filter(|line| {
+                    line.contains("CON-1101 : Login refused : user '")
+                        && line.contains(&format!("'{user}'"))
+                })
+                .count()
+        };
+        anyhow::ensure!(
+            lines("guest") == 1,
+            "guest logged {} times:\n{logs}",
+            lines("guest")
+        );
+        anyhow::ensure!(
+            lines("nobody") == 1,
+            "nobody logged {} times:\n{logs}",
+            lines("nobody")
+        );
+        anyhow::ensure!(
+            !logs.contains("wrong"),
+            "a password reached the log:\n{logs}"
+        );
+    }
+    Ok(())
 }

@@ -272,6 +272,23 @@ async fn queue_and_consumer_limits(wiring: Wiring) -> anyhow::Result<()> {
 
     // A vhost made through management, limited at runtime.
     spillctl(&sandbox, &["vhost", "create", "limited"])?;
+    // A new vhost has no permissions, as in RabbitMQ.
+    spillctl(
+        &sandbox,
+        &[
+            "--vhost",
+            "limited",
+            "permissions",
+            "set",
+            "guest",
+            "--configure",
+            ".*",
+            "--write",
+            ".*",
+            "--read",
+            ".*",
+        ],
+    )?;
     spillctl(
         &sandbox,
         &["--vhost", "limited", "limits", "set", "--max-queues", "1"],

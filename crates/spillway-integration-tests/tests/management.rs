@@ -24,6 +24,7 @@ use tonic::Code;
 both_wirings!(
     timeout_secs = 90;
     definitions_lifecycle,
+    vhosts_survive_a_restart,
     not_found_and_invalid_argument,
     refused_credentials,
     peek_move_purge_keep_messages,
@@ -226,7 +227,16 @@ async fn definitions_lifecycle(sb: &mut Sandbox) -> anyhow::Result<()> {
         Code::NotFound
     );
 
-    // The definitions are the broker's: a client sees them.
+    // The definitions are the broker's: a client sees them, once it may
+    // use the new vhost (a vhost starts with no permissions, as in RabbitMQ).
+    c.set_permissions(m::SetPermissionsRequest {
+        user: "guest".into(),
+        vhost: "ops".into(),
+        configure: ".*".into(),
+        write: ".*".into(),
+        read: ".*".into(),
+    })
+    .await?;
     let conn = lapin::Connection::connect(
         &format!("amqp://guest:guest@{}/ops", sb.amqp_addr()),
         lapin::ConnectionProperties::default(),
@@ -262,6 +272,85 @@ async fn definitions_lifecycle(sb: &mut Sandbox) -> anyhow::Result<()> {
         code(c.get_vhost(m::GetVhostRequest { name: "ops".into() }).await),
         Code::NotFound
     );
+    Ok(())
+}
+
+/// Vhosts made through management are stored: an empty one and one with a
+/// durable queue are there after a restart, one deleted before it is not.
+async fn vhosts_survive_a_restart(sb: &mut Sandbox) -> anyhow::Result<()> {
+    let mut c = client(sb).await?;
+    for name in ["empty", "busy", "dropped"] {
+        c.create_vhost(m::CreateVhostRequest { name: name.into() })
+            .await?;
+    }
+    c.create_queue(queue_request("busy", "orders")).await?;
+    for vhost in ["empty", "dropped"] {
+        c.set_permissions(m::SetPermissionsRequest {
+            user: "guest".into(),
+            vhost: vhost.into(),
+            configure: ".*".into(),
+            write: ".*".into(),
+            read: ".*".into(),
+        })
+        .await?;
+    }
+    c.delete_vhost(m::DeleteVhostRequest {
+        name: "dropped".into(),
+    })
+    .await?;
+    sb.restart().await?;
+
+    let mut c = client(sb).await?;
+    let names: Vec<String> = c
+        .list_vhosts(m::ListVhostsRequest {})
+        .await?
+        .into_inner()
+        .vhosts
+        .into_iter()
+        .map(|v| v.name)
+        .collect();
+    anyhow::ensure!(
+        names == ["/", "busy", "empty"],
+        "after a restart: {names:?}"
+    );
+    let queues = c
+        .list_queues(m::ListQueuesRequest {
+            vhost: "busy".into(),
+        })
+        .await?
+        .into_inner()
+        .queues;
+    anyhow::ensure!(
+        queues.len() == 1 && queues[0].name == "orders",
+        "{queues:?}"
+    );
+    // A client opens the empty one (its permission was kept too); the
+    // deleted one is gone for clients, and so is the permission in it.
+    let conn = lapin::Connection::connect(
+        &format!("amqp://guest:guest@{}/empty", sb.amqp_addr()),
+        lapin::ConnectionProperties::default(),
+    )
+    .await?;
+    conn.close(200, "bye".into()).await?;
+    let refused = lapin::Connection::connect(
+        &format!("amqp://guest:guest@{}/dropped", sb.amqp_addr()),
+        lapin::ConnectionProperties::default(),
+    )
+    .await
+    .err()
+    .map(|e| e.to_string())
+    .ok_or_else(|| anyhow::anyhow!("the deleted vhost opened after a restart"))?;
+    anyhow::ensure!(refused.contains("NOT_ALLOWED"), "{refused}");
+    let kept = c
+        .list_permissions(m::ListPermissionsRequest {
+            user: "guest".into(),
+            vhost: String::new(),
+        })
+        .await?
+        .into_inner()
+        .permissions;
+    let vhosts: Vec<&str> = kept.iter().map(|p| p.vhost.as_str()).collect();
+    anyhow::ensure!(vhosts == ["/", "empty"], "{kept:?}");
     Ok(())
 }
 

@@ -216,6 +216,54 @@ macro_rules! management_impl {
                 Ok(Response::new(response))
             }
 
+            async fn put_user(
+                &self,
+                request: Request<m::PutUserRequest>,
+            ) -> Result<Response<m::User>, Status> {
+                let request = request.into_inner();
+                // Never the password in the log.
+                let (user, password_set, tags) = (
+                    request.name.clone(),
+                    request.password.is_some(),
+                    request.tags.join(","),
+                );
+                let response = self.engine.put_user(request).await?;
+                tracing::info!(user, password_set, tags, "user stored by management");
+                Ok(Response::new(response))
+            }
+
+            async fn delete_user(
+                &self,
+                request: Request<m::DeleteUserRequest>,
+            ) -> Result<Response<m::DeleteUserResponse>, Status> {
+                let user = request.get_ref().name.clone();
+                let response = self.engine.delete_user(request.into_inner()).await?;
+                tracing::info!(user, closed_connections = response.closed_connections, "user deleted by management");
+                Ok(Response::new(response))
+            }
+
+            async fn set_permissions(
+                &self,
+                request: Request<m::SetPermissionsRequest>,
+            ) -> Result<Response<m::Permission>, Status> {
+                let request = request.into_inner();
+                let logged = format!("{request:?}");
+                let response = self.engine.set_permissions(request).await?;
+                tracing::info!(permissions = %logged, "permissions set by management");
+                Ok(Response::new(response))
+            }
+
+            async fn clear_permissions(
+                &self,
+                request: Request<m::ClearPermissionsRequest>,
+            ) -> Result<Response<m::ClearPermissionsResponse>, Status> {
+                let request = request.into_inner();
+                let logged = format!("{request:?}");
+                let response = self.engine.clear_permissions(request).await?;
+                tracing::info!(permissions = %logged, "permissions cleared by management");
+                Ok(Response::new(response))
+            }
+
             async fn set_store_quota(
                 &self,
                 request: Request<m::SetStoreQuotaRequest>,
@@ -250,4 +298,6 @@ management_impl! {
     list_channels(ListChannelsRequest) -> ListChannelsResponse;
     close_connection(CloseConnectionRequest) -> CloseConnectionResponse;
     list_limits(ListLimitsRequest) -> ListLimitsResponse;
+    list_users(ListUsersRequest) -> ListUsersResponse;
+    list_permissions(ListPermissionsRequest) -> ListPermissionsResponse;
 }

@@ -42,6 +42,12 @@ macro_rules! for_each_engine_admin_call {
             set_limits(SetLimitsRequest) -> Limits;
             clear_limits(ClearLimitsRequest) -> ClearLimitsResponse;
             list_limits(ListLimitsRequest) -> ListLimitsResponse;
+            list_users(ListUsersRequest) -> ListUsersResponse;
+            put_user(PutUserRequest) -> User;
+            delete_user(DeleteUserRequest) -> DeleteUserResponse;
+            set_permissions(SetPermissionsRequest) -> Permission;
+            clear_permissions(ClearPermissionsRequest) -> ClearPermissionsResponse;
+            list_permissions(ListPermissionsRequest) -> ListPermissionsResponse;
         }
     };
 }
@@ -141,6 +147,29 @@ pub trait EngineAdminApi: Send + Sync + 'static {
         &self,
         request: m::ListLimitsRequest,
     ) -> Result<m::ListLimitsResponse, ServiceError>;
+    async fn list_users(
+        &self,
+        request: m::ListUsersRequest,
+    ) -> Result<m::ListUsersResponse, ServiceError>;
+    /// Adds or changes a user (stored before it answers).
+    async fn put_user(&self, request: m::PutUserRequest) -> Result<m::User, ServiceError>;
+    /// Deletes a user and their permissions, closing their connections.
+    async fn delete_user(
+        &self,
+        request: m::DeleteUserRequest,
+    ) -> Result<m::DeleteUserResponse, ServiceError>;
+    async fn set_permissions(
+        &self,
+        request: m::SetPermissionsRequest,
+    ) -> Result<m::Permission, ServiceError>;
+    async fn clear_permissions(
+        &self,
+        request: m::ClearPermissionsRequest,
+    ) -> Result<m::ClearPermissionsResponse, ServiceError>;
+    async fn list_permissions(
+        &self,
+        request: m::ListPermissionsRequest,
+    ) -> Result<m::ListPermissionsResponse, ServiceError>;
 }
 
 /// The engine's admin API over gRPC (management running in its own process).

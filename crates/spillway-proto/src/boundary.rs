@@ -238,6 +238,11 @@ pub struct SessionStreams {
 #[async_trait]
 pub trait EngineApi: Send + Sync + 'static {
     async fn open_session(&self) -> Result<SessionStreams, ServiceError>;
+    /// Checks a client's login against the engine's users.
+    async fn authenticate(
+        &self,
+        request: crate::engine::AuthenticateRequest,
+    ) -> Result<crate::engine::LoginResult, ServiceError>;
 }
 
 /// The queue engine over gRPC: one bidirectional stream per session, with
@@ -274,6 +279,14 @@ impl EngineApi for RemoteEngine {
             commands: command_tx,
             events: event_rx,
         })
+    }
+
+    async fn authenticate(
+        &self,
+        request: crate::engine::AuthenticateRequest,
+    ) -> Result<crate::engine::LoginResult, ServiceError> {
+        let response = self.client.clone().authenticate(request).await?;
+        Ok(response.into_inner().result())
     }
 }
 

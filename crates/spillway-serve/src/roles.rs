@@ -311,6 +311,18 @@ async fn start_engine(storage: Arc<dyn StorageApi>, settings: &Settings) -> anyh
             max_bytes: settings.engine.store_writer_max_bytes,
         },
         lease_ttl: spillway_engine::DEFAULT_LEASE_TTL,
+        // The configuration's users are the seed of a store without users.
+        seed_users: settings
+            .gateway
+            .users
+            .iter()
+            .map(|user| spillway_engine::SeedUser {
+                name: user.name.clone(),
+                password: user.password.clone(),
+                tags: user.tags.clone(),
+                loopback_only: user.loopback_only,
+            })
+            .collect(),
     };
     tracing::info!(
         flow_to_disk_threshold = config.flow_to_disk_threshold,

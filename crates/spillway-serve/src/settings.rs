@@ -209,6 +209,8 @@ pub struct GatewaySettings {
     /// too); 0 = no maximum.
     pub max_heartbeat: u16,
     pub max_message_size: u64,
+    /// The seed of the user database: stored by the engine when its store
+    /// has no users (read by the engine process, not the gateway).
     pub users: Vec<spillway_gateway::User>,
     /// Body bytes a connection blocked by producer flow control may still
     /// publish before the gateway stops reading it.
@@ -242,7 +244,7 @@ impl Default for GatewaySettings {
             min_heartbeat: protocol.min_heartbeat,
             max_heartbeat: protocol.max_heartbeat,
             max_message_size: protocol.max_message_size,
-            users: protocol.users,
+            users: vec![spillway_gateway::User::guest()],
             blocked_overdraft: protocol.blocked_overdraft,
             handshake_timeout: protocol.handshake_timeout,
             max_connections: protocol.max_connections,
@@ -274,7 +276,6 @@ impl GatewaySettings {
             min_heartbeat: self.min_heartbeat,
             max_heartbeat: self.max_heartbeat,
             max_message_size: self.max_message_size,
-            users: self.users.clone(),
             blocked_overdraft: self.blocked_overdraft,
             handshake_timeout: self.handshake_timeout,
             max_connections: self.max_connections,
@@ -1849,8 +1850,8 @@ mod tests {
         assert_eq!(settings.store.underfull_size, Some(8 << 30));
         assert_eq!(settings.gateway.users.len(), 2);
 
-        let gateway = std::fs::read_to_string(root.join("deploy/gateway.toml"))?;
-        let (_, result) = load(&gateway, &[]);
+        let users = std::fs::read_to_string(root.join("deploy/users.toml"))?;
+        let (_, result) = load(&users, &[]);
         assert_eq!(result?.gateway.users[0].name, "spillway");
         Ok(())
     }

@@ -3,6 +3,9 @@
 //!
 //! | kind | components | value |
 //! |---|---|---|
+//! | `v` | vhost | `VhostDefinition` |
+//! | `u` | user | `UserDefinition` |
+//! | `a` | user, vhost | `PermissionDefinition` (access) |
 //! | `x` | vhost, exchange | `ExchangeDefinition` |
 //! | `q` | vhost, queue | `QueueDefinition` |
 //! | `b` | vhost, source exchange, destination, routing key, arguments, destination kind | `BindingDefinition` |
@@ -13,6 +16,9 @@
 //! Message ids increase, so a queue's entries iterate oldest first, and the
 //! message records of a backlog that flowed to disk lie close together.
 
+pub const VHOST: u8 = b'v';
+pub const USER: u8 = b'u';
+pub const PERMISSION: u8 = b'a';
 pub const EXCHANGE: u8 = b'x';
 pub const QUEUE: u8 = b'q';
 pub const BINDING: u8 = b'b';
@@ -75,6 +81,19 @@ pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![u8::MAX; prefix.len() + 1]
 }
 
+pub fn user_key(name: &str) -> Vec<u8> {
+    key(USER, &[name.as_bytes()])
+}
+
+/// A user's permissions sort together: deleting a user deletes the range.
+pub fn permission_key(user: &str, vhost: &str) -> Vec<u8> {
+    key(PERMISSION, &[user.as_bytes(), vhost.as_bytes()])
+}
+
+pub fn user_permissions_prefix(user: &str) -> Vec<u8> {
+    key(PERMISSION, &[user.as_bytes()])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,6 +106,16 @@ mod tests {
         assert_eq!(entry_id(&b), Some(256));
         let prefix = queue_entries_prefix("/", "q");
         assert!(a.starts_with(&prefix) && b < prefix_end(&prefix));
+    }
+
+    #[test]
+    fn a_users_permissions_do_not_cover_a_longer_user_name() {
+        let prefix = user_permissions_prefix("app");
+        assert!(permission_key("app", "/").starts_with(&prefix));
+        assert!(permission_key("app", "/") < prefix_end(&prefix));
+        let longer = permission_key("apple", "/");
+        assert!(!longer.starts_with(&prefix));
+        assert!(longer >= prefix_end(&prefix) || longer < prefix);
     }
 
     #[test]

@@ -18,8 +18,9 @@ use async_trait::async_trait;
 use parking_lot::Mutex;
 use prost::Message as _;
 use spillway_proto::storage::{
-    write_op, BindingDefinition, Definitions, ExchangeDefinition, MessageRecord, QueueDefinition,
-    QueueEntry, QuotaState, StoreStatus, WriteBatch,
+    write_op, BindingDefinition, Definitions, ExchangeDefinition, MessageRecord,
+    PermissionDefinition, QueueDefinition, QueueEntry, QuotaState, StoreStatus, UserDefinition,
+    VhostDefinition, WriteBatch,
 };
 use spillway_proto::{QuotaStream, ServiceError, StorageApi};
 use tokio::sync::watch;
@@ -70,6 +71,9 @@ impl MemoryStore {
             exchanges: scan::<ExchangeDefinition>(&map, &[keys::EXCHANGE])?,
             queues: scan::<QueueDefinition>(&map, &[keys::QUEUE])?,
             bindings: scan::<BindingDefinition>(&map, &[keys::BINDING])?,
+            vhosts: scan::<VhostDefinition>(&map, &[keys::VHOST])?,
+            users: scan::<UserDefinition>(&map, &[keys::USER])?,
+            permissions: scan::<PermissionDefinition>(&map, &[keys::PERMISSION])?,
         })
     }
 
@@ -145,6 +149,35 @@ impl MemoryStore {
 fn apply(map: &mut BTreeMap<Vec<u8>, Vec<u8>>, op: &write_op::Op) {
     use write_op::Op;
     match op {
+        Op::PutVhost(def) => {
+            map.insert(
+                keys::key(keys::VHOST, &[def.name.as_bytes()]),
+                def.encode_to_vec(),
+            );
+        }
+        Op::DeleteVhost(def) => {
+            map.remove(&keys::key(keys::VHOST, &[def.name.as_bytes()]));
+        }
+        Op::PutUser(def) => {
+            map.insert(keys::user_key(&def.name), def.encode_to_vec());
+        }
+        Op::DeleteUser(def) => {
+            map.remove(&keys::user_key(&def.name));
+            let prefix = keys::user_permissions_prefix(&def.name);
+            let doomed: Vec<Vec<u8>> = under(map, &prefix).map(|(k, _)| k.clone()).collect();
+            for key in doomed {
+                map.remove(&key);
+            }
+        }
+        Op::PutPermission(def) => {
+            map.insert(
+                keys::permission_key(&def.user, &def.vhost),
+                def.encode_to_vec(),
+            );
+        }
+        Op::DeletePermission(def) => {
+            map.remove(&keys::permission_key(&def.user, &def.vhost));
+        }
         Op::PutExchange(def) => {
             let key = keys::key(keys::EXCHANGE, &[def.vhost.as_bytes(), def.name.as_bytes()]);
             map.insert(key, def.encode_to_vec());

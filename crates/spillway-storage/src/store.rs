@@ -22,7 +22,8 @@ use prost::Message as _;
 use rocksdb::{DBCompressionType, Direction, IteratorMode, Options, WriteOptions, DB};
 use spillway_proto::storage::{
     write_op, AcquireLeaseRequest, BindingDefinition, Definitions, Durability, ExchangeDefinition,
-    Lease, MessageRecord, QueueDefinition, QueueEntry, StoreStatus, WriteBatch,
+    Lease, MessageRecord, PermissionDefinition, QueueDefinition, QueueEntry, StoreStatus,
+    UserDefinition, VhostDefinition, WriteBatch,
 };
 use spillway_proto::{ServiceError, StorageApi};
 
@@ -397,6 +398,9 @@ impl RocksStore {
             exchanges: self.scan::<ExchangeDefinition>(&[keys::EXCHANGE])?,
             queues: self.scan::<QueueDefinition>(&[keys::QUEUE])?,
             bindings: self.scan::<BindingDefinition>(&[keys::BINDING])?,
+            vhosts: self.scan::<VhostDefinition>(&[keys::VHOST])?,
+            users: self.scan::<UserDefinition>(&[keys::USER])?,
+            permissions: self.scan::<PermissionDefinition>(&[keys::PERMISSION])?,
         })
     }
 
@@ -564,6 +568,22 @@ fn new_store_id() -> String {
 fn apply(batch: &mut rocksdb::WriteBatch, op: &write_op::Op) {
     use write_op::Op;
     match op {
+        Op::PutVhost(def) => batch.put(
+            keys::key(keys::VHOST, &[def.name.as_bytes()]),
+            def.encode_to_vec(),
+        ),
+        Op::DeleteVhost(def) => batch.delete(keys::key(keys::VHOST, &[def.name.as_bytes()])),
+        Op::PutUser(def) => batch.put(keys::user_key(&def.name), def.encode_to_vec()),
+        Op::DeleteUser(def) => {
+            batch.delete(keys::user_key(&def.name));
+            let prefix = keys::user_permissions_prefix(&def.name);
+            batch.delete_range(&prefix, &keys::prefix_end(&prefix));
+        }
+        Op::PutPermission(def) => batch.put(
+            keys::permission_key(&def.user, &def.vhost),
+            def.encode_to_vec(),
+        ),
+        Op::DeletePermission(def) => batch.delete(keys::permission_key(&def.user, &def.vhost)),
         Op::PutExchange(def) => batch.put(
             keys::key(keys::EXCHANGE, &[def.vhost.as_bytes(), def.name.as_bytes()]),
             def.encode_to_vec(),

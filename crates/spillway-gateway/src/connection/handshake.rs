@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use amq_protocol::protocol::{connection as conn, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable};
 use spillway_proto::amqp::{reply_code, MethodId};
+use spillway_proto::engine::{AuthenticateRequest, LoginResult};
 
 use super::ConnectionError;
 use crate::auth;
@@ -39,16 +40,22 @@ pub struct Handshake<'a> {
     peer: SocketAddr,
     stage: Stage,
     user: String,
+    /// The SASL mechanism the client chose.
+    mechanism: String,
     client_properties: FieldTable,
     tuned: Tuned,
     /// The CN of the client's verified TLS certificate: SASL EXTERNAL is
     /// offered and accepted only when this is set.
     certificate_user: Option<String>,
+    /// Why the login was refused, for the I/O loop's log and metric.
+    refusal: Option<auth::AuthError>,
 }
 
 /// Which client method the handshake waits for next.
 enum Stage {
     StartOk,
+    /// The engine checks the login.
+    Login,
     TuneOk,
     Open,
 }
@@ -63,6 +70,9 @@ struct Tuned {
 
 pub enum HandshakeStep {
     Continue,
+    /// connection.start-ok received: ask the engine to check this login,
+    /// and give its answer to [`Handshake::on_login`].
+    Authenticate(AuthenticateRequest),
     /// connection.open received: open the engine session for this vhost.
     Open(Negotiated),
 }
@@ -85,10 +95,18 @@ impl<'a> Handshake<'a> {
             peer,
             stage: Stage::StartOk,
             user: String::new(),
+            mechanism: String::new(),
             client_properties: FieldTable::default(),
             tuned: Tuned::default(),
             certificate_user: None,
+            refusal: None,
         }
+    }
+
+    /// Why the client's login was refused, once the handshake failed on it
+    /// (the client was only told RabbitMQ's "Login was refused …").
+    pub fn take_refusal(&mut self) -> Option<auth::AuthError> {
+        self.refusal.take()
     }
 
     /// A connection whose client presented a verified TLS certificate with
@@ -124,11 +142,7 @@ impl<'a> Handshake<'a> {
         );
     }
 
-    pub fn on_frame(
-        &mut self,
-        frame: RawFrame,
-        out: &mut FrameWriter,
-    ) -> Result<HandshakeStep, ConnectionError> {
+    pub fn on_frame(&mut self, frame: RawFrame) -> Result<HandshakeStep, ConnectionError> {
         match frame.kind {
             codec::FRAME_HEARTBEAT => return Ok(HandshakeStep::Continue),
             codec::FRAME_METHOD if frame.channel == 0 => {}
@@ -150,9 +164,7 @@ impl<'a> Handshake<'a> {
             }
         };
         match (&self.stage, method) {
-            (Stage::StartOk, conn::AMQPMethod::StartOk(start_ok)) => {
-                self.on_start_ok(start_ok, out)
-            }
+            (Stage::StartOk, conn::AMQPMethod::StartOk(start_ok)) => self.on_start_ok(start_ok),
             (Stage::TuneOk, conn::AMQPMethod::TuneOk(tune_ok)) => self.on_tune_ok(tune_ok),
             (Stage::Open, conn::AMQPMethod::Open(open)) => Ok(HandshakeStep::Open(Negotiated {
                 user: std::mem::take(&mut self.user),
@@ -170,28 +182,47 @@ impl<'a> Handshake<'a> {
         }
     }
 
-    /// Authenticates the client, then offers our limits (connection.tune).
-    fn on_start_ok(
-        &mut self,
-        start_ok: conn::StartOk,
-        out: &mut FrameWriter,
-    ) -> Result<HandshakeStep, ConnectionError> {
-        let user = auth::authenticate(
-            &self.config.users,
-            start_ok.mechanism.as_str(),
+    /// Reads the client's login, for the engine to check
+    /// ([`Handshake::on_login`] takes its answer).
+    fn on_start_ok(&mut self, start_ok: conn::StartOk) -> Result<HandshakeStep, ConnectionError> {
+        let mechanism = start_ok.mechanism.as_str().to_string();
+        let request = auth::login_request(
+            &mechanism,
             start_ok.response.as_bytes(),
             self.peer.ip(),
             self.certificate_user.as_deref(),
         )
-        .map_err(|error| {
-            let mechanism = start_ok.mechanism.as_str();
-            tracing::info!(peer = %self.peer, %error, mechanism, "authentication refused");
-            // The reply name is added once, when connection.close is written.
-            ConnectionError::new(reply_code::ACCESS_REFUSED, error.to_string())
-                .on(MethodId::CONNECTION_START_OK)
-        })?;
-        self.user = user;
+        .map_err(|error| self.refuse(&mechanism, error))?;
+        self.user = request.user.clone();
+        self.mechanism = mechanism;
         self.client_properties = start_ok.client_properties;
+        self.stage = Stage::Login;
+        Ok(HandshakeStep::Authenticate(request))
+    }
+
+    /// The engine's answer to the login: offers our limits
+    /// (connection.tune), or refuses the client.
+    pub fn on_login(
+        &mut self,
+        answer: Result<LoginResult, spillway_proto::ServiceError>,
+        out: &mut FrameWriter,
+    ) -> Result<HandshakeStep, ConnectionError> {
+        debug_assert!(
+            matches!(self.stage, Stage::Login),
+            "a login answer without a login"
+        );
+        let result = answer.map_err(|error| {
+            ConnectionError::new(
+                reply_code::INTERNAL_ERROR,
+                format!("cannot check the login now: {error}"),
+            )
+            .on(MethodId::CONNECTION_START_OK)
+        })?;
+        let user = std::mem::take(&mut self.user);
+        self.user = auth::login_outcome(user, result).map_err(|error| {
+            let mechanism = std::mem::take(&mut self.mechanism);
+            self.refuse(&mechanism, error)
+        })?;
         self.stage = Stage::TuneOk;
         out.method(
             0,
@@ -202,6 +233,16 @@ impl<'a> Handshake<'a> {
             })),
         );
         Ok(HandshakeStep::Continue)
+    }
+
+    /// The close for a refused login, whose reason is kept for the I/O
+    /// loop's log and metric ([`Handshake::take_refusal`]).
+    fn refuse(&mut self, mechanism: &str, error: auth::AuthError) -> ConnectionError {
+        // The reply name is added once, when connection.close is written.
+        let refused = ConnectionError::new(reply_code::ACCESS_REFUSED, error.reply_text(mechanism))
+            .on(MethodId::CONNECTION_START_OK);
+        self.refusal = Some(error);
+        refused
     }
 
     /// Takes the client's limits, capped by ours (0 = "no limit" = ours).

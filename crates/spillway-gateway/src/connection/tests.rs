@@ -10,7 +10,7 @@ use amq_protocol::types::FieldTable;
 use bytes::BytesMut;
 use spillway_proto::amqp::{reply_code, MethodId};
 use spillway_proto::engine::{self as pb, reply, session_command::Command, session_event::Event};
-use spillway_proto::engine::{SessionCommand, SessionEvent};
+use spillway_proto::engine::{LoginResult, SessionCommand, SessionEvent};
 use tokio_util::codec::Decoder;
 
 use super::*;
@@ -72,7 +72,19 @@ fn negotiate(config: &GatewayConfig) -> Negotiated {
         [(0, AMQPClass::Connection(conn::AMQPMethod::Start(_)))]
     ));
 
-    let step = handshake.on_frame(start_ok("guest", "guest"), &mut out);
+    let step = handshake.on_frame(start_ok("guest", "guest"));
+    let Ok(HandshakeStep::Authenticate(login)) = step else {
+        panic!("start-ok did not ask for the login to be checked");
+    };
+    assert_eq!(
+        (login.user.as_str(), login.password.as_deref()),
+        ("guest", Some("guest"))
+    );
+    assert!(
+        written(&mut out).is_empty(),
+        "nothing sent before the login is checked"
+    );
+    let step = handshake.on_login(Ok(LoginResult::Accepted), &mut out);
     assert!(matches!(step, Ok(HandshakeStep::Continue)));
     let sent = methods(&written(&mut out));
     let [(0, AMQPClass::Connection(conn::AMQPMethod::Tune(tune)))] = sent.as_slice() else {
@@ -89,7 +101,7 @@ fn negotiate(config: &GatewayConfig) -> Negotiated {
         })),
     );
     assert!(matches!(
-        handshake.on_frame(tune_ok, &mut out),
+        handshake.on_frame(tune_ok),
         Ok(HandshakeStep::Continue)
     ));
     let open = method_frame(
@@ -98,9 +110,11 @@ fn negotiate(config: &GatewayConfig) -> Negotiated {
             virtual_host: "/".into(),
         })),
     );
-    match handshake.on_frame(open, &mut out) {
+    match handshake.on_frame(open) {
         Ok(HandshakeStep::Open(negotiated)) => negotiated,
-        Ok(HandshakeStep::Continue) => panic!("connection.open did not finish the handshake"),
+        Ok(HandshakeStep::Continue | HandshakeStep::Authenticate(_)) => {
+            panic!("connection.open did not finish the handshake")
+        }
         Err(error) => panic!("handshake failed: {error:?}"),
     }
 }
@@ -313,8 +327,11 @@ fn a_refused_login_names_access_refused_once() {
     let config = GatewayConfig::default();
     let mut out = FrameWriter::default();
     let mut handshake = Handshake::new(&config, peer());
-    let Err(error) = handshake.on_frame(start_ok("guest", "wrong"), &mut out) else {
-        panic!("a wrong password was accepted");
+    let Ok(HandshakeStep::Authenticate(_)) = handshake.on_frame(start_ok("guest", "wrong")) else {
+        panic!("start-ok did not ask for the login to be checked");
+    };
+    let Err(error) = handshake.on_login(Ok(LoginResult::InvalidCredentials), &mut out) else {
+        panic!("a refused login went on");
     };
     assert_eq!(error.code, reply_code::ACCESS_REFUSED);
     assert_eq!(error.method, MethodId::CONNECTION_START_OK);
@@ -325,7 +342,12 @@ fn a_refused_login_names_access_refused_once() {
     };
     assert_eq!(
         close.reply_text.as_str(),
-        "ACCESS_REFUSED - user 'guest' - invalid credentials"
+        "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN. \
+         For details see the broker logfile."
+    );
+    assert_eq!(
+        handshake.take_refusal(),
+        Some(crate::auth::AuthError::Refused("guest".into()))
     );
     assert_eq!((close.class_id, close.method_id), (10, 11));
 }

@@ -94,7 +94,10 @@ pub struct WriteAck {}
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct WriteOp {
-    #[prost(oneof = "write_op::Op", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10")]
+    #[prost(
+        oneof = "write_op::Op",
+        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16"
+    )]
     pub op: ::core::option::Option<write_op::Op>,
 }
 /// Nested message and enum types in `WriteOp`.
@@ -123,7 +126,63 @@ pub mod write_op {
         PutQueueEntry(super::QueueEntry),
         #[prost(message, tag = "10")]
         DeleteQueueEntry(super::QueueEntryKey),
+        /// A vhost created through management (the default vhost '/' always
+        /// exists and is not stored). Its queues, exchanges and bindings are
+        /// separate ops.
+        #[prost(message, tag = "11")]
+        PutVhost(super::VhostDefinition),
+        #[prost(message, tag = "12")]
+        DeleteVhost(super::VhostDefinition),
+        /// AMQP and management users, and what each may do in a vhost.
+        #[prost(message, tag = "13")]
+        PutUser(super::UserDefinition),
+        /// Deletes the user and every permission of theirs.
+        #[prost(message, tag = "14")]
+        DeleteUser(super::UserDefinition),
+        #[prost(message, tag = "15")]
+        PutPermission(super::PermissionDefinition),
+        #[prost(message, tag = "16")]
+        DeletePermission(super::PermissionDefinition),
     }
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct UserDefinition {
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
+    /// RabbitMQ's rabbit_password_hashing_sha256: a 4-byte salt followed by
+    /// SHA-256(salt ++ password). Empty: the user cannot log in with a
+    /// password (EXTERNAL only). Never the password itself.
+    #[prost(bytes = "bytes", tag = "2")]
+    pub password_hash: ::prost::bytes::Bytes,
+    /// administrator, monitoring, management, ... (RabbitMQ's user tags).
+    #[prost(string, repeated, tag = "3")]
+    pub tags: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// Only accepted from a loopback address, like RabbitMQ's guest.
+    #[prost(bool, tag = "4")]
+    pub loopback_only: bool,
+}
+/// RabbitMQ's configure / write / read regular expressions of one user in
+/// one vhost. With none, the user cannot open the vhost.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct PermissionDefinition {
+    #[prost(string, tag = "1")]
+    pub vhost: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub user: ::prost::alloc::string::String,
+    #[prost(string, tag = "3")]
+    pub configure: ::prost::alloc::string::String,
+    #[prost(string, tag = "4")]
+    pub write: ::prost::alloc::string::String,
+    #[prost(string, tag = "5")]
+    pub read: ::prost::alloc::string::String,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct VhostDefinition {
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -260,6 +319,14 @@ pub struct Definitions {
     pub queues: ::prost::alloc::vec::Vec<QueueDefinition>,
     #[prost(message, repeated, tag = "3")]
     pub bindings: ::prost::alloc::vec::Vec<BindingDefinition>,
+    /// Vhosts created through management; absent in stores written before
+    /// vhosts were stored.
+    #[prost(message, repeated, tag = "4")]
+    pub vhosts: ::prost::alloc::vec::Vec<VhostDefinition>,
+    #[prost(message, repeated, tag = "5")]
+    pub users: ::prost::alloc::vec::Vec<UserDefinition>,
+    #[prost(message, repeated, tag = "6")]
+    pub permissions: ::prost::alloc::vec::Vec<PermissionDefinition>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]

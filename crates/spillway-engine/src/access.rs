@@ -1,0 +1,668 @@
+//! Who may connect and what they may do, as RabbitMQ's internal user
+//! database has it: users with salted password hashes and tags, and per
+//! user and vhost three regular expressions — `configure` (declare and
+//! delete queues and exchanges), `write` (publish to an exchange, bind to a
+//! queue or exchange) and `read` (consume, get and purge a queue, bind from
+//! an exchange). Stored in the storage node (`u` and `a` records); the
+//! configuration's users are the seed of a store that has none.
+//!
+//! A user without a permission in a vhost cannot open it. The checks
+//! themselves are made per session command by [`SessionAccess`], which
+//! caches each name's answer until permissions change.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use regex::{Regex, RegexBuilder};
+use sha2::{Digest, Sha256};
+use spillway_proto::engine::session_command::Command;
+use spillway_proto::storage::{PermissionDefinition, UserDefinition};
+
+/// The longest user name, vhost name and permission pattern accepted (user
+/// and vhost names are AMQP short strings on the wire anyway).
+pub const MAX_NAME_LEN: usize = 255;
+pub const MAX_PATTERN_LEN: usize = 4096;
+/// The most bytes a compiled pattern may take (`regex`'s size limit).
+const PATTERN_SIZE_LIMIT: usize = 1 << 20;
+/// The longest password accepted.
+pub const MAX_PASSWORD_LEN: usize = 4096;
+/// How many names one session remembers the answer for, per kind of access.
+const CACHED_NAMES: usize = 1024;
+
+/// The three kinds of access RabbitMQ checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    Configure,
+    Write,
+    Read,
+}
+
+/// What a permission is checked on (for the refusal's words).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resource {
+    Queue,
+    Exchange,
+}
+
+impl Resource {
+    fn as_str(self) -> &'static str {
+        match self {
+            Resource::Queue => "queue",
+            Resource::Exchange => "exchange",
+        }
+    }
+}
+
+/// Why a login was refused (the client hears only "Login was refused").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoginRefusal {
+    /// No such user, a wrong password, or a user without a password
+    /// logging in with one.
+    InvalidCredentials,
+    /// A loopback-only user (guest) from another address.
+    LoopbackOnly,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AccessError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("no user '{0}'")]
+    NoUser(String),
+}
+
+/// One user as stored (never the password).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct User {
+    pub name: String,
+    /// A 4-byte salt, then SHA-256(salt ++ password); empty: no password
+    /// login (EXTERNAL only).
+    pub password_hash: Vec<u8>,
+    pub tags: Vec<String>,
+    pub loopback_only: bool,
+}
+
+impl User {
+    pub fn definition(&self) -> UserDefinition {
+        UserDefinition {
+            name: self.name.clone(),
+            password_hash: self.password_hash.clone().into(),
+            tags: self.tags.clone(),
+            loopback_only: self.loopback_only,
+        }
+    }
+
+    pub fn has_tag(&self, tag: &str) -> bool {
+        self.tags.iter().any(|t| t == tag)
+    }
+}
+
+/// A compiled permission pattern with its source.
+#[derive(Clone, Debug)]
+pub struct Pattern {
+    source: String,
+    /// None for the empty pattern, which RabbitMQ reads as "nothing".
+    regex: Option<Regex>,
+}
+
+impl Pattern {
+    pub fn new(source: &str) -> Result<Self, AccessError> {
+        if source.len() > MAX_PATTERN_LEN {
+            return Err(AccessError::Invalid(format!(
+                "a permission pattern is at most {MAX_PATTERN_LEN} bytes"
+            )));
+        }
+        let regex = if source.is_empty() {
+            None
+        } else {
+            Some(
+                RegexBuilder::new(source)
+                    .size_limit(PATTERN_SIZE_LIMIT)
+                    .build()
+                    .map_err(|error| {
+                        AccessError::Invalid(format!("invalid pattern '{source}': {error}"))
+                    })?,
+            )
+        };
+        Ok(Self {
+            source: source.to_string(),
+            regex,
+        })
+    }
+
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// RabbitMQ's rule: the pattern is searched in the name (anchor it
+    /// with `^…$` to match whole names); the empty pattern matches nothing.
+    pub fn allows(&self, name: &str) -> bool {
+        self.regex
+            .as_ref()
+            .is_some_and(|regex| regex.is_match(name))
+    }
+}
+
+/// One user's permissions in one vhost.
+#[derive(Clone, Debug)]
+pub struct Permissions {
+    pub configure: Pattern,
+    pub write: Pattern,
+    pub read: Pattern,
+}
+
+impl Permissions {
+    pub fn new(configure: &str, write: &str, read: &str) -> Result<Self, AccessError> {
+        Ok(Self {
+            configure: Pattern::new(configure)?,
+            write: Pattern::new(write)?,
+            read: Pattern::new(read)?,
+        })
+    }
+
+    /// Everything: `.*` three times.
+    pub fn all() -> Self {
+        Self::new(".*", ".*", ".*").unwrap_or_else(|_| unreachable!(".* compiles"))
+    }
+
+    fn pattern(&self, access: Access) -> &Pattern {
+        match access {
+            Access::Configure => &self.configure,
+            Access::Write => &self.write,
+            Access::Read => &self.read,
+        }
+    }
+
+    pub fn definition(&self, user: &str, vhost: &str) -> PermissionDefinition {
+        PermissionDefinition {
+            vhost: vhost.to_string(),
+            user: user.to_string(),
+            configure: self.configure.source.clone(),
+            write: self.write.source.clone(),
+            read: self.read.source.clone(),
+        }
+    }
+}
+
+/// The user database: users, and permissions by (user, vhost).
+#[derive(Debug, Default)]
+pub struct AccessControl {
+    users: HashMap<String, User>,
+    permissions: HashMap<(String, String), Arc<Permissions>>,
+    /// Bumped by every change, so sessions know to drop their caches.
+    generation: u64,
+}
+
+impl AccessControl {
+    /// The stored users and permissions, as recovery reads them. A record
+    /// whose pattern no longer compiles grants nothing (and is logged).
+    pub fn from_definitions(
+        users: Vec<UserDefinition>,
+        permissions: Vec<PermissionDefinition>,
+    ) -> Self {
+        let mut access = Self::default();
+        for def in users {
+            access.users.insert(
+                def.name.clone(),
+                User {
+                    name: def.name,
+                    password_hash: def.password_hash.to_vec(),
+                    tags: def.tags,
+                    loopback_only: def.loopback_only,
+                },
+            );
+        }
+        for def in permissions {
+            match Permissions::new(&def.configure, &def.write, &def.read) {
+                Ok(granted) => {
+                    access
+                        .permissions
+                        .insert((def.user, def.vhost), Arc::new(granted));
+                }
+                Err(error) => {
+                    tracing::warn!(user = %def.user, vhost = %def.vhost, %error, "stored permission skipped");
+                }
+            }
+        }
+        access
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.users.is_empty()
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Checks a login. `password` is None for EXTERNAL (the TLS layer
+    /// vouched for the name).
+    pub fn authenticate(
+        &self,
+        user: &str,
+        password: Option<&str>,
+        peer_is_loopback: bool,
+    ) -> Result<&User, LoginRefusal> {
+        let found = self.users.get(user);
+        let accepted = match (found, password) {
+            (Some(user), Some(password)) => password_matches(&user.password_hash, password),
+            (Some(_), None) => true,
+            (None, Some(password)) => {
+                // As much work as a real check, so that timing does not
+                // tell which names exist.
+                let _ = password_matches(&[0; 36], password);
+                false
+            }
+            (None, None) => false,
+        };
+        let user = found
+            .filter(|_| accepted)
+            .ok_or(LoginRefusal::InvalidCredentials)?;
+        if user.loopback_only && !peer_is_loopback {
+            return Err(LoginRefusal::LoopbackOnly);
+        }
+        Ok(user)
+    }
+
+    pub fn user(&self, name: &str) -> Option<&User> {
+        self.users.get(name)
+    }
+
+    /// Every user, by name.
+    pub fn users(&self) -> Vec<&User> {
+        let mut users: Vec<&User> = self.users.values().collect();
+        users.sort_by(|a, b| a.name.cmp(&b.name));
+        users
+    }
+
+    pub fn permissions(&self, user: &str, vhost: &str) -> Option<Arc<Permissions>> {
+        self.permissions
+            .get(&(user.to_string(), vhost.to_string()))
+            .cloned()
+    }
+
+    /// Every permission, by user then vhost, optionally of one user or in
+    /// one vhost.
+    pub fn list_permissions(
+        &self,
+        user: Option<&str>,
+        vhost: Option<&str>,
+    ) -> Vec<(&str, &str, &Permissions)> {
+        let mut listed: Vec<(&str, &str, &Permissions)> = self
+            .permissions
+            .iter()
+            .filter(|((u, v), _)| {
+                user.is_none_or(|want| want == u) && vhost.is_none_or(|want| want == v)
+            })
+            .map(|((u, v), p)| (u.as_str(), v.as_str(), p.as_ref()))
+            .collect();
+        listed.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        listed
+    }
+
+    /// Adds or replaces a user. `password`: Some to set it (empty = no
+    /// password login), None to keep the stored hash (an update of tags).
+    pub fn put_user(
+        &mut self,
+        name: &str,
+        password: Option<&str>,
+        tags: Vec<String>,
+        loopback_only: bool,
+    ) -> Result<User, AccessError> {
+        check_name("user", name)?;
+        if password.is_some_and(|p| p.len() > MAX_PASSWORD_LEN) {
+            return Err(AccessError::Invalid(format!(
+                "a password is at most {MAX_PASSWORD_LEN} bytes"
+            )));
+        }
+        for tag in &tags {
+            check_name("tag", tag)?;
+        }
+        let password_hash = match (password, self.users.get(name)) {
+            (Some(""), _) => Vec::new(),
+            (Some(password), _) => hash_password(password),
+            (None, Some(existing)) => existing.password_hash.clone(),
+            (None, None) => {
+                return Err(AccessError::Invalid(format!(
+                    "user '{name}' does not exist: a new user needs a password"
+                )))
+            }
+        };
+        let user = User {
+            name: name.to_string(),
+            password_hash,
+            tags,
+            loopback_only,
+        };
+        self.users.insert(name.to_string(), user.clone());
+        self.generation += 1;
+        Ok(user)
+    }
+
+    /// Removes a user and every permission of theirs.
+    pub fn delete_user(&mut self, name: &str) -> Result<User, AccessError> {
+        let user = self
+            .users
+            .remove(name)
+            .ok_or_else(|| AccessError::NoUser(name.to_string()))?;
+        self.permissions.retain(|(u, _), _| u != name);
+        self.generation += 1;
+        Ok(user)
+    }
+
+    pub fn set_permissions(
+        &mut self,
+        user: &str,
+        vhost: &str,
+        granted: Permissions,
+    ) -> Result<(), AccessError> {
+        if !self.users.contains_key(user) {
+            return Err(AccessError::NoUser(user.to_string()));
+        }
+        self.permissions
+            .insert((user.to_string(), vhost.to_string()), Arc::new(granted));
+        self.generation += 1;
+        Ok(())
+    }
+
+    /// Whether the user had a permission in the vhost.
+    pub fn clear_permissions(&mut self, user: &str, vhost: &str) -> bool {
+        let cleared = self
+            .permissions
+            .remove(&(user.to_string(), vhost.to_string()))
+            .is_some();
+        self.generation += 1;
+        cleared
+    }
+
+    /// Forgets every permission in a deleted vhost; the (user, vhost)
+    /// pairs, for the store.
+    pub fn forget_vhost(&mut self, vhost: &str) -> Vec<(String, String)> {
+        let gone: Vec<(String, String)> = self
+            .permissions
+            .keys()
+            .filter(|(_, v)| v == vhost)
+            .cloned()
+            .collect();
+        for key in &gone {
+            self.permissions.remove(key);
+        }
+        self.generation += 1;
+        gone
+    }
+}
+
+fn check_name(what: &str, name: &str) -> Result<(), AccessError> {
+    if name.is_empty() || name.len() > MAX_NAME_LEN {
+        return Err(AccessError::Invalid(format!(
+            "a {what} name is 1 to {MAX_NAME_LEN} bytes"
+        )));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(AccessError::Invalid(format!(
+            "a {what} name has no control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// RabbitMQ's `rabbit_password_hashing_sha256`: a random 4-byte salt, then
+/// SHA-256(salt ++ password). The same layout RabbitMQ's definitions
+/// export holds (base64 there).
+pub fn hash_password(password: &str) -> Vec<u8> {
+    let salt: [u8; 4] = rand::random();
+    salted_hash(&salt, password)
+}
+
+fn salted_hash(salt: &[u8; 4], password: &str) -> Vec<u8> {
+    let mut hasher = Sha256::new();
+    hasher.update(salt);
+    hasher.update(password.as_bytes());
+    let mut hash = salt.to_vec();
+    hash.extend_from_slice(&hasher.finalize());
+    hash
+}
+
+/// Whether `password` hashes to `stored` (constant time in the hash).
+pub fn password_matches(stored: &[u8], password: &str) -> bool {
+    let Some(salt) = stored.get(..4).and_then(|s| <[u8; 4]>::try_from(s).ok()) else {
+        return false;
+    };
+    let computed = salted_hash(&salt, password);
+    computed.len() == stored.len()
+        && computed
+            .iter()
+            .zip(stored)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
+/// One session's view of its user's permissions in its vhost, with each
+/// name's answer cached until the database changes.
+#[derive(Debug)]
+pub struct SessionAccess {
+    user: String,
+    vhost: String,
+    /// None once the permission was cleared: nothing is allowed.
+    permissions: Option<Arc<Permissions>>,
+    generation: u64,
+    cache: [HashMap<String, bool>; 3],
+}
+
+impl SessionAccess {
+    pub fn new(user: &str, vhost: &str, permissions: Arc<Permissions>, generation: u64) -> Self {
+        Self {
+            user: user.to_string(),
+            vhost: vhost.to_string(),
+            permissions: Some(permissions),
+            generation,
+            cache: Default::default(),
+        }
+    }
+
+    /// Checks `access` to `name`; the refusal is RabbitMQ's 403 text.
+    /// `current` is the database, read only when it changed since the
+    /// last check (`generation`).
+    pub fn check(
+        &mut self,
+        access: Access,
+        resource: Resource,
+        name: &str,
+        generation: u64,
+        current: impl FnOnce(&str, &str) -> Option<Arc<Permissions>>,
+    ) -> Result<(), String> {
+        if generation != self.generation {
+            self.permissions = current(&self.user, &self.vhost);
+            self.generation = generation;
+            for cache in &mut self.cache {
+                cache.clear();
+            }
+        }
+        // RabbitMQ checks the default exchange under this name.
+        let checked = match (resource, name) {
+            (Resource::Exchange, "") => "amq.default",
+            _ => name,
+        };
+        let slot = access as usize;
+        let allowed = match self.cache[slot].get(checked) {
+            Some(allowed) => *allowed,
+            None => {
+                let allowed = self
+                    .permissions
+                    .as_ref()
+                    .is_some_and(|p| p.pattern(access).allows(checked));
+                if self.cache[slot].len() >= CACHED_NAMES {
+                    self.cache[slot].clear();
+                }
+                self.cache[slot].insert(checked.to_string(), allowed);
+                allowed
+            }
+        };
+        if allowed {
+            return Ok(());
+        }
+        Err(format!(
+            "access to {} '{checked}' in vhost '{}' refused for user '{}'",
+            resource.as_str(),
+            self.vhost,
+            self.user
+        ))
+    }
+}
+
+/// What a session command needs, as RabbitMQ checks it: up to two
+/// (access, resource, name) checks. Passive declares need nothing; a queue
+/// the server names is checked as `amq.gen-…`.
+pub fn required(command: &Command) -> [Option<(Access, Resource, &str)>; 2] {
+    use Access::{Configure, Read, Write};
+    use Resource::{Exchange, Queue};
+    match command {
+        Command::Publish(cmd) => [Some((Write, Exchange, cmd.exchange.as_str())), None],
+        Command::Consume(cmd) => [Some((Read, Queue, cmd.queue.as_str())), None],
+        Command::Get(cmd) => [Some((Read, Queue, cmd.queue.as_str())), None],
+        Command::QueuePurge(cmd) => [Some((Read, Queue, cmd.queue.as_str())), None],
+        Command::QueueDelete(cmd) => [Some((Configure, Queue, cmd.queue.as_str())), None],
+        Command::QueueDeclare(cmd) if !cmd.passive => {
+            let name = if cmd.queue.is_empty() {
+                "amq.gen-"
+            } else {
+                cmd.queue.as_str()
+            };
+            [Some((Configure, Queue, name)), None]
+        }
+        Command::ExchangeDeclare(cmd) if !cmd.passive => {
+            [Some((Configure, Exchange, cmd.exchange.as_str())), None]
+        }
+        Command::ExchangeDelete(cmd) => [Some((Configure, Exchange, cmd.exchange.as_str())), None],
+        Command::QueueBind(cmd) | Command::QueueUnbind(cmd) => [
+            Some((Write, Queue, cmd.queue.as_str())),
+            Some((Read, Exchange, cmd.exchange.as_str())),
+        ],
+        Command::ExchangeBind(cmd) | Command::ExchangeUnbind(cmd) => [
+            Some((Write, Exchange, cmd.destination.as_str())),
+            Some((Read, Exchange, cmd.source.as_str())),
+        ],
+        _ => [None, None],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn passwords_are_salted_hashes_and_check_in_constant_shape() {
+        let hash = hash_password("s3cret");
+        assert_eq!(hash.len(), 36);
+        assert!(password_matches(&hash, "s3cret"));
+        assert!(!password_matches(&hash, "s3cre"));
+        assert!(!password_matches(&[], "s3cret"));
+        // Two hashes of one password differ by their salt.
+        assert_ne!(hash_password("s3cret"), hash);
+    }
+
+    #[test]
+    fn logins_refuse_unknown_users_wrong_passwords_and_remote_guests_alike() {
+        let mut access = AccessControl::default();
+        access
+            .put_user("guest", Some("guest"), vec![], true)
+            .unwrap();
+        access.put_user("app", Some("pw"), vec![], false).unwrap();
+        assert!(access.authenticate("app", Some("pw"), false).is_ok());
+        assert!(access.authenticate("guest", Some("guest"), true).is_ok());
+        assert_eq!(
+            access.authenticate("app", Some("nope"), true).err(),
+            Some(LoginRefusal::InvalidCredentials)
+        );
+        assert_eq!(
+            access.authenticate("nobody", Some("pw"), true).err(),
+            Some(LoginRefusal::InvalidCredentials)
+        );
+        assert_eq!(
+            access.authenticate("guest", Some("guest"), false).err(),
+            Some(LoginRefusal::LoopbackOnly)
+        );
+        // EXTERNAL: the name alone, for a known user.
+        assert!(access.authenticate("app", None, false).is_ok());
+        assert!(access.authenticate("nobody", None, false).is_err());
+    }
+
+    #[test]
+    fn patterns_are_searched_and_the_empty_one_allows_nothing() {
+        let p = Permissions::new("^app\\.", "", ".*").unwrap();
+        assert!(p.configure.allows("app.orders"));
+        assert!(!p.configure.allows("other"));
+        assert!(!p.write.allows("app.orders"));
+        assert!(!p.write.allows(""));
+        assert!(p.read.allows("anything"));
+        assert!(Permissions::new("(", ".*", ".*").is_err());
+        assert!(Pattern::new(&"a".repeat(MAX_PATTERN_LEN + 1)).is_err());
+    }
+
+    #[test]
+    fn sessions_see_permission_changes_and_use_rabbitmq_words() {
+        let mut access = AccessControl::default();
+        access.put_user("app", Some("pw"), vec![], false).unwrap();
+        access
+            .set_permissions(
+                "app",
+                "/",
+                Permissions::new("^app\\.", "^app\\.", "^app\\.").unwrap(),
+            )
+            .unwrap();
+        let mut session = SessionAccess::new(
+            "app",
+            "/",
+            access.permissions("app", "/").unwrap(),
+            access.generation(),
+        );
+        let check = |session: &mut SessionAccess, access: &AccessControl, name: &str| {
+            session.check(
+                Access::Configure,
+                Resource::Queue,
+                name,
+                access.generation(),
+                |u, v| access.permissions(u, v),
+            )
+        };
+        assert!(check(&mut session, &access, "app.orders").is_ok());
+        assert_eq!(
+            check(&mut session, &access, "other").unwrap_err(),
+            "access to queue 'other' in vhost '/' refused for user 'app'"
+        );
+        access
+            .set_permissions("app", "/", Permissions::all())
+            .unwrap();
+        assert!(check(&mut session, &access, "other").is_ok());
+        access.clear_permissions("app", "/");
+        assert!(check(&mut session, &access, "app.orders").is_err());
+        // The default exchange is checked as amq.default.
+        let refused = session
+            .check(
+                Access::Write,
+                Resource::Exchange,
+                "",
+                access.generation(),
+                |_, _| None,
+            )
+            .unwrap_err();
+        assert!(refused.contains("exchange 'amq.default'"), "{refused}");
+    }
+
+    #[test]
+    fn deleting_a_user_drops_their_permissions() {
+        let mut access = AccessControl::default();
+        access.put_user("app", Some("pw"), vec![], false).unwrap();
+        access
+            .set_permissions("app", "/", Permissions::all())
+            .unwrap();
+        access.delete_user("app").unwrap();
+        assert!(access.permissions("app", "/").is_none());
+        assert!(access
+            .set_permissions("app", "/", Permissions::all())
+            .is_err());
+        assert!(access.put_user("app", None, vec![], false).is_err());
+    }
+}
