@@ -51,6 +51,9 @@ pub struct EngineConfig {
     /// How long the engine's lease on the store lasts unless renewed; it is
     /// renewed every fifth of that.
     pub lease_ttl: Duration,
+    /// The largest message body (`gateway.max_message_size`): a compressed
+    /// body that declares more is not decoded (management's peek).
+    pub max_message_size: u64,
 }
 
 impl Default for EngineConfig {
@@ -65,9 +68,13 @@ impl Default for EngineConfig {
             limits: crate::LimitConfig::default(),
             writer_limits: WriterLimits::default(),
             lease_ttl: DEFAULT_LEASE_TTL,
+            max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
         }
     }
 }
+
+/// The largest message body by default, as the gateway's: 128 MiB.
+pub const DEFAULT_MAX_MESSAGE_SIZE: u64 = 128 * 1024 * 1024;
 
 /// How long an engine's lease on its store lasts unless renewed.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
@@ -120,6 +127,8 @@ pub(crate) struct Shared {
     store: Mutex<Option<Arc<dyn StorageApi>>>,
     /// The store this engine leased (its id), and the lease's terms.
     lease: LeaseTerms,
+    /// `EngineConfig::max_message_size`.
+    pub(crate) max_message_size: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -201,6 +210,7 @@ impl Engine {
                 holder,
                 ttl: config.lease_ttl,
             },
+            max_message_size: config.max_message_size,
         });
         tokio::spawn(run_quota_watch(Arc::downgrade(&shared)));
         tokio::spawn(run_lease_renewal(Arc::downgrade(&shared)));

@@ -7,7 +7,9 @@
 use amq_protocol::protocol::{
     basic, channel as chan, confirm, connection as conn, exchange, queue, AMQPClass,
 };
+use bytes::Bytes;
 use spillway_proto::amqp::{reply_code, MethodId};
+use spillway_proto::body::Body;
 use spillway_proto::engine::{self as pb, reply, session_event::Event};
 use spillway_proto::engine::{SessionCommand, SessionEvent};
 
@@ -67,10 +69,11 @@ impl Connection {
                         routing_key: short(&deliver.routing_key),
                     })),
                 );
+                let body = self.published_body(deliver.body())?;
                 out.content(
                     channel_id,
                     &deliver.properties,
-                    &deliver.body,
+                    &body,
                     self.negotiated.frame_max as usize,
                 );
                 Ok(())
@@ -109,10 +112,11 @@ impl Connection {
                         routing_key: short(&returned.routing_key),
                     })),
                 );
+                let body = self.published_body(returned.body())?;
                 out.content(
                     channel_id,
                     &returned.properties,
-                    &returned.body,
+                    &body,
                     self.negotiated.frame_max as usize,
                 );
                 Ok(())
@@ -148,6 +152,20 @@ impl Connection {
                 close.reason,
             )),
         }
+    }
+
+    /// A body as its client published it: a body the gateway compressed at
+    /// publish is decoded, within `max_message_size`. One that does not
+    /// decode (a corrupt record) closes the connection with 541 rather than
+    /// reach the client altered; its message goes back to its queue.
+    fn published_body(&self, body: Body) -> Result<Bytes, ConnectionError> {
+        body.decode(self.config.max_message_size).map_err(|error| {
+            tracing::error!(peer = %self.peer, %error, "a message body does not decode");
+            ConnectionError::new(
+                reply_code::INTERNAL_ERROR,
+                format!("message body does not decode: {error}"),
+            )
+        })
     }
 
     /// The engine answered a request: reply to the client as recorded when
@@ -257,6 +275,7 @@ impl Connection {
             }
             (Answer::Qos, _) => AMQPClass::Basic(basic::AMQPMethod::QosOk(basic::QosOk {})),
             (Answer::Get, reply::Result::GetOk(ok)) => {
+                let body = self.published_body(ok.body())?;
                 out.method(
                     channel_id,
                     AMQPClass::Basic(basic::AMQPMethod::GetOk(basic::GetOk {
@@ -270,7 +289,7 @@ impl Connection {
                 out.content(
                     channel_id,
                     &ok.properties,
-                    &ok.body,
+                    &body,
                     self.negotiated.frame_max as usize,
                 );
                 return Ok(());
