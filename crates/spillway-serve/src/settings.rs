@@ -1364,6 +1364,32 @@ mod tests {
         Ok(())
     }
 
+    #[test]
+    fn message_compression_is_off_by_default_and_takes_its_threshold() -> anyhow::Result<()> {
+        let (_, result) = load("", &[]);
+        let settings = result?;
+        assert_eq!(settings.gateway_protocol().compress_above, None);
+        assert_eq!(
+            settings.connection.message_compression_threshold_size,
+            16 * 1024
+        );
+        let (_, result) = load(
+            "[broker]\nmessage_compression_enabled = true\n\
+             [connection]\nmessage_compression_threshold_size = \"32KiB\"\n",
+            &[],
+        );
+        assert_eq!(result?.gateway_protocol().compress_above, Some(32 * 1024));
+        let (_, result) = load(
+            "",
+            &[
+                ("SPILLWAY_BROKER__MESSAGE_COMPRESSION_ENABLED", "true"),
+                ("SPILLWAY_CONNECTION__MESSAGE_COMPRESSION_THRESHOLD_SIZE", "1024"),
+            ],
+        );
+        assert_eq!(result?.gateway_protocol().compress_above, Some(1024));
+        Ok(())
+    }
+
     /// Loads `toml` from a file, with `vars` as the environment.
     fn load(toml: &str, vars: &[(&str, &str)]) -> (PathBuf, Result<Settings, SettingsError>) {
         let dir = match tempfile::tempdir() {
