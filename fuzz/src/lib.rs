@@ -1452,7 +1452,7 @@ pub fn seeds() -> Vec<Seed> {
         Seed {
             target: "bodies",
             name: "compress-text",
-            bytes: [&[1, 1][..], &text].concat(),
+            bytes: [&[1, 1][..], &text[..]].concat(),
             expect: "RoundTrip { compressed: true }",
         },
     ]
@@ -1460,7 +1460,7 @@ pub fn seeds() -> Vec<Seed> {
 
 /// A `bodies` input that decodes `held` as `encoding` declaring `size`.
 fn held_body(encoding: u8, size: u32, held: &[u8]) -> Vec<u8> {
-    [&[0, encoding][..], &size.to_le_bytes(), held].concat()
+    [&[0, encoding][..], &size.to_le_bytes()[..], held].concat()
 }
 
 fn method(channel: u16, method: AMQPClass) -> Vec<u8> {

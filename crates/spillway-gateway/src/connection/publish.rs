@@ -16,7 +16,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use spillway_proto::amqp::nesting::{self, NestingError};
 use spillway_proto::amqp::{reply_code, MethodId};
-use spillway_proto::body::{self, Body};
+use spillway_proto::body::{Body, ENCODING_IDENTITY};
 use spillway_proto::engine::{self as pb, session_command::Command, SessionCommand};
 
 use super::{command, Channel, ChannelPhase, Connection, ConnectionError};
@@ -327,7 +327,7 @@ impl Connection {
             Some(threshold) => Body::compress_above(body, threshold).wire(),
             None => {
                 let size = body.len() as u64;
-                (body, body::ENCODING_IDENTITY, size)
+                (body, ENCODING_IDENTITY, size)
             }
         };
         commands.push(command(Command::Publish(pb::Publish {
