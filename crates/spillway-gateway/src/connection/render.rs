@@ -59,6 +59,9 @@ impl Connection {
                     // The engine requeues it when it releases the channel.
                     return Ok(());
                 }
+                // Decoded before anything is written: a body that does not
+                // decode leaves no half message behind.
+                let body = self.published_body(deliver.body())?;
                 out.method(
                     channel_id,
                     AMQPClass::Basic(basic::AMQPMethod::Deliver(basic::Deliver {
@@ -69,7 +72,6 @@ impl Connection {
                         routing_key: short(&deliver.routing_key),
                     })),
                 );
-                let body = self.published_body(deliver.body())?;
                 out.content(
                     channel_id,
                     &deliver.properties,
@@ -103,6 +105,7 @@ impl Connection {
                 if !self.is_live(channel_id) {
                     return Ok(());
                 }
+                let body = self.published_body(returned.body())?;
                 out.method(
                     channel_id,
                     AMQPClass::Basic(basic::AMQPMethod::Return(basic::Return {
@@ -112,7 +115,6 @@ impl Connection {
                         routing_key: short(&returned.routing_key),
                     })),
                 );
-                let body = self.published_body(returned.body())?;
                 out.content(
                     channel_id,
                     &returned.properties,
