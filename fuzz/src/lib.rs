@@ -1135,7 +1135,9 @@ pub enum BodiesOutcome {
     /// to this many bytes, or refused.
     Decoded(Result<usize, BodyError>),
     /// A published body compressed and decoded again: compressed or kept.
-    RoundTrip { compressed: bool },
+    RoundTrip {
+        compressed: bool,
+    },
 }
 
 /// The largest body the `bodies` target lets a declared size claim.
@@ -1166,7 +1168,10 @@ pub fn check_bodies(data: &[u8]) -> BodiesOutcome {
             let published = Bytes::copy_from_slice(published);
             let body = Body::compress_above(published.clone(), u64::from(*threshold) * 16);
             assert_eq!(body.size(), published.len() as u64);
-            assert!(body.stored_len() <= published.len() as u64, "compression grew a body");
+            assert!(
+                body.stored_len() <= published.len() as u64,
+                "compression grew a body"
+            );
             match body.decode(published.len() as u64) {
                 Ok(bytes) => assert_eq!(bytes, published, "a body did not round-trip"),
                 Err(error) => panic!("a body the gateway compressed does not decode: {error}"),

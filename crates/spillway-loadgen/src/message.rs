@@ -161,7 +161,13 @@ pub fn encode_into(buf: &mut Vec<u8>, size: usize, header: Header) {
     buf.extend_from_slice(&header.producer.to_le_bytes());
     buf.extend_from_slice(&header.seq.to_le_bytes());
     buf.extend_from_slice(&header.sent_ns.to_le_bytes());
-    pad(body_kind(), buf, size - HEADER_LEN, header.producer, header.seq);
+    pad(
+        body_kind(),
+        buf,
+        size - HEADER_LEN,
+        header.producer,
+        header.seq,
+    );
 }
 
 fn le_u32(b: &[u8]) -> u32 {
@@ -197,7 +203,12 @@ pub fn decode(body: &[u8], expected_size: Option<usize>) -> Result<Header, Decod
     if header.seq > MAX_SEQ {
         return Err(DecodeError::SeqOutOfRange);
     }
-    if !padding_matches(body_kind(), &body[HEADER_LEN..], header.producer, header.seq) {
+    if !padding_matches(
+        body_kind(),
+        &body[HEADER_LEN..],
+        header.producer,
+        header.seq,
+    ) {
         return Err(DecodeError::BadPadding);
     }
     Ok(header)

@@ -183,8 +183,8 @@ impl Body {
                 if size > stored.saturating_mul(LZ4_MAX_RATIO).saturating_add(16) {
                     return Err(BodyError::Implausible { stored, size });
                 }
-                let len = usize::try_from(size)
-                    .map_err(|_| BodyError::Implausible { stored, size })?;
+                let len =
+                    usize::try_from(size).map_err(|_| BodyError::Implausible { stored, size })?;
                 let mut out = vec![0u8; len];
                 let written = lz4_flex::block::decompress_into(&self.bytes, &mut out)
                     .map_err(|error| BodyError::Corrupt(error.to_string()))?;
@@ -291,7 +291,10 @@ mod tests {
         let body = Body::compress_above(noise.clone(), 16 * 1024);
         assert!(!body.is_compressed());
         assert_eq!(body.stored(), &noise);
-        assert_eq!(Body::compress_above(Bytes::new(), 0).decode(0), Ok(Bytes::new()));
+        assert_eq!(
+            Body::compress_above(Bytes::new(), 0).decode(0),
+            Ok(Bytes::new())
+        );
     }
 
     #[test]
@@ -313,7 +316,10 @@ mod tests {
         ));
         // A declared size the bytes cannot reach.
         let huge = Body::from_wire(bytes.clone(), ENCODING_LZ4, u64::MAX);
-        assert!(matches!(huge.decode(u64::MAX), Err(BodyError::Implausible { .. })));
+        assert!(matches!(
+            huge.decode(u64::MAX),
+            Err(BodyError::Implausible { .. })
+        ));
         // Declared too small or too large by one.
         for wrong in [size - 1, size + 1] {
             let body = Body::from_wire(bytes.clone(), ENCODING_LZ4, wrong);

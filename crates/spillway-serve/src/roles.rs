@@ -409,10 +409,14 @@ async fn start_amqp(
         listeners.amqp,
         listeners.amqps.as_ref().map(|(addr, _)| *addr),
     ];
-    let server =
-        AmqpServer::start_listeners(listeners, engine, settings.gateway_protocol(), gateway_metrics)
-            .await
-            .with_context(|| format!("binding the AMQP ports {wanted:?}"))?;
+    let server = AmqpServer::start_listeners(
+        listeners,
+        engine,
+        settings.gateway_protocol(),
+        gateway_metrics,
+    )
+    .await
+    .with_context(|| format!("binding the AMQP ports {wanted:?}"))?;
     if let Some(addr) = server.bind_addr() {
         running.addresses.insert("amqp", addr);
     }

@@ -1383,7 +1383,10 @@ mod tests {
             "",
             &[
                 ("SPILLWAY_BROKER__MESSAGE_COMPRESSION_ENABLED", "true"),
-                ("SPILLWAY_CONNECTION__MESSAGE_COMPRESSION_THRESHOLD_SIZE", "1024"),
+                (
+                    "SPILLWAY_CONNECTION__MESSAGE_COMPRESSION_THRESHOLD_SIZE",
+                    "1024",
+                ),
             ],
         );
         assert_eq!(result?.gateway_protocol().compress_above, Some(1024));

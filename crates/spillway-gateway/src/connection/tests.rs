@@ -503,7 +503,11 @@ fn compression_shrinks_large_publishes_and_deliveries_come_out_as_published() {
         assert_eq!(publish.body_size, size as u64);
         assert_eq!(publish.body().is_compressed(), compressed, "{size} bytes");
         if compressed {
-            assert!(publish.body.len() < size / 4, "{} bytes", publish.body.len());
+            assert!(
+                publish.body.len() < size / 4,
+                "{} bytes",
+                publish.body.len()
+            );
         }
         // Delivered as the engine holds it: the client gets the published bytes.
         let deliver = SessionEvent {
