@@ -10,6 +10,12 @@
 #   large         e. 16 KiB transient, auto-ack                       BENCH_COUNT / 10
 #   fixed-rate    f. 10,000 msg/s for BENCH_RATE_SECONDS (5), latency is the figure
 #   fanout16      g. 16 producers / 16 consumers over 16 queues, auto-ack  BENCH_COUNT in all
+#   compressible  i. 16 KiB compressible bodies (loadgen --body compressible), persistent,
+#                    confirms: a backlog of BENCH_COUNT / 10 published with no consumer, its
+#                    resident and disk bytes read, then drained. Spillway without compression
+#                    (the spillway-* targets), with it (target spillway-compressed: all-in-one
+#                    with broker.message_compression_enabled, which runs only this case) and
+#                    RabbitMQ (no compression); see docs/compression.md.
 # (d, the 2 GiB backlog, is `make bench-flow-to-disk`.) For every run the table shows msg/s,
 # the broker's CPU per message (user + system time of every broker process, from /proc,
 # over the messages published), end-to-end p50/p99, the broker's peak RSS during the run
@@ -23,8 +29,12 @@
 #   BENCH_CLIENT=raw              loadgen client: raw or lapin
 #   BENCH_RATE_SECONDS=5          length of the fixed-rate run
 #   BENCH_IDLE=10000              queues and idle connections of case h
-#   BENCH_TARGETS="spillway-all-in-one spillway-separate rabbitmq"
-#   BENCH_SCENARIOS="transient confirm-ack persistent large fixed-rate fanout16"
+#   BENCH_TARGETS="spillway-all-in-one spillway-separate spillway-compressed rabbitmq"
+#   BENCH_SCENARIOS="transient confirm-ack persistent large fixed-rate fanout16 compressible idle"
+#   BENCH_COMPRESSION_THRESHOLD=8KiB  connection.message_compression_threshold_size of target
+#                                 spillway-compressed (bodies longer than it are compressed)
+#   BENCH_COMPRESSION_BODY=compressible  case i's bodies: compressible, or random (the cost
+#                                 of trying to compress what does not shrink)
 #   BENCH_LOADGEN_ARGS=""         extra loadgen arguments for every run
 #   BENCH_SKIP_BUILD=1            use existing target/release binaries
 #   BENCH_RESULTS=target/bench/results.jsonl   raw loadgen JSON, one line per run
@@ -42,12 +52,13 @@ cd "$ROOT"
 BENCH_COUNT="${BENCH_COUNT:-300000}"
 BENCH_PERSISTENT_COUNT="${BENCH_PERSISTENT_COUNT:-$((BENCH_COUNT / 5 > 0 ? BENCH_COUNT / 5 : 1))}"
 BENCH_SIZE="${BENCH_SIZE:-1024}"
-BENCH_TARGETS="${BENCH_TARGETS:-spillway-all-in-one spillway-separate rabbitmq}"
-BENCH_SCENARIOS="${BENCH_SCENARIOS:-transient confirm-ack persistent large fixed-rate fanout16 idle}"
+BENCH_TARGETS="${BENCH_TARGETS:-spillway-all-in-one spillway-separate spillway-compressed rabbitmq}"
+BENCH_SCENARIOS="${BENCH_SCENARIOS:-transient confirm-ack persistent large fixed-rate fanout16 compressible idle}"
 BENCH_IDLE="${BENCH_IDLE:-10000}"
 BENCH_CLIENT="${BENCH_CLIENT:-raw}"
 BENCH_RATE_SECONDS="${BENCH_RATE_SECONDS:-5}"
 BENCH_LOADGEN_ARGS="${BENCH_LOADGEN_ARGS:-}"
+BENCH_COMPRESSION_BODY="${BENCH_COMPRESSION_BODY:-compressible}"
 BENCH_RESULTS="${BENCH_RESULTS:-$ROOT/target/bench/results.jsonl}"
 LOADGEN="$ROOT/target/release/spillway-loadgen"
 export SPILLWAY_BIN="${SPILLWAY_BIN:-$ROOT/target/release/spillway}"
@@ -63,6 +74,7 @@ trap 'echo "[bench] interrupted" >&2; exit 130' INT TERM HUP
 FAILED=0
 ROWS=()
 IDLE_ROWS=()
+COMPRESSION_ROWS=()
 
 log() { echo "[bench] $*" >&2; }
 
@@ -76,6 +88,7 @@ scenario_label() {
         large) echo "e. 16KiB transient" ;;
         fixed-rate) echo "f. 10k msg/s" ;;
         fanout16) echo "g. 16x16 queues" ;;
+        compressible) echo "i. 16KiB compressible" ;;
         *) echo "$1" ;;
     esac
 }
@@ -196,6 +209,90 @@ run_scenario() {
     ROWS+=("$target|$label|$(json_get "$out" publish_rate)|$(json_get "$out" consume_rate)|$cpu_us|$(json_get "$out" latency_p50_ms)|$(json_get "$out" latency_p99_ms)|$rss_mib|$(json_get "$out" lost)")
 }
 
+# resident_bytes TARGET: message bytes the broker holds in memory now: Spillway's
+# spillway_broker_resident_message_bytes (summed over its processes' /metrics), RabbitMQ's
+# message_bytes_ram of the queues.
+resident_bytes() {
+    local ready metrics total=0 value
+    if [ "$1" = rabbitmq ]; then
+        rabbitmq_ctl -q list_queues message_bytes_ram 2>/dev/null |
+            awk '$1 ~ /^[0-9]+$/ { s += $1 } END { print s + 0 }'
+        return
+    fi
+    for ready in "$SPW_WORKDIR"/*/ready.json; do
+        metrics="$(json_get "$ready" metrics)"
+        [ -n "$metrics" ] || continue
+        value="$(curl -s --max-time 5 "http://$metrics/metrics" 2>/dev/null |
+            awk '$1 == "spillway_broker_resident_message_bytes" { printf "%d", $2 }')"
+        total=$((total + ${value:-0}))
+    done
+    echo "$total"
+}
+
+# disk_bytes TARGET: bytes of the broker's data directory (Spillway's store, RabbitMQ's mnesia).
+disk_bytes() {
+    if [ "$1" = rabbitmq ]; then
+        du -sb "$SPW_WORKDIR/rabbitmq/mnesia" 2>/dev/null | awk '{ print $1 }'
+    else
+        du -sbc "$SPW_WORKDIR"/*/data 2>/dev/null | awk '$2 == "total" { print $1 }'
+    fi
+}
+
+# run_compressible TARGET: case i: a persistent backlog of 16 KiB compressible bodies
+# published with no consumer, its resident and disk bytes, then the drain.
+run_compressible() {
+    local target="$1" count=$((BENCH_COUNT / 10)) rc out pub drain ticks_before ticks
+    local rss_file="$SPW_WORKDIR/rss.peak" sampler resident disk
+    local common=(--url "$BROKER_URL" --client "$BENCH_CLIENT" --size 16384 --body "$BENCH_COMPRESSION_BODY"
+        --persistent --queue bench-compressible --timeout 300)
+    echo 0 >"$rss_file"
+    sample_rss "$rss_file" &
+    sampler=$!
+    ticks_before="$(broker_ticks)"
+    log "$target / compressible: publishing $count messages with no consumer"
+    # shellcheck disable=SC2206
+    timeout 900 "$LOADGEN" "${common[@]}" --count "$count" --confirm --confirm-window 1000 \
+        --no-consume $BENCH_LOADGEN_ARGS >"$SPW_WORKDIR/loadgen.out" &
+    LOADGEN_PID=$!
+    wait "$LOADGEN_PID"
+    rc=$?
+    LOADGEN_PID=""
+    pub="$(grep '^{' "$SPW_WORKDIR/loadgen.out" | tail -n 1)"
+    resident="$(resident_bytes "$target")"
+    disk="$(disk_bytes "$target")"
+    log "$target / compressible: resident $resident B, disk $disk B; draining"
+    if [ -n "$pub" ] && [ "$rc" -lt 2 ]; then
+        # shellcheck disable=SC2206
+        timeout 900 "$LOADGEN" "${common[@]}" --count "$count" --consume-only --prefetch 100 \
+            $BENCH_LOADGEN_ARGS >"$SPW_WORKDIR/loadgen.out" &
+        LOADGEN_PID=$!
+        wait "$LOADGEN_PID"
+        rc=$?
+        LOADGEN_PID=""
+        drain="$(grep '^{' "$SPW_WORKDIR/loadgen.out" | tail -n 1)"
+    fi
+    ticks=$(($(broker_ticks) - ticks_before))
+    kill "$sampler" 2>/dev/null
+    wait "$sampler" 2>/dev/null
+    local rss_kib
+    rss_kib="$(cat "$rss_file" 2>/dev/null)"
+    for out in "$pub" "${drain:-}"; do
+        [ -n "$out" ] && printf '{"target":"%s","scenario":"compressible","resident_bytes":%s,"disk_bytes":%s,"result":%s}\n' \
+            "$target" "${resident:-0}" "${disk:-0}" "$out" >>"$BENCH_RESULTS"
+    done
+    if [ -z "$pub" ] || [ -z "${drain:-}" ] || [ "$rc" -ge 2 ] ||
+        ! printf '%s' "$pub$drain" | grep -q '"errors":\[\]'; then
+        log "$target / compressible: run failed (exit $rc): $pub $drain"
+        COMPRESSION_ROWS+=("$target|FAILED|-|-|-|-|-|-")
+        FAILED=1
+        return
+    fi
+    local cpu_us
+    cpu_us="$(awk -v t="$ticks" -v hz="$(getconf CLK_TCK)" -v n="$count" \
+        'BEGIN { if (n > 0) printf "%.1f", t * 1e6 / hz / n; else print "-" }')"
+    COMPRESSION_ROWS+=("$target|$(json_get "$pub" publish_rate)|$(json_get "$drain" consume_rate)|$cpu_us|$(awk -v b="${resident:-0}" 'BEGIN { printf "%.1f", b / 1048576 }')|$(awk -v b="${disk:-0}" 'BEGIN { printf "%.1f", b / 1048576 }')|$((${rss_kib:-0} / 1024))|$(json_get "$drain" lost)")
+}
+
 # broker_rss_kib: summed VmRSS of the broker's processes now.
 broker_rss_kib() {
     local pid total=0
@@ -259,7 +356,12 @@ bench_target() {
     fi
     local idle=0
     for s in $BENCH_SCENARIOS; do
-        if [ "$s" = idle ]; then idle=1; else run_scenario "$target" "$s"; fi
+        case "$s" in
+            idle) [ "$target" = spillway-compressed ] || idle=1 ;;
+            compressible) run_compressible "$target" ;;
+            # With compression on, only the case it is for.
+            *) [ "$target" = spillway-compressed ] || run_scenario "$target" "$s" ;;
+        esac
     done
     log "stopping $target"
     "$stop"
@@ -277,10 +379,20 @@ bench_target() {
     "$stop"
 }
 
+# start_spillway_compressed: all-in-one with message compression on. The threshold is
+# BENCH_COMPRESSION_THRESHOLD (8KiB): bodies *longer* than it are compressed, so the default
+# 16 KiB would leave the case's 16 KiB bodies alone.
+start_spillway_compressed() {
+    SPILLWAY_BROKER__MESSAGE_COMPRESSION_ENABLED=true \
+        SPILLWAY_CONNECTION__MESSAGE_COMPRESSION_THRESHOLD_SIZE="${BENCH_COMPRESSION_THRESHOLD:-8KiB}" \
+        start_spillway_all_in_one
+}
+
 for target in $BENCH_TARGETS; do
     case "$target" in
         spillway-all-in-one) bench_target "$target" start_spillway_all_in_one stop_spillway ;;
         spillway-separate) bench_target "$target" start_spillway_separate stop_spillway ;;
+        spillway-compressed) bench_target "$target" start_spillway_compressed stop_spillway ;;
         rabbitmq) bench_target "$target" start_rabbitmq stop_rabbitmq ;;
         *) log "unknown target $target"; FAILED=1 ;;
     esac
@@ -310,6 +422,21 @@ if [ "${#IDLE_ROWS[@]}" -gt 0 ]; then
         IFS='|' read -r t q c total <<<"$row"
         # shellcheck disable=SC2059
         printf "$ifmt" "$t" "$q" "$c" "$total"
+    done
+fi
+if [ "${#COMPRESSION_ROWS[@]}" -gt 0 ]; then
+    echo
+    printf 'i. %s persistent 16 KiB %s bodies: backlog published with confirms, then drained;\n' "$((BENCH_COUNT / 10))" "$BENCH_COMPRESSION_BODY"
+    printf '   resident = message bytes in memory with the backlog (Spillway: spillway_broker_resident_message_bytes,\n'
+    printf '   RabbitMQ: message_bytes_ram), disk = the data directory then; CPU over both phases\n'
+    cfmt='%-20s | %10s | %10s | %8s | %12s | %10s | %8s | %6s\n'
+    # shellcheck disable=SC2059
+    printf "$cfmt" target "publish/s" "drain/s" "CPU µs" "resident MiB" "disk MiB" "RSS MiB" lost
+    printf '%s\n' "---------------------+------------+------------+----------+--------------+------------+----------+-------"
+    for row in "${COMPRESSION_ROWS[@]}"; do
+        IFS='|' read -r t pr cr cpu res disk rss lost <<<"$row"
+        # shellcheck disable=SC2059
+        printf "$cfmt" "$t" "$pr" "$cr" "$cpu" "$res" "$disk" "$rss" "$lost"
     done
 fi
 echo "raw results: $BENCH_RESULTS"

@@ -19,7 +19,7 @@ use amq_protocol::frame::WriteContext;
 use amq_protocol::protocol::{basic, channel as chan, connection as conn, exchange, queue};
 use amq_protocol::protocol::{confirm, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldArray, FieldTable, LongString};
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use spillway_gateway::auth::{self, User};
 use spillway_gateway::codec::{self, FrameDecoder, FrameError, FrameWriter, RawFrame};
 use spillway_gateway::codec::{FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD};
@@ -28,13 +28,20 @@ use spillway_gateway::connection::{write_connection_close, Capabilities, Connect
 use spillway_gateway::connection::{ConnectionError, Handshake, HandshakeStep, Negotiated, Next};
 use spillway_gateway::GatewayConfig;
 use spillway_proto::amqp::{self, closes_only_the_channel, nesting, reply_code, reply_name};
+use spillway_proto::body::{Body, BodyError};
 use spillway_proto::engine::{self as pb, reply, session_command::Command, session_event::Event};
 use spillway_proto::engine::{AuthenticateRequest, LoginResult, SessionCommand, SessionEvent};
 use tokio_util::codec::Decoder;
 
 /// The fuzz targets, each named after the directory of its seeds and
 /// regression cases.
-pub const TARGETS: [&str; 4] = ["frame_decoder", "handshake", "connection", "tables"];
+pub const TARGETS: [&str; 5] = [
+    "frame_decoder",
+    "handshake",
+    "connection",
+    "tables",
+    "bodies",
+];
 
 /// Runs the check of `target` on `data`; returns what happened, for the
 /// seeds' expectations. `None` for a target that does not exist.
@@ -44,6 +51,7 @@ pub fn run(target: &str, data: &[u8]) -> Option<String> {
         "handshake" => format!("{:?}", check_handshake(data)),
         "connection" => format!("{:?}", check_connection(data)),
         "tables" => format!("{:?}", check_tables(data)),
+        "bodies" => format!("{:?}", check_bodies(data)),
         _ => return None,
     })
 }
@@ -470,7 +478,8 @@ const FUZZ_MAX_MESSAGE: u64 = 20_000;
 /// connection after the first publish, bit 5 frame-max 131072 instead of
 /// 4096, bits 6-7 channel-max (1, 2, 16, 2047). `data[1]`: bits 0-4 which
 /// error code the engine uses, bit 5 the engine cancels each new consumer,
-/// bit 6 it raises a channel error after each publish. The rest: frames, as
+/// bit 6 it raises a channel error after each publish, bit 7 message
+/// compression is on (bodies over 64 bytes). The rest: frames, as
 /// after connection.open.
 pub fn check_connection(data: &[u8]) -> ConnectionOutcome {
     let [options, engine_options, wire @ ..] = data else {
@@ -481,6 +490,8 @@ pub fn check_connection(data: &[u8]) -> ConnectionOutcome {
     let config = Arc::new(GatewayConfig {
         max_message_size: FUZZ_MAX_MESSAGE,
         blocked_overdraft: 10_000,
+        // Compressed publishes come back through basic.return decoded.
+        compress_above: (engine_options & 0x80 != 0).then_some(64),
         ..fuzz_config()
     });
     let negotiated = Negotiated {
@@ -737,6 +748,11 @@ impl FakeEngine {
             "a message of {} bytes passed max_message_size",
             publish.body.len()
         );
+        // Compressed or not, the body decodes to the size it declares.
+        match publish.body().decode(FUZZ_MAX_MESSAGE) {
+            Ok(decoded) => assert_eq!(decoded.len() as u64, publish.body_size),
+            Err(error) => panic!("the gateway published a body that does not decode: {error}"),
+        }
         let properties = match basic::parse_properties(&publish.properties[..]) {
             Ok(([], properties)) => properties,
             other => panic!("published properties that do not parse: {other:?}"),
@@ -778,6 +794,8 @@ impl FakeEngine {
                     routing_key: publish.routing_key.clone(),
                     properties: publish.properties.clone(),
                     body: publish.body.clone(),
+                    body_encoding: publish.body_encoding,
+                    body_size: publish.body_size,
                 })),
             });
         }
@@ -1140,6 +1158,64 @@ fn server_frames(bytes: &[u8], frame_max: usize) -> Vec<(u16, AMQPClass)> {
     methods
 }
 
+// ------------------------------------------------------------ bodies
+
+#[derive(Debug, PartialEq)]
+pub enum BodiesOutcome {
+    Empty,
+    /// A compressed body from anywhere (a store record, the engine): decoded
+    /// to this many bytes, or refused.
+    Decoded(Result<usize, BodyError>),
+    /// A published body compressed and decoded again: compressed or kept.
+    RoundTrip {
+        compressed: bool,
+    },
+}
+
+/// The largest body the `bodies` target lets a declared size claim.
+const FUZZ_BODY_MAX: u64 = 1 << 20;
+
+/// `data[0] % 2` picks: 0 decode `data[6..]` as held bytes with encoding
+/// `data[1]` (0 identity, 1 lz4, other unknown) and the declared size
+/// `data[2..6]` (u32 LE): never a panic; a success is exactly the declared
+/// size, within [`FUZZ_BODY_MAX`]. 1 compress `data[2..]` above the
+/// threshold `data[1]` × 16 bytes and decode it again: the same bytes.
+pub fn check_bodies(data: &[u8]) -> BodiesOutcome {
+    match data {
+        [mode, encoding, size @ ..] if mode % 2 == 0 && size.len() >= 4 => {
+            let declared = u64::from(u32::from_le_bytes([size[0], size[1], size[2], size[3]]));
+            let held = Bytes::copy_from_slice(&size[4..]);
+            let body = Body::from_wire(held.clone(), u32::from(*encoding), declared);
+            let decoded = body.decode(FUZZ_BODY_MAX);
+            if let Ok(bytes) = &decoded {
+                assert!(bytes.len() as u64 <= FUZZ_BODY_MAX.max(held.len() as u64));
+                assert_eq!(bytes.len() as u64, body.size(), "decoded to another size");
+                if !body.is_compressed() {
+                    assert_eq!(bytes, &held, "an identity body changed");
+                }
+            }
+            BodiesOutcome::Decoded(decoded.map(|bytes| bytes.len()))
+        }
+        [mode, threshold, published @ ..] if mode % 2 == 1 => {
+            let published = Bytes::copy_from_slice(published);
+            let body = Body::compress_above(published.clone(), u64::from(*threshold) * 16);
+            assert_eq!(body.size(), published.len() as u64);
+            assert!(
+                body.stored_len() <= published.len() as u64,
+                "compression grew a body"
+            );
+            match body.decode(published.len() as u64) {
+                Ok(bytes) => assert_eq!(bytes, published, "a body did not round-trip"),
+                Err(error) => panic!("a body the gateway compressed does not decode: {error}"),
+            }
+            BodiesOutcome::RoundTrip {
+                compressed: body.is_compressed(),
+            }
+        }
+        _ => BodiesOutcome::Empty,
+    }
+}
+
 // ------------------------------------------------------------ seeds
 
 /// One committed seed: real traffic for a target to start from, and what
@@ -1293,6 +1369,14 @@ pub fn seeds() -> Vec<Seed> {
     deep_frames.extend_from_slice(&frame(FRAME_HEARTBEAT, 0, &[]));
 
     let with = |tag: u8, bytes: &[u8]| [&[tag][..], bytes].concat();
+    // 4000 bytes of text, and the lz4 block the gateway makes of it.
+    let text: Vec<u8> = b"spillway holds large bodies compressed; "
+        .iter()
+        .copied()
+        .cycle()
+        .take(4000)
+        .collect();
+    let (lz4, _, _) = Body::compress_above(Bytes::from(text.clone()), 0).wire();
     vec![
         Seed {
             target: "frame_decoder",
@@ -1378,7 +1462,42 @@ pub fn seeds() -> Vec<Seed> {
             bytes: with(3, &login),
             expect: "Amqplain(Ok(\"fuzz\"))",
         },
+        Seed {
+            target: "bodies",
+            name: "lz4-body",
+            bytes: held_body(1, text.len() as u32, &lz4),
+            expect: "Decoded(Ok(4000))",
+        },
+        Seed {
+            target: "bodies",
+            name: "lz4-body-declared-one-short",
+            bytes: held_body(1, text.len() as u32 - 1, &lz4),
+            expect: "Decoded(Err(",
+        },
+        Seed {
+            target: "bodies",
+            name: "lz4-body-truncated",
+            bytes: held_body(1, text.len() as u32, &lz4[..lz4.len() / 2]),
+            expect: "Decoded(Err(",
+        },
+        Seed {
+            target: "bodies",
+            name: "identity-body",
+            bytes: held_body(0, 0, b"as published"),
+            expect: "Decoded(Ok(12))",
+        },
+        Seed {
+            target: "bodies",
+            name: "compress-text",
+            bytes: [&[1, 1][..], &text[..]].concat(),
+            expect: "RoundTrip { compressed: true }",
+        },
     ]
+}
+
+/// A `bodies` input that decodes `held` as `encoding` declaring `size`.
+fn held_body(encoding: u8, size: u32, held: &[u8]) -> Vec<u8> {
+    [&[0, encoding][..], &size.to_le_bytes()[..], held].concat()
 }
 
 fn method(channel: u16, method: AMQPClass) -> Vec<u8> {

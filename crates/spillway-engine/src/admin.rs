@@ -1032,6 +1032,7 @@ async fn peek_messages(
         .filter(|q| q.message.is_none())
         .map(|q| q.id)
         .collect();
+    let max_message_size = engine.shared.max_message_size;
     let mut records: HashMap<u64, store::MessageRecord> = HashMap::new();
     if !missing.is_empty() {
         for record in crate::engine::load(&engine.shared, &missing).await {
@@ -1053,15 +1054,30 @@ async fn peek_messages(
                 None => {
                     // Acked meanwhile: its record may be gone; leave it out.
                     let record = records.remove(&queued.id)?;
+                    let body = record.body();
                     (
                         record.exchange,
                         record.routing_key,
                         record.properties,
-                        record.body,
+                        body,
                         record.persistent,
                     )
                 }
             };
+            // Shown as published: a compressed body is decoded here (bounded
+            // by the largest message size); one that does not decode is
+            // shown empty with its declared size, and logged.
+            let body_size = body.size();
+            let body = body.decode(max_message_size).unwrap_or_else(|error| {
+                tracing::warn!(
+                    vhost = %request.vhost,
+                    queue = %request.queue,
+                    message_id = queued.id,
+                    %error,
+                    "peeked message body does not decode"
+                );
+                Bytes::new()
+            });
             let mut peeked = m::PeekedMessage {
                 position: position as u64,
                 exchange,
@@ -1069,7 +1085,7 @@ async fn peek_messages(
                 redelivered: queued.redelivered,
                 delivery_count: queued.delivery_count,
                 persistent,
-                body_size: body.len() as u64,
+                body_size,
                 body,
                 ..Default::default()
             };

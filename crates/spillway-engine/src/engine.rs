@@ -53,6 +53,9 @@ pub struct EngineConfig {
     /// How long the engine's lease on the store lasts unless renewed; it is
     /// renewed every fifth of that.
     pub lease_ttl: Duration,
+    /// The largest message body (`gateway.max_message_size`): a compressed
+    /// body that declares more is not decoded (management's peek).
+    pub max_message_size: u64,
     /// The users a store without any gets on its first start (the
     /// configuration's `[[gateway.users]]`), each with every permission in
     /// the default vhost.
@@ -92,10 +95,14 @@ impl Default for EngineConfig {
             limits: crate::LimitConfig::default(),
             writer_limits: WriterLimits::default(),
             lease_ttl: DEFAULT_LEASE_TTL,
+            max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
             seed_users: vec![SeedUser::guest()],
         }
     }
 }
+
+/// The largest message body by default, as the gateway's: 128 MiB.
+pub const DEFAULT_MAX_MESSAGE_SIZE: u64 = 128 * 1024 * 1024;
 
 /// How long an engine's lease on its store lasts unless renewed.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
@@ -148,6 +155,8 @@ pub(crate) struct Shared {
     store: Mutex<Option<Arc<dyn StorageApi>>>,
     /// The store this engine leased (its id), and the lease's terms.
     lease: LeaseTerms,
+    /// `EngineConfig::max_message_size`.
+    pub(crate) max_message_size: u64,
     /// Users and permissions (`access.rs`). Apart from the broker's lock:
     /// logins do not wait for the message path.
     pub(crate) access: parking_lot::RwLock<AccessControl>,
@@ -242,6 +251,7 @@ impl Engine {
                 holder,
                 ttl: config.lease_ttl,
             },
+            max_message_size: config.max_message_size,
             access_generation: AtomicU64::new(access.generation()),
             access: parking_lot::RwLock::new(access),
         });

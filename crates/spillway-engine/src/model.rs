@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use amq_protocol_types::FieldTable;
 use bytes::Bytes;
+use spillway_proto::body::Body;
 use spillway_proto::engine::SessionEvent;
 use spillway_proto::storage::MessageRecord;
 use tokio::sync::{mpsc, oneshot};
@@ -28,7 +29,10 @@ pub struct Message {
     pub routing_key: String,
     /// The content header's property flags and list, exactly as published.
     pub properties: Bytes,
-    pub body: Bytes,
+    /// As the gateway handed it over: compressed when it was worth it
+    /// (`docs/compression.md`). Memory, the budget and the store hold it
+    /// so; only the gateway decodes it.
+    pub body: Body,
     /// delivery-mode 2: stored when it lands on a durable queue.
     pub persistent: bool,
     /// The store writer's sequence number of the write that stores this
@@ -49,7 +53,7 @@ impl Message {
         exchange: String,
         routing_key: String,
         properties: Bytes,
-        body: Bytes,
+        body: Body,
         persistent: bool,
     ) -> Arc<Self> {
         let trace = spillway_proto::trace::current().map(Box::new);
@@ -63,11 +67,13 @@ impl Message {
 
     fn build(
         budget: &Arc<MemoryBudget>,
-        (exchange, routing_key, properties, body): (String, String, Bytes, Bytes),
+        (exchange, routing_key, properties, body): (String, String, Bytes, Body),
         persistent: bool,
         trace: Option<Box<spillway_proto::trace::SpanContext>>,
     ) -> Arc<Self> {
-        let accounted = (exchange.len() + routing_key.len() + properties.len() + body.len()) as u64
+        // The body as held: a compressed body counts its compressed size.
+        let accounted = (exchange.len() + routing_key.len() + properties.len()) as u64
+            + body.stored_len()
             + MESSAGE_OVERHEAD_BYTES;
         budget.add_resident(accounted);
         Arc::new(Self {
@@ -85,14 +91,10 @@ impl Message {
 
     /// A message read back from the store (its publish's trace is not).
     pub fn from_record(budget: &Arc<MemoryBudget>, record: MessageRecord) -> Arc<Self> {
+        let body = record.body();
         let message = Self::build(
             budget,
-            (
-                record.exchange,
-                record.routing_key,
-                record.properties,
-                record.body,
-            ),
+            (record.exchange, record.routing_key, record.properties, body),
             record.persistent,
             None,
         );
@@ -114,13 +116,16 @@ impl Message {
     }
 
     pub fn record(&self, id: u64) -> MessageRecord {
+        let (body, body_encoding, body_size) = self.body.wire();
         MessageRecord {
             id,
             exchange: self.exchange.clone(),
             routing_key: self.routing_key.clone(),
             properties: self.properties.clone(),
-            body: self.body.clone(),
+            body,
             persistent: self.persistent,
+            body_encoding,
+            body_size,
         }
     }
 }
@@ -145,6 +150,8 @@ pub struct QueuedMessage {
     /// The payload, or `None` once it flowed to disk: read back before
     /// delivery.
     pub message: Option<Arc<Message>>,
+    /// Of the body as published (compressed or not): what queue limits
+    /// (`x-max-length-bytes`) and queue depth in bytes count.
     pub body_size: u64,
     /// Deliveries so far (basic.deliver and basic.get-ok): the next one
     /// carries it as `x-delivery-count`, and the delivery limit counts it.
@@ -166,7 +173,7 @@ impl QueuedMessage {
     pub fn resident(id: u64, message: Arc<Message>) -> Self {
         Self {
             id,
-            body_size: message.body.len() as u64,
+            body_size: message.body.size(),
             persistent: message.persistent,
             message: Some(message),
             delivery_count: 0,

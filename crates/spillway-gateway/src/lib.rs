@@ -66,6 +66,12 @@ pub struct GatewayConfig {
     /// Bytes of message bodies a connection may have partly received, over
     /// all its channels, before it is closed with 506 RESOURCE_ERROR.
     pub max_unfinished_content: u64,
+    /// Message compression (`broker.message_compression_enabled`): bodies
+    /// longer than this many bytes
+    /// (`connection.message_compression_threshold_size`) are compressed as
+    /// they are published when that makes them at least an eighth smaller,
+    /// and decoded as they are delivered. None: off.
+    pub compress_above: Option<u64>,
 }
 
 impl GatewayConfig {
@@ -108,6 +114,7 @@ impl Default for GatewayConfig {
             max_connections: 0,
             write_timeout: std::time::Duration::from_secs(15),
             max_unfinished_content: 128 * 1024 * 1024,
+            compress_above: None,
         }
     }
 }

@@ -545,6 +545,7 @@ async fn serve_connection<S: ClientStream>(
         };
         for command in pending_commands.drain(..) {
             let counter = metrics.counter_for(&command);
+            metrics.count_compression(&command);
             if commands.send(command).await.is_err() {
                 break;
             }

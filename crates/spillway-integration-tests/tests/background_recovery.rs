@@ -64,6 +64,7 @@ fn record(id: u64, body: Vec<u8>) -> WriteOp {
         properties: vec![0, 0].into(),
         body: body.into(),
         persistent: true,
+        ..Default::default()
     }))
 }
 

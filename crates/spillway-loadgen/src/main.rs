@@ -51,7 +51,7 @@ use serde::{Deserialize, Serialize};
 use tokio::{sync::watch, task::JoinHandle};
 
 use crate::{
-    message::{encode_into, now_ns, Header, HEADER_LEN},
+    message::{encode_into, now_ns, BodyKind, Header, HEADER_LEN},
     verify::{confirmed_lost, judge, merged_seen, BitSet, Expected, Tally},
 };
 
@@ -97,6 +97,10 @@ struct Args {
     /// Message body size in bytes (at least 24: the header).
     #[arg(long, default_value_t = 1024)]
     size: usize,
+    /// What fills a body past its header: one byte repeated (`fill`), text that compresses
+    /// several times (`compressible`), or noise that does not (`random`).
+    #[arg(long = "body", value_enum, default_value_t = BodyKind::Fill)]
+    body: BodyKind,
     /// Messages per producer (default 10000). With --consume-only: the backlog to expect
     /// (producers x count); without it the drain stops after --idle-timeout of silence.
     #[arg(long, conflicts_with = "duration")]
@@ -988,6 +992,8 @@ struct Summary {
     publish_elapsed_s: f64,
     consume_elapsed_s: f64,
     size: usize,
+    /// What padded the bodies (`--body`).
+    body: BodyKind,
     persistent: bool,
     confirm: bool,
     producers: u32,
@@ -1318,6 +1324,7 @@ async fn run(args: Args, stop_publishing: watch::Receiver<bool>) -> Result<(Summ
         publish_elapsed_s: round(publish_elapsed, 3),
         consume_elapsed_s: round(consume_elapsed, 3),
         size: args.size,
+        body: args.body,
         persistent: args.persistent,
         confirm: args.confirm,
         producers: if publishing { args.producers } else { 0 },
@@ -1574,6 +1581,7 @@ async fn main() -> ExitCode {
         )
         .init();
     let args = Args::parse();
+    message::set_body_kind(args.body);
     let stop = stop_on_signal();
     if let Some(count) = args.idle_connections {
         let stop = match args.duration {

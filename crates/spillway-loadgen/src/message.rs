@@ -9,10 +9,113 @@
 //! 4..8    producer id (u32)
 //! 8..16   sequence number (u64), 0-based, per producer
 //! 16..24  send timestamp, nanoseconds since the Unix epoch (u64)
-//! 24..    padding: fill_byte(producer, seq) repeated
+//! 24..    padding, by `--body` (one kind per process, [`set_body_kind`]):
+//!         fill          fill_byte(producer, seq) repeated (the default)
+//!         compressible  a 4 KiB text of JSON-like lines, cycled, from an offset
+//!                       given by the sequence number (lz4 makes it several times
+//!                       smaller, as it would a real text payload)
+//!         random        xorshift64 bytes seeded by producer and sequence number
+//!                       (incompressible)
 //! ```
 
+use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
+
+/// What pads a body past its header (`--body`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BodyKind {
+    /// One byte repeated: compresses to almost nothing.
+    #[default]
+    Fill,
+    /// Text-like: compresses several times, as JSON or log lines do.
+    Compressible,
+    /// Noise: does not compress.
+    Random,
+}
+
+static BODY_KIND: OnceLock<BodyKind> = OnceLock::new();
+
+/// Sets the padding of every body this process makes and checks (once, at
+/// start; later calls are ignored).
+pub fn set_body_kind(kind: BodyKind) {
+    let _ = BODY_KIND.set(kind);
+}
+
+pub fn body_kind() -> BodyKind {
+    BODY_KIND.get().copied().unwrap_or_default()
+}
+
+/// The compressible padding's period.
+const TEXT_LEN: usize = 4096;
+
+/// 4 KiB of JSON-like lines with varying numbers and words.
+fn text() -> &'static [u8] {
+    static TEXT: OnceLock<Vec<u8>> = OnceLock::new();
+    TEXT.get_or_init(|| {
+        const WORDS: [&str; 8] = [
+            "orders", "payments", "invoices", "shipping", "refunds", "stock", "audit", "mail",
+        ];
+        let mut text = Vec::with_capacity(TEXT_LEN + 128);
+        let mut line = 0u64;
+        while text.len() < TEXT_LEN {
+            let word = WORDS[(line * 7 % 8) as usize];
+            text.extend_from_slice(
+                format!(
+                    "{{\"line\": {line}, \"queue\": \"{word}\", \"status\": \"ok\", \"amount\": {}.{:02}}}\n",
+                    line * 37 % 1000,
+                    line * 13 % 100
+                )
+                .as_bytes(),
+            );
+            line += 1;
+        }
+        text.truncate(TEXT_LEN);
+        text
+    })
+}
+
+/// The random padding's generator for one body.
+fn xorshift(producer: u32, seq: u64) -> impl Iterator<Item = u8> {
+    let mut state = (u64::from(producer) << 40 ^ seq).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    std::iter::repeat_with(move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state.to_le_bytes()
+    })
+    .flatten()
+}
+
+/// Appends `len` bytes of the padding of body (`producer`, `seq`).
+fn pad(kind: BodyKind, buf: &mut Vec<u8>, len: usize, producer: u32, seq: u64) {
+    match kind {
+        BodyKind::Fill => buf.resize(buf.len() + len, fill_byte(producer, seq)),
+        BodyKind::Compressible => {
+            let text = text();
+            buf.extend(text.iter().cycle().skip((seq % 64) as usize * 61).take(len));
+        }
+        BodyKind::Random => buf.extend(xorshift(producer, seq).take(len)),
+    }
+}
+
+/// Is `padding` the padding of body (`producer`, `seq`)?
+fn padding_matches(kind: BodyKind, padding: &[u8], producer: u32, seq: u64) -> bool {
+    match kind {
+        BodyKind::Fill => {
+            let fill = fill_byte(producer, seq);
+            padding.iter().all(|&b| b == fill)
+        }
+        BodyKind::Compressible => padding
+            .iter()
+            .zip(text().iter().cycle().skip((seq % 64) as usize * 61))
+            .all(|(a, b)| a == b),
+        BodyKind::Random => padding
+            .iter()
+            .zip(xorshift(producer, seq))
+            .all(|(a, b)| *a == b),
+    }
+}
 
 /// "SPLG" read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"SPLG");
@@ -58,7 +161,13 @@ pub fn encode_into(buf: &mut Vec<u8>, size: usize, header: Header) {
     buf.extend_from_slice(&header.producer.to_le_bytes());
     buf.extend_from_slice(&header.seq.to_le_bytes());
     buf.extend_from_slice(&header.sent_ns.to_le_bytes());
-    buf.resize(size, fill_byte(header.producer, header.seq));
+    pad(
+        body_kind(),
+        buf,
+        size - HEADER_LEN,
+        header.producer,
+        header.seq,
+    );
 }
 
 fn le_u32(b: &[u8]) -> u32 {
@@ -94,8 +203,12 @@ pub fn decode(body: &[u8], expected_size: Option<usize>) -> Result<Header, Decod
     if header.seq > MAX_SEQ {
         return Err(DecodeError::SeqOutOfRange);
     }
-    let fill = fill_byte(header.producer, header.seq);
-    if !body[HEADER_LEN..].iter().all(|&b| b == fill) {
+    if !padding_matches(
+        body_kind(),
+        &body[HEADER_LEN..],
+        header.producer,
+        header.seq,
+    ) {
         return Err(DecodeError::BadPadding);
     }
     Ok(header)
@@ -104,6 +217,21 @@ pub fn decode(body: &[u8], expected_size: Option<usize>) -> Result<Header, Decod
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_padding_round_trips_and_a_changed_byte_shows() {
+        for kind in [BodyKind::Fill, BodyKind::Compressible, BodyKind::Random] {
+            for seq in [0u64, 1, 77, 1 << 20] {
+                let mut padding = Vec::new();
+                pad(kind, &mut padding, 5000, 3, seq);
+                assert_eq!(padding.len(), 5000);
+                assert!(padding_matches(kind, &padding, 3, seq), "{kind:?} {seq}");
+                padding[4321] ^= 1;
+                assert!(!padding_matches(kind, &padding, 3, seq), "{kind:?} {seq}");
+            }
+        }
+        assert_eq!(text().len(), TEXT_LEN);
+    }
 
     #[test]
     fn round_trip_and_padding() {

@@ -27,6 +27,7 @@ pub mod management {
 
 pub mod amqp;
 pub mod backoff;
+pub mod body;
 mod boundary;
 pub mod cluster;
 pub mod command_queue;

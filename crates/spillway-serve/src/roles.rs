@@ -311,6 +311,7 @@ async fn start_engine(storage: Arc<dyn StorageApi>, settings: &Settings) -> anyh
             max_bytes: settings.engine.store_writer_max_bytes,
         },
         lease_ttl: spillway_engine::DEFAULT_LEASE_TTL,
+        max_message_size: settings.gateway.max_message_size,
         // The configuration's users are the seed of a store without users.
         seed_users: settings
             .gateway
@@ -420,10 +421,14 @@ async fn start_amqp(
         listeners.amqp,
         listeners.amqps.as_ref().map(|(addr, _)| *addr),
     ];
-    let server =
-        AmqpServer::start_listeners(listeners, engine, gateway.protocol(), gateway_metrics)
-            .await
-            .with_context(|| format!("binding the AMQP ports {wanted:?}"))?;
+    let server = AmqpServer::start_listeners(
+        listeners,
+        engine,
+        settings.gateway_protocol(),
+        gateway_metrics,
+    )
+    .await
+    .with_context(|| format!("binding the AMQP ports {wanted:?}"))?;
     if let Some(addr) = server.bind_addr() {
         running.addresses.insert("amqp", addr);
     }

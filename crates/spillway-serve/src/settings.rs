@@ -22,6 +22,7 @@ use spillway_gateway::GatewayConfig;
 pub struct Settings {
     pub gateway: GatewaySettings,
     pub broker: BrokerSettings,
+    pub connection: ConnectionSettings,
     pub engine: EngineSettings,
     pub storage: StorageSettings,
     pub store: StoreSettings,
@@ -281,6 +282,8 @@ impl GatewaySettings {
             max_connections: self.max_connections,
             write_timeout: self.write_timeout,
             max_unfinished_content: self.max_unfinished_content,
+            // Set from `[broker]` and `[connection]`: Settings::gateway_protocol.
+            compress_above: None,
         }
     }
 }
@@ -316,6 +319,11 @@ pub struct BrokerSettings {
     pub default_user_max_channels: u32,
     pub max_consumers_per_connection: u32,
     pub max_queues_per_connection: u32,
+    /// Compress message bodies above `connection.message_compression_threshold_size`
+    /// as they are published (lz4; kept only when at least an eighth
+    /// smaller), hold them so in memory and on disk, and decode them on
+    /// delivery (Qpid's `broker.messageCompressionEnabled`). docs/compression.md.
+    pub message_compression_enabled: bool,
 }
 
 impl BrokerSettings {
@@ -344,6 +352,42 @@ impl Default for BrokerSettings {
             default_user_max_channels: 0,
             max_consumers_per_connection: 0,
             max_queues_per_connection: 0,
+            message_compression_enabled: false,
+        }
+    }
+}
+
+/// Per-connection message settings (Qpid's `connection.*` names).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default)]
+pub struct ConnectionSettings {
+    /// Bodies longer than this are compressed when
+    /// `broker.message_compression_enabled` is on: a size (`16KiB`).
+    #[serde(deserialize_with = "sizes::required")]
+    pub message_compression_threshold_size: u64,
+}
+
+/// `connection.message_compression_threshold_size` by default: 16 KiB.
+pub const DEFAULT_COMPRESSION_THRESHOLD: u64 = 16 * 1024;
+
+impl Default for ConnectionSettings {
+    fn default() -> Self {
+        Self {
+            message_compression_threshold_size: DEFAULT_COMPRESSION_THRESHOLD,
+        }
+    }
+}
+
+impl Settings {
+    /// The gateway's protocol settings, with message compression as
+    /// `broker.message_compression_enabled` and the connection threshold say.
+    pub fn gateway_protocol(&self) -> GatewayConfig {
+        GatewayConfig {
+            compress_above: self
+                .broker
+                .message_compression_enabled
+                .then_some(self.connection.message_compression_threshold_size),
+            ..self.gateway.protocol()
         }
     }
 }
@@ -1318,6 +1362,35 @@ mod tests {
             settings.broker.housekeeping_interval,
             Duration::from_millis(100)
         );
+        Ok(())
+    }
+
+    #[test]
+    fn message_compression_is_off_by_default_and_takes_its_threshold() -> anyhow::Result<()> {
+        let (_, result) = load("", &[]);
+        let settings = result?;
+        assert_eq!(settings.gateway_protocol().compress_above, None);
+        assert_eq!(
+            settings.connection.message_compression_threshold_size,
+            16 * 1024
+        );
+        let (_, result) = load(
+            "[broker]\nmessage_compression_enabled = true\n\
+             [connection]\nmessage_compression_threshold_size = \"32KiB\"\n",
+            &[],
+        );
+        assert_eq!(result?.gateway_protocol().compress_above, Some(32 * 1024));
+        let (_, result) = load(
+            "",
+            &[
+                ("SPILLWAY_BROKER__MESSAGE_COMPRESSION_ENABLED", "true"),
+                (
+                    "SPILLWAY_CONNECTION__MESSAGE_COMPRESSION_THRESHOLD_SIZE",
+                    "1024",
+                ),
+            ],
+        );
+        assert_eq!(result?.gateway_protocol().compress_above, Some(1024));
         Ok(())
     }
 

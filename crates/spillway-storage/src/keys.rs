@@ -26,7 +26,14 @@ pub const ENTRY: u8 = b'm';
 pub const MESSAGE: u8 = b'p';
 pub const FORMAT: &[u8] = b"!format";
 /// 2: messages stored once (`p`), durable queues' holds as entries (`m`).
-pub const FORMAT_VERSION: u32 = 2;
+/// 3: a message record may hold its body compressed (`body_encoding`,
+/// `body_size`); a build that reads 2 would deliver such a body as it is
+/// stored, so it must not open a store of layout 3.
+pub const FORMAT_VERSION: u32 = 3;
+/// Layouts this build opens and upgrades to [`FORMAT_VERSION`] in place:
+/// a layout-2 record has no encoding fields and reads as stored as
+/// published, so only the version key changes.
+pub const UPGRADES_FROM: &[u32] = &[2];
 
 pub fn key(kind: u8, components: &[&[u8]]) -> Vec<u8> {
     let len = 1 + components.iter().map(|c| 4 + c.len()).sum::<usize>();

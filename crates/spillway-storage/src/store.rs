@@ -519,6 +519,18 @@ fn check_format(db: &DB, path: &Path) -> Result<(), StoreError> {
         }
         None => 1,
     };
+    if keys::UPGRADES_FROM.contains(&found) {
+        let mut options = WriteOptions::default();
+        options.set_sync(true);
+        db.put_opt(keys::FORMAT, keys::FORMAT_VERSION.to_be_bytes(), &options)?;
+        tracing::info!(
+            path = %path.display(),
+            from = found,
+            to = keys::FORMAT_VERSION,
+            "store layout upgraded (records of the older layout read as uncompressed)"
+        );
+        return Ok(());
+    }
     if found != keys::FORMAT_VERSION {
         return Err(StoreError::Format {
             path: path.to_path_buf(),
@@ -923,6 +935,36 @@ mod tests {
             corrupt.to_service_error(),
             ServiceError::DataLoss(_)
         ));
+    }
+
+    #[test]
+    fn a_layout_2_store_is_upgraded_and_its_records_read_uncompressed() -> Result<(), StoreError> {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let old = MessageRecord {
+            id: 7,
+            body: b"before compression".to_vec().into(),
+            persistent: true,
+            ..Default::default()
+        };
+        {
+            let db = DB::open_default(dir.path())?;
+            db.put(keys::FORMAT, 2u32.to_be_bytes())?;
+            db.put(keys::message_key(7), old.encode_to_vec())?;
+        }
+        {
+            let store = RocksStore::open(dir.path())?;
+            let records = store.read_messages(&[7])?;
+            assert_eq!(records, vec![old.clone()]);
+            let body = records[0].body();
+            assert!(!body.is_compressed());
+            assert_eq!(body.decode(0).ok(), Some(old.body.clone()));
+        }
+        let db = DB::open_default(dir.path())?;
+        assert_eq!(
+            db.get(keys::FORMAT)?,
+            Some(keys::FORMAT_VERSION.to_be_bytes().to_vec())
+        );
+        Ok(())
     }
 
     #[test]

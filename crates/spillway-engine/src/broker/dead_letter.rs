@@ -166,11 +166,12 @@ impl Broker {
             .routing_key
             .clone()
             .unwrap_or_else(|| message.routing_key.clone());
+        // Routing reads the properties (headers exchanges), never the body:
+        // the body goes to the copy as held, compressed or not.
         let cmd = pb::Publish {
             exchange: target.exchange.clone(),
             routing_key,
             properties,
-            body: message.body.clone(),
             persistent: message.persistent,
             ..Default::default()
         };
@@ -234,7 +235,7 @@ impl Broker {
             cmd.exchange,
             cmd.routing_key,
             cmd.properties,
-            cmd.body,
+            message.body.clone(),
             cmd.persistent,
         );
         // A dead letter has no `expiration` any more; the target queues'

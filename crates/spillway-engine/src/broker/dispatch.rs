@@ -208,7 +208,8 @@ impl Broker {
         let message_count = queue.messages.len() as u32;
         let stores = queue.stores_messages();
         if let Some(state) = self.sessions.get_mut(&session) {
-            state.credit.spend(message.body.len());
+            // The gateway writes the body as published (decoded).
+            state.credit.spend(message.body.size() as usize);
         }
         let flow_active = self.flow_active;
         let channel = self.channel_mut(session, cmd.channel)?;
@@ -220,7 +221,9 @@ impl Broker {
             routing_key: message.routing_key.clone(),
             message_count,
             properties: delivered_properties(&message, entry.delivery_count),
-            body: message.body.clone(),
+            body: message.body.stored().clone(),
+            body_encoding: message.body.encoding().wire(),
+            body_size: message.body.size(),
         };
         entry.delivery_count = entry.delivery_count.saturating_add(1);
         if cmd.no_ack {
@@ -384,7 +387,8 @@ impl Broker {
             let Some(session) = sessions.get_mut(&consumer_ref.session) else {
                 break;
             };
-            session.credit.spend(message.body.len());
+            // The gateway writes the body as published (decoded).
+            session.credit.spend(message.body.size() as usize);
             let Some(channel) = session.channels.get_mut(&consumer_ref.channel) else {
                 break;
             };
@@ -407,7 +411,9 @@ impl Broker {
                 exchange: message.exchange.clone(),
                 routing_key: message.routing_key.clone(),
                 properties: delivered_properties(message, entry.delivery_count),
-                body: message.body.clone(),
+                body: message.body.stored().clone(),
+                body_encoding: message.body.encoding().wire(),
+                body_size: message.body.size(),
             };
             entry.delivery_count = entry.delivery_count.saturating_add(1);
             if no_ack {

@@ -55,6 +55,8 @@ impl Broker {
                         routing_key: cmd.routing_key,
                         properties: cmd.properties,
                         body: cmd.body,
+                        body_encoding: cmd.body_encoding,
+                        body_size: cmd.body_size,
                     }),
                 );
             }
@@ -88,12 +90,13 @@ impl Broker {
         self.next_message_id += 1;
         // The body arrives in an allocation of its own: the gateway assembles
         // it, and the remote session copies it out of its gRPC message.
+        let body = cmd.body();
         let message = Message::new(
             &self.budget,
             cmd.exchange,
             cmd.routing_key,
             cmd.properties,
-            cmd.body,
+            body,
             cmd.persistent,
         );
         let mut ops = Vec::new();
@@ -202,7 +205,7 @@ impl Broker {
             let Some(queue) = vhost.queues.get_mut(name) else {
                 continue;
             };
-            let body_len = message.body.len() as u64;
+            let body_len = message.body.size();
             if queue.limits.overflow != Overflow::DropHead && queue.would_overflow(body_len) {
                 enqueued.rejected = true;
                 if queue.limits.overflow == Overflow::RejectPublishDlx

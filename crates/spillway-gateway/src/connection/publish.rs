@@ -16,6 +16,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use spillway_proto::amqp::nesting::{self, NestingError};
 use spillway_proto::amqp::{reply_code, MethodId};
+use spillway_proto::body::{Body, ENCODING_IDENTITY};
 use spillway_proto::engine::{self as pb, session_command::Command, SessionCommand};
 
 use super::{command, Channel, ChannelPhase, Connection, ConnectionError};
@@ -319,6 +320,16 @@ impl Connection {
         };
         let span = tracing::trace_span!(target: spillway_proto::trace::TARGET, "publish",
             exchange = %exchange, routing_key = %routing_key);
+        // Compressed here, once, when it is large and worth it: the engine,
+        // its budget, flow to disk and the store then hold fewer bytes.
+        let body = body.finish();
+        let (body, body_encoding, body_size) = match self.config.compress_above {
+            Some(threshold) => Body::compress_above(body, threshold).wire(),
+            None => {
+                let size = body.len() as u64;
+                (body, ENCODING_IDENTITY, size)
+            }
+        };
         commands.push(command(Command::Publish(pb::Publish {
             trace_context: spillway_proto::trace::carrier(&span),
             channel: u32::from(channel_id),
@@ -328,7 +339,9 @@ impl Connection {
             // The header's properties are a slice of the socket's read
             // buffer: copied, so a queued message does not keep it alive.
             properties: Bytes::copy_from_slice(&header.properties),
-            body: body.finish(),
+            body,
+            body_encoding,
+            body_size,
             confirm_seq,
             persistent: properties.delivery_mode() == &Some(2),
         })));

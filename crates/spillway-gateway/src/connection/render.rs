@@ -7,7 +7,9 @@
 use amq_protocol::protocol::{
     basic, channel as chan, confirm, connection as conn, exchange, queue, AMQPClass,
 };
+use bytes::Bytes;
 use spillway_proto::amqp::{reply_code, MethodId};
+use spillway_proto::body::Body;
 use spillway_proto::engine::{self as pb, reply, session_event::Event};
 use spillway_proto::engine::{SessionCommand, SessionEvent};
 
@@ -57,6 +59,9 @@ impl Connection {
                     // The engine requeues it when it releases the channel.
                     return Ok(());
                 }
+                // Decoded before anything is written: a body that does not
+                // decode leaves no half message behind.
+                let body = self.published_body(deliver.body())?;
                 out.method(
                     channel_id,
                     AMQPClass::Basic(basic::AMQPMethod::Deliver(basic::Deliver {
@@ -70,7 +75,7 @@ impl Connection {
                 out.content(
                     channel_id,
                     &deliver.properties,
-                    &deliver.body,
+                    &body,
                     self.negotiated.frame_max as usize,
                 );
                 Ok(())
@@ -100,6 +105,7 @@ impl Connection {
                 if !self.is_live(channel_id) {
                     return Ok(());
                 }
+                let body = self.published_body(returned.body())?;
                 out.method(
                     channel_id,
                     AMQPClass::Basic(basic::AMQPMethod::Return(basic::Return {
@@ -112,7 +118,7 @@ impl Connection {
                 out.content(
                     channel_id,
                     &returned.properties,
-                    &returned.body,
+                    &body,
                     self.negotiated.frame_max as usize,
                 );
                 Ok(())
@@ -148,6 +154,20 @@ impl Connection {
                 close.reason,
             )),
         }
+    }
+
+    /// A body as its client published it: a body the gateway compressed at
+    /// publish is decoded, within `max_message_size`. One that does not
+    /// decode (a corrupt record) closes the connection with 541 rather than
+    /// reach the client altered; its message goes back to its queue.
+    fn published_body(&self, body: Body) -> Result<Bytes, ConnectionError> {
+        body.decode(self.config.max_message_size).map_err(|error| {
+            tracing::error!(peer = %self.peer, %error, "a message body does not decode");
+            ConnectionError::new(
+                reply_code::INTERNAL_ERROR,
+                format!("message body does not decode: {error}"),
+            )
+        })
     }
 
     /// The engine answered a request: reply to the client as recorded when
@@ -257,6 +277,7 @@ impl Connection {
             }
             (Answer::Qos, _) => AMQPClass::Basic(basic::AMQPMethod::QosOk(basic::QosOk {})),
             (Answer::Get, reply::Result::GetOk(ok)) => {
+                let body = self.published_body(ok.body())?;
                 out.method(
                     channel_id,
                     AMQPClass::Basic(basic::AMQPMethod::GetOk(basic::GetOk {
@@ -270,7 +291,7 @@ impl Connection {
                 out.content(
                     channel_id,
                     &ok.properties,
-                    &ok.body,
+                    &body,
                     self.negotiated.frame_max as usize,
                 );
                 return Ok(());

@@ -501,3 +501,78 @@ fn a_delivery_to_a_channel_that_is_not_open_still_counts_as_written() {
     // delivery in flight for ever.
     assert_eq!(connection.deliveries, 1);
 }
+
+#[test]
+fn compression_shrinks_large_publishes_and_deliveries_come_out_as_published() {
+    let config = GatewayConfig {
+        compress_above: Some(1000),
+        ..Default::default()
+    };
+    let (mut connection, mut out) = open_connection(config);
+    let mut commands = Vec::new();
+    for (size, compressed) in [(900usize, false), (4000, true)] {
+        let mut frames = start_publish(1, size as u64);
+        frames.push(body_frame(1, size));
+        for frame in frames {
+            assert_eq!(
+                connection.on_frame(frame, &mut out, &mut commands),
+                Ok(Next::Continue)
+            );
+        }
+        let Some(Command::Publish(publish)) = commands.pop().and_then(|c| c.command) else {
+            panic!("expected a publish");
+        };
+        assert_eq!(publish.body_size, size as u64);
+        assert_eq!(publish.body().is_compressed(), compressed, "{size} bytes");
+        if compressed {
+            assert!(
+                publish.body.len() < size / 4,
+                "{} bytes",
+                publish.body.len()
+            );
+        }
+        // Delivered as the engine holds it: the client gets the published bytes.
+        let deliver = SessionEvent {
+            event: Some(Event::Deliver(pb::Deliver {
+                channel: 1,
+                consumer_tag: "ctag".into(),
+                delivery_tag: 1,
+                properties: bytes::Bytes::from_static(&[0, 0]),
+                body: publish.body.clone(),
+                body_encoding: publish.body_encoding,
+                body_size: publish.body_size,
+                ..Default::default()
+            })),
+        };
+        connection
+            .on_event(deliver, &mut out, &mut commands)
+            .expect("delivered");
+        let frames = written(&mut out);
+        let header = codec::parse_content_header(&frames[1].payload).expect("content header");
+        assert_eq!(header.body_size, size as u64);
+        let received: Vec<u8> = frames[2..]
+            .iter()
+            .flat_map(|frame| frame.payload.iter().copied())
+            .collect();
+        assert_eq!(received, vec![1u8; size]);
+    }
+    // A compressed body that does not decode never reaches the client.
+    let corrupt = SessionEvent {
+        event: Some(Event::Deliver(pb::Deliver {
+            channel: 1,
+            body: vec![0xf0; 40].into(),
+            body_encoding: spillway_proto::body::ENCODING_LZ4,
+            body_size: 5000,
+            ..Default::default()
+        })),
+    };
+    let error = connection
+        .on_event(corrupt, &mut out, &mut commands)
+        .expect_err("a corrupt body closes the connection");
+    assert_eq!(error.code, reply_code::INTERNAL_ERROR);
+    let frames = written(&mut out);
+    assert!(
+        frames.iter().all(|frame| frame.kind != FRAME_BODY),
+        "no body was written"
+    );
+}

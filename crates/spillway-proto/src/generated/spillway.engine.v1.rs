@@ -260,6 +260,13 @@ pub struct Publish {
         ::prost::alloc::string::String,
         ::prost::alloc::string::String,
     >,
+    /// How `body` is held (spillway_proto::body): 0 as published, 1 an lz4
+    /// block. The gateway compresses at publish and decodes on delivery.
+    #[prost(uint32, tag = "10")]
+    pub body_encoding: u32,
+    /// The body's size as published (what `body` decodes to).
+    #[prost(uint64, tag = "11")]
+    pub body_size: u64,
 }
 /// Several commands in one stream message: the remote transport packs what is
 /// ready into one gRPC message. Never nested.
@@ -531,6 +538,13 @@ pub struct GetOk {
     pub properties: ::prost::bytes::Bytes,
     #[prost(bytes = "bytes", tag = "7")]
     pub body: ::prost::bytes::Bytes,
+    /// How `body` is held (spillway_proto::body): 0 as published, 1 an lz4
+    /// block. The gateway compresses at publish and decodes on delivery.
+    #[prost(uint32, tag = "8")]
+    pub body_encoding: u32,
+    /// The body's size as published (what `body` decodes to).
+    #[prost(uint64, tag = "9")]
+    pub body_size: u64,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -558,6 +572,13 @@ pub struct Deliver {
         ::prost::alloc::string::String,
         ::prost::alloc::string::String,
     >,
+    /// How `body` is held (spillway_proto::body): 0 as published, 1 an lz4
+    /// block. The gateway compresses at publish and decodes on delivery.
+    #[prost(uint32, tag = "10")]
+    pub body_encoding: u32,
+    /// The body's size as published (what `body` decodes to).
+    #[prost(uint64, tag = "11")]
+    pub body_size: u64,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
@@ -586,6 +607,13 @@ pub struct Return {
     pub properties: ::prost::bytes::Bytes,
     #[prost(bytes = "bytes", tag = "7")]
     pub body: ::prost::bytes::Bytes,
+    /// How `body` is held (spillway_proto::body): 0 as published, 1 an lz4
+    /// block. The gateway compresses at publish and decodes on delivery.
+    #[prost(uint32, tag = "8")]
+    pub body_encoding: u32,
+    /// The body's size as published (what `body` decodes to).
+    #[prost(uint64, tag = "9")]
+    pub body_size: u64,
 }
 /// The broker cancelled a consumer (its queue was deleted).
 #[allow(clippy::all)]

@@ -279,6 +279,13 @@ pub struct MessageRecord {
     pub body: ::prost::bytes::Bytes,
     #[prost(bool, tag = "6")]
     pub persistent: bool,
+    /// How `body` is held: 0 as published (records from before layout 3 have
+    /// neither field), 1 an lz4 block (spillway_proto::body).
+    #[prost(uint32, tag = "7")]
+    pub body_encoding: u32,
+    /// The body's size as published (what `body` decodes to).
+    #[prost(uint64, tag = "8")]
+    pub body_size: u64,
 }
 /// A durable queue holds a stored message.
 #[allow(clippy::all)]
