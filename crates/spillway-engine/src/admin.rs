@@ -288,6 +288,7 @@ impl Engine {
                     .events
                     .send(event(Event::ConnectionClose(pb::ConnectionClose {
                         reason: reason.to_string(),
+                        reply_code: 0,
                     })));
                 closed += 1;
             }
@@ -810,6 +811,20 @@ impl EngineAdminApi for Engine {
         _request: m::ListLimitsRequest,
     ) -> Result<m::ListLimitsResponse, ServiceError> {
         Ok(crate::limits::list(&self.shared.broker.lock()))
+    }
+
+    async fn set_transaction_timeouts(
+        &self,
+        request: m::SetTransactionTimeoutsRequest,
+    ) -> Result<m::TransactionTimeouts, ServiceError> {
+        let answer = ok(self
+            .shared
+            .broker
+            .lock()
+            .set_transaction_timeouts(&request))?;
+        // Shorter timeouts may be due at once.
+        self.shared.tx_timer.notify_one();
+        Ok(answer)
     }
 }
 

@@ -49,6 +49,7 @@ mod stats;
 mod tests;
 
 pub use admin::EngineAdminService;
+pub use broker::{TxConfig, TxTimeouts, DEFAULT_MAX_TRANSACTION_BYTES};
 pub use engine::{
     Engine, EngineConfig, EngineError, DEFAULT_CONSUMER_TIMEOUT, DEFAULT_LEASE_TTL,
     DEFAULT_SESSION_CREDIT_BYTES,

@@ -42,6 +42,7 @@ macro_rules! for_each_engine_admin_call {
             set_limits(SetLimitsRequest) -> Limits;
             clear_limits(ClearLimitsRequest) -> ClearLimitsResponse;
             list_limits(ListLimitsRequest) -> ListLimitsResponse;
+            set_transaction_timeouts(SetTransactionTimeoutsRequest) -> TransactionTimeouts;
         }
     };
 }
@@ -141,6 +142,11 @@ pub trait EngineAdminApi: Send + Sync + 'static {
         &self,
         request: m::ListLimitsRequest,
     ) -> Result<m::ListLimitsResponse, ServiceError>;
+    /// Sets one vhost's producer transaction timeouts.
+    async fn set_transaction_timeouts(
+        &self,
+        request: m::SetTransactionTimeoutsRequest,
+    ) -> Result<m::TransactionTimeouts, ServiceError>;
 }
 
 /// The engine's admin API over gRPC (management running in its own process).

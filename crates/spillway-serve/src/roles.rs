@@ -311,6 +311,7 @@ async fn start_engine(storage: Arc<dyn StorageApi>, settings: &Settings) -> anyh
             max_bytes: settings.engine.store_writer_max_bytes,
         },
         lease_ttl: spillway_engine::DEFAULT_LEASE_TTL,
+        transactions: settings.broker.transactions(),
     };
     tracing::info!(
         flow_to_disk_threshold = config.flow_to_disk_threshold,
