@@ -452,13 +452,14 @@ async fn sigkill_between_two_commits_leaves_all_of_the_first_and_none_of_the_sec
 async fn a_transaction_past_max_transaction_bytes_closes_the_channel(
     wiring: Wiring,
 ) -> anyhow::Result<()> {
-    let sb = Sandbox::start_with_config(wiring, "[broker]\nmax_transaction_bytes = 1000\n").await?;
+    let sb = Sandbox::start_with_config(wiring, "[broker]\nmax_transaction_bytes = 2000\n").await?;
     let conn = sb.connect().await?;
     let ch = conn.create_channel().await?;
     declare(&ch, "tx-big", false).await?;
     ch.tx_select().await?;
-    publish(&ch, "tx-big", &[1u8; 600], BasicProperties::default()).await?;
-    publish(&ch, "tx-big", &[2u8; 600], BasicProperties::default()).await?;
+    // Each counts its body, names and 192 bytes, as in the memory budget.
+    publish(&ch, "tx-big", &[1u8; 900], BasicProperties::default()).await?;
+    publish(&ch, "tx-big", &[2u8; 900], BasicProperties::default()).await?;
     let error = ch.tx_commit().await.expect_err("the channel was closed");
     anyhow::ensure!(code(&error) == Some(406), "{error}");
     let text = error.to_string();
@@ -470,7 +471,7 @@ async fn a_transaction_past_max_transaction_bytes_closes_the_channel(
     anyhow::ensure!(message_count(&conn, "tx-big").await? == 0);
     let ch = conn.create_channel().await?;
     ch.tx_select().await?;
-    publish(&ch, "tx-big", &[3u8; 900], BasicProperties::default()).await?;
+    publish(&ch, "tx-big", &[3u8; 1500], BasicProperties::default()).await?;
     ch.tx_commit().await?;
     anyhow::ensure!(message_count(&conn, "tx-big").await? == 1);
     conn.close(200, s("bye")).await?;

@@ -315,7 +315,8 @@ pub struct BrokerSettings {
     pub default_user_max_channels: u32,
     pub max_consumers_per_connection: u32,
     pub max_queues_per_connection: u32,
-    /// Message body bytes one transaction may hold before commit; a publish
+    /// Message bytes one transaction may hold before commit (as the memory
+    /// budget counts them: body, properties, names, 192 bytes each); a publish
     /// that would pass it closes the channel with 406 (docs/transactions.md).
     #[serde(deserialize_with = "sizes::required")]
     pub max_transaction_bytes: u64,

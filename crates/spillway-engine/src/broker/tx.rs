@@ -76,7 +76,8 @@ impl TxTimeouts {
 /// The transaction settings from configuration.
 #[derive(Clone, Debug)]
 pub struct TxConfig {
-    /// Body bytes one transaction may hold (`broker.max_transaction_bytes`).
+    /// Message bytes one transaction may hold, counted as the memory budget
+    /// counts them (`broker.max_transaction_bytes`).
     pub max_bytes: u64,
     /// An unroutable mandatory publish in a transaction closes the
     /// connection with 312 (`broker.close_when_no_route`), as Qpid does;
@@ -144,7 +145,7 @@ impl TxState {
 pub struct Transaction {
     publishes: Vec<HeldPublish>,
     settles: Vec<HeldSettle>,
-    /// Body bytes of the held publishes.
+    /// Bytes of the held publishes, as the memory budget counts them.
     bytes: u64,
     /// The first publish or ack since the last commit or rollback: the
     /// transaction is open.
@@ -276,16 +277,21 @@ impl Broker {
         let targets = route(vhost, exchange, &cmd)?;
         let channel = cmd.channel;
         let max_bytes = self.tx.config.max_bytes;
-        let body_len = cmd.body.len() as u64;
+        // Counted as the memory budget counts it (and close to what the
+        // commit's store batch carries): body, properties, names and a
+        // fixed overhead.
+        let size = (cmd.exchange.len() + cmd.routing_key.len() + cmd.properties.len()
+            + cmd.body.len()) as u64
+            + crate::budget::MESSAGE_OVERHEAD_BYTES;
         let held = self.tx_mut(session, channel)?.bytes;
-        if held.saturating_add(body_len) > max_bytes {
+        if held.saturating_add(size) > max_bytes {
             return Err(AmqpError::new(
                 reply_code::PRECONDITION_FAILED,
                 format!(
                     "transaction too large: {} bytes held and {} more would pass \
                      broker.max_transaction_bytes ({} bytes); commit more often",
                     thousands(held),
-                    thousands(body_len),
+                    thousands(size),
                     thousands(max_bytes)
                 ),
             ));
@@ -334,7 +340,7 @@ impl Broker {
             cmd.persistent,
         );
         let tx = self.tx_mut(session, channel)?;
-        tx.bytes += body_len;
+        tx.bytes += size;
         tx.publishes.push(HeldPublish {
             targets,
             message,
