@@ -275,6 +275,11 @@ impl Engine {
         crate::recovery::status(&self.shared.broker.lock().recovery)
     }
 
+    /// Channels whose transaction is open (`broker/tx.rs`).
+    pub fn open_transactions(&self) -> u64 {
+        self.shared.broker.lock().tx.open_count() as u64
+    }
+
     /// The channels producer flow control holds back right now.
     pub fn blocked_channels(&self) -> Vec<crate::BlockedChannel> {
         self.shared.broker.lock().blocked_channels()

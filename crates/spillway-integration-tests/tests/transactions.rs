@@ -200,8 +200,10 @@ async fn commit_makes_publishes_visible_and_rollback_discards_them(
         message_count(&conn, "tx-visible").await? == 0,
         "visible before commit"
     );
+    anyhow::ensure!(sb.engine_metric("spillway_open_transactions").await? == 1.0);
     ch.tx_commit().await?;
     anyhow::ensure!(message_count(&conn, "tx-visible").await? == 10);
+    anyhow::ensure!(sb.engine_metric("spillway_open_transactions").await? == 0.0);
 
     for i in 10..15u8 {
         publish(&ch, "tx-visible", &[i], BasicProperties::default()).await?;

@@ -384,7 +384,8 @@ impl Broker {
         self.tx.open.remove(&(session, channel));
         if let Some(failure) = self.store_failure.clone() {
             if work.publishes.iter().any(|p| p.message.persistent) {
-                self.tx_undo(&vhost_name, work);
+                let touched = self.tx_undo(&vhost_name, work);
+                self.dispatch_all(&vhost_name, touched);
                 return Err(AmqpError::new(
                     reply_code::RESOURCE_ERROR,
                     format!(
