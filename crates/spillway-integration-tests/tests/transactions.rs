@@ -134,7 +134,12 @@ fn code(error: &lapin::Error) -> Option<u16> {
 /// A consumer whose stream ends with the connection's close: how a lapin
 /// client hears a connection.close the broker sends on its own.
 async fn watcher(conn: &Connection) -> anyhow::Result<lapin::Consumer> {
-    let ch = conn.create_channel().await?;
+    witness(&conn.create_channel().await?).await
+}
+
+/// A consumer on `ch` whose stream ends with the channel's close (lapin
+/// tells a channel's consumers why it was closed).
+async fn witness(ch: &Channel) -> anyhow::Result<lapin::Consumer> {
     let queue = ch
         .queue_declare(
             s(""),
@@ -458,11 +463,18 @@ async fn a_transaction_past_max_transaction_bytes_closes_the_channel(
     let conn = sb.connect().await?;
     let ch = conn.create_channel().await?;
     declare(&ch, "tx-big", false).await?;
+    let mut witness = witness(&ch).await?;
     ch.tx_select().await?;
     // Each counts its body, names and 192 bytes, as in the memory budget.
     publish(&ch, "tx-big", &[1u8; 900], BasicProperties::default()).await?;
     publish(&ch, "tx-big", &[2u8; 900], BasicProperties::default()).await?;
-    let error = ch.tx_commit().await.expect_err("the channel was closed");
+    let closed = tokio::time::timeout(WAIT, witness.next())
+        .await
+        .map_err(|_| anyhow::anyhow!("the channel was not closed"))?;
+    let error = match closed {
+        Some(Err(error)) => error,
+        other => anyhow::bail!("the channel's consumer saw {other:?}, not its close"),
+    };
     anyhow::ensure!(code(&error) == Some(406), "{error}");
     let text = error.to_string();
     anyhow::ensure!(
