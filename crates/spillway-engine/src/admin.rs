@@ -817,11 +817,7 @@ impl EngineAdminApi for Engine {
         &self,
         request: m::SetTransactionTimeoutsRequest,
     ) -> Result<m::TransactionTimeouts, ServiceError> {
-        let answer = ok(self
-            .shared
-            .broker
-            .lock()
-            .set_transaction_timeouts(&request))?;
+        let answer = ok(self.shared.broker.lock().set_transaction_timeouts(&request))?;
         // Shorter timeouts may be due at once.
         self.shared.tx_timer.notify_one();
         Ok(answer)

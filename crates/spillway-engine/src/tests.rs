@@ -575,7 +575,10 @@ async fn transactions_hold_publishes_and_acks_until_commit() {
     assert_eq!(engine.open_transactions(), 1);
 
     let rolled_back = client.request(tx(Command::TxRollback)).await;
-    assert!(matches!(rolled_back, reply::Result::Ok(_)), "{rolled_back:?}");
+    assert!(
+        matches!(rolled_back, reply::Result::Ok(_)),
+        "{rolled_back:?}"
+    );
     assert_eq!(engine.open_transactions(), 0);
     let again = client.deliveries(1).await;
     assert_eq!(bodies(&again), vec![&b"before"[..]]);

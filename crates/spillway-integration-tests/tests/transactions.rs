@@ -69,16 +69,15 @@ async fn declare(ch: &Channel, name: &str, durable: bool) -> anyhow::Result<()> 
     Ok(())
 }
 
-async fn publish(ch: &Channel, queue: &str, body: &[u8], props: BasicProperties) -> anyhow::Result<()> {
-    ch.basic_publish(
-        s(""),
-        s(queue),
-        BasicPublishOptions::default(),
-        body,
-        props,
-    )
-    .await?
-    .await?;
+async fn publish(
+    ch: &Channel,
+    queue: &str,
+    body: &[u8],
+    props: BasicProperties,
+) -> anyhow::Result<()> {
+    ch.basic_publish(s(""), s(queue), BasicPublishOptions::default(), body, props)
+        .await?
+        .await?;
     Ok(())
 }
 
@@ -570,9 +569,15 @@ async fn an_open_transaction_times_out_with_506(wiring: Wiring) -> anyhow::Resul
         error.to_string().contains("Open transaction timed out"),
         "{error}"
     );
-    anyhow::ensure!(elapsed >= Duration::from_millis(1900), "closed after {elapsed:?}");
+    anyhow::ensure!(
+        elapsed >= Duration::from_millis(1900),
+        "closed after {elapsed:?}"
+    );
     let again = sb.connect().await?;
-    anyhow::ensure!(message_count(&again, "tx-open").await? == 0, "not rolled back");
+    anyhow::ensure!(
+        message_count(&again, "tx-open").await? == 0,
+        "not rolled back"
+    );
     again.close(200, s("bye")).await?;
     eventually(WAIT, || async {
         let logs = sb.logs();
@@ -614,9 +619,15 @@ async fn an_idle_transaction_times_out_with_506(wiring: Wiring) -> anyhow::Resul
         error.to_string().contains("Idle transaction timed out"),
         "{error}"
     );
-    anyhow::ensure!(elapsed >= Duration::from_millis(1400), "closed after {elapsed:?}");
+    anyhow::ensure!(
+        elapsed >= Duration::from_millis(1400),
+        "closed after {elapsed:?}"
+    );
     let again = sb.connect().await?;
-    anyhow::ensure!(message_count(&again, "tx-idle").await? == 0, "not rolled back");
+    anyhow::ensure!(
+        message_count(&again, "tx-idle").await? == 0,
+        "not rolled back"
+    );
     again.close(200, s("bye")).await?;
     eventually(WAIT, || async {
         let logs = sb.logs();

@@ -547,7 +547,10 @@ async fn publish(
     let tx_every = args.tx_every.unwrap_or(0);
     let commit = {
         let mut out = FrameWriter::default();
-        out.method(CHANNEL, AMQPClass::Tx(tx::AMQPMethod::Commit(tx::Commit {})));
+        out.method(
+            CHANNEL,
+            AMQPClass::Tx(tx::AMQPMethod::Commit(tx::Commit {})),
+        );
         out.take()
     };
     let push_commit = |batch: &mut Vec<u8>, last: u64| {

@@ -280,9 +280,10 @@ impl Broker {
         // Counted as the memory budget counts it (and close to what the
         // commit's store batch carries): body, properties, names and a
         // fixed overhead.
-        let size = (cmd.exchange.len() + cmd.routing_key.len() + cmd.properties.len()
-            + cmd.body.len()) as u64
-            + crate::budget::MESSAGE_OVERHEAD_BYTES;
+        let size =
+            (cmd.exchange.len() + cmd.routing_key.len() + cmd.properties.len() + cmd.body.len())
+                as u64
+                + crate::budget::MESSAGE_OVERHEAD_BYTES;
         let held = self.tx_mut(session, channel)?.bytes;
         if held.saturating_add(size) > max_bytes {
             return Err(AmqpError::new(
@@ -603,9 +604,9 @@ impl Broker {
                 due(last + timeouts.idle_close);
             }
             if !timeouts.open_warn.is_zero() {
-                let warn_at = tx.open_warned.map_or(opened_at + timeouts.open_warn, |at| {
-                    at + timeouts.open_warn
-                });
+                let warn_at = tx
+                    .open_warned
+                    .map_or(opened_at + timeouts.open_warn, |at| at + timeouts.open_warn);
                 if now >= warn_at {
                     tx.open_warned = Some(now);
                     tracing::warn!(

@@ -286,9 +286,7 @@ impl Connection {
             }
             (Answer::TxSelect, _) => AMQPClass::Tx(tx::AMQPMethod::SelectOk(tx::SelectOk {})),
             (Answer::TxCommit, _) => AMQPClass::Tx(tx::AMQPMethod::CommitOk(tx::CommitOk {})),
-            (Answer::TxRollback, _) => {
-                AMQPClass::Tx(tx::AMQPMethod::RollbackOk(tx::RollbackOk {}))
-            }
+            (Answer::TxRollback, _) => AMQPClass::Tx(tx::AMQPMethod::RollbackOk(tx::RollbackOk {})),
             (_, other) => {
                 tracing::error!(?other, "engine answered with an unexpected reply");
                 return Err(ConnectionError::new(
