@@ -562,6 +562,8 @@ async fn publish(
             .push_back(last);
     };
     let mut tag = 0u64;
+    // A tx.commit is in the batch being written.
+    let mut committing = false;
     let done = |out: &ProducerOutcome| {
         out.next_seq >= budget.count
             || budget.deadline.is_some_and(|d| Instant::now() >= d)
@@ -608,6 +610,7 @@ async fn publish(
             shared.published.fetch_add(1, Ordering::Relaxed);
             if tx_every > 0 && (tag % tx_every == 0 || done(out)) {
                 push_commit(&mut batch, tag);
+                committing = true;
                 break;
             }
         }
@@ -618,9 +621,10 @@ async fn publish(
                 .context("basic.publish (write)")?;
             batch.clear();
         }
-        if tx_every > 0 {
+        if committing {
             // tx.commit is synchronous: commit-ok before the next publish.
             wait_for_room(window, confirms, tag, 1).await?;
+            committing = false;
         }
     }
     if tx_every > 0 && window.settled.load(Ordering::Acquire) < tag {
