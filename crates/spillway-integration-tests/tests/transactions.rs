@@ -29,6 +29,7 @@ mod default_sandbox {
         commit_makes_publishes_visible_and_rollback_discards_them,
         acks_take_effect_only_at_commit,
         rollback_requeues_acked_messages_redelivered,
+        a_rollback_counts_as_a_delivery_attempt,
         closing_the_channel_rolls_back,
         committed_persistent_messages_survive_a_restart,
         commit_without_select_and_mixing_with_confirms_are_refused,
@@ -275,6 +276,39 @@ async fn rollback_requeues_acked_messages_redelivered(sb: &mut Sandbox) -> anyho
         .await?;
     ch.tx_commit().await?;
     anyhow::ensure!(message_count(&conn, "tx-rollback").await? == 0);
+    conn.close(200, s("bye")).await?;
+    Ok(())
+}
+
+async fn a_rollback_counts_as_a_delivery_attempt(sb: &mut Sandbox) -> anyhow::Result<()> {
+    let conn = sb.connect().await?;
+    let ch = conn.create_channel().await?;
+    declare(&ch, "tx-limit-dead", false).await?;
+    let mut args = FieldTable::default();
+    args.insert(
+        s("x-qpid-maximum-delivery-count"),
+        lapin::types::AMQPValue::LongInt(1),
+    );
+    args.insert(
+        s("x-dead-letter-exchange"),
+        lapin::types::AMQPValue::LongString("".into()),
+    );
+    args.insert(
+        s("x-dead-letter-routing-key"),
+        lapin::types::AMQPValue::LongString("tx-limit-dead".into()),
+    );
+    ch.queue_declare(s("tx-limit"), QueueDeclareOptions::default(), args)
+        .await?;
+    publish(&ch, "tx-limit", b"poison", BasicProperties::default()).await?;
+    ch.tx_select().await?;
+    let got = get(&ch, "tx-limit").await?;
+    ch.basic_ack(got.delivery.delivery_tag, BasicAckOptions::default())
+        .await?;
+    ch.tx_rollback().await?;
+    // Delivered once, the limit: back from the rollback, it is dead-lettered.
+    let dead = get(&ch, "tx-limit-dead").await?;
+    anyhow::ensure!(dead.delivery.data == b"poison");
+    anyhow::ensure!(message_count(&conn, "tx-limit").await? == 0);
     conn.close(200, s("bye")).await?;
     Ok(())
 }
