@@ -7,6 +7,8 @@
 #   transient     a. 1 KiB transient, auto-ack                       BENCH_COUNT messages
 #   confirm-ack   b. as a + confirms (1000 in flight), manual ack, prefetch 100
 #   persistent    c. 1 KiB persistent, durable queue, confirms, manual ack   BENCH_COUNT / 5
+#   tx            t. as c, but in transactions: tx.commit every 100 publishes (each
+#                    waited for) instead of confirms                      BENCH_COUNT / 5
 #   large         e. 16 KiB transient, auto-ack                       BENCH_COUNT / 10
 #   fixed-rate    f. 10,000 msg/s for BENCH_RATE_SECONDS (5), latency is the figure
 #   fanout16      g. 16 producers / 16 consumers over 16 queues, auto-ack  BENCH_COUNT in all
@@ -30,7 +32,7 @@
 #   BENCH_RATE_SECONDS=5          length of the fixed-rate run
 #   BENCH_IDLE=10000              queues and idle connections of case h
 #   BENCH_TARGETS="spillway-all-in-one spillway-separate spillway-compressed rabbitmq"
-#   BENCH_SCENARIOS="transient confirm-ack persistent large fixed-rate fanout16 compressible idle"
+#   BENCH_SCENARIOS="transient confirm-ack persistent tx large fixed-rate fanout16 compressible idle"
 #   BENCH_COMPRESSION_THRESHOLD=8KiB  connection.message_compression_threshold_size of target
 #                                 spillway-compressed (bodies longer than it are compressed)
 #   BENCH_COMPRESSION_BODY=compressible  case i's bodies: compressible, or random (the cost
@@ -53,7 +55,7 @@ BENCH_COUNT="${BENCH_COUNT:-300000}"
 BENCH_PERSISTENT_COUNT="${BENCH_PERSISTENT_COUNT:-$((BENCH_COUNT / 5 > 0 ? BENCH_COUNT / 5 : 1))}"
 BENCH_SIZE="${BENCH_SIZE:-1024}"
 BENCH_TARGETS="${BENCH_TARGETS:-spillway-all-in-one spillway-separate spillway-compressed rabbitmq}"
-BENCH_SCENARIOS="${BENCH_SCENARIOS:-transient confirm-ack persistent large fixed-rate fanout16 compressible idle}"
+BENCH_SCENARIOS="${BENCH_SCENARIOS:-transient confirm-ack persistent tx large fixed-rate fanout16 compressible idle}"
 BENCH_IDLE="${BENCH_IDLE:-10000}"
 BENCH_CLIENT="${BENCH_CLIENT:-raw}"
 BENCH_RATE_SECONDS="${BENCH_RATE_SECONDS:-5}"
@@ -85,6 +87,7 @@ scenario_label() {
         transient) echo "a. $size transient" ;;
         confirm-ack) echo "b. $size confirm+ack" ;;
         persistent) echo "c. $size persistent" ;;
+        tx) echo "t. $size tx, commit/100" ;;
         large) echo "e. 16KiB transient" ;;
         fixed-rate) echo "f. 10k msg/s" ;;
         fanout16) echo "g. 16x16 queues" ;;
@@ -158,6 +161,8 @@ run_scenario() {
             args=(--count "$BENCH_COUNT" --confirm --confirm-window 1000 --prefetch 100 --queue bench-confirm) ;;
         persistent)
             args=(--count "$BENCH_PERSISTENT_COUNT" --persistent --confirm --confirm-window 1000 --prefetch 100 --queue bench-persistent) ;;
+        tx)
+            args=(--count "$BENCH_PERSISTENT_COUNT" --persistent --tx-every 100 --prefetch 100 --queue bench-tx) ;;
         large)
             size=16384
             args=(--count "$((BENCH_COUNT / 10))" --auto-ack --queue bench-large) ;;

@@ -119,6 +119,25 @@ enum Command {
         #[arg(long)]
         underfull_size: Option<u64>,
     },
+    /// A vhost's producer transaction timeouts, in milliseconds (0 = off);
+    /// those not given keep their value (docs/transactions.md).
+    TxTimeouts {
+        /// The vhost whose timeouts change.
+        #[arg(value_name = "VHOST")]
+        target: String,
+        /// Warn (CHN-1007) while a transaction stays open longer.
+        #[arg(long, value_name = "MS")]
+        open_warn: Option<u64>,
+        /// Close the connection (506) of a transaction open longer.
+        #[arg(long, value_name = "MS")]
+        open_close: Option<u64>,
+        /// Warn (CHN-1008) while a transaction stays idle longer.
+        #[arg(long, value_name = "MS")]
+        idle_warn: Option<u64>,
+        /// Close the connection (506) of a transaction idle longer.
+        #[arg(long, value_name = "MS")]
+        idle_close: Option<u64>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -693,6 +712,40 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .map_err(failed)?
                 .into_inner();
             out.print(&r, || "store quota changed".to_string())
+        }
+        Command::TxTimeouts {
+            target,
+            open_warn,
+            open_close,
+            idle_warn,
+            idle_close,
+        } => {
+            let r = client
+                .set_transaction_timeouts(m::SetTransactionTimeoutsRequest {
+                    vhost: target,
+                    open_warn_ms: open_warn,
+                    open_close_ms: open_close,
+                    idle_warn_ms: idle_warn,
+                    idle_close_ms: idle_close,
+                })
+                .await
+                .map_err(failed)?
+                .into_inner();
+            out.print(&r, || {
+                let show = |ms: u64| match ms {
+                    0 => "off".to_string(),
+                    ms => format!("{ms} ms"),
+                };
+                format!(
+                    "transaction timeouts of vhost '{}': open warn {}, open close {}, \
+                     idle warn {}, idle close {}",
+                    r.vhost,
+                    show(r.open_warn_ms),
+                    show(r.open_close_ms),
+                    show(r.idle_warn_ms),
+                    show(r.idle_close_ms)
+                )
+            })
         }
     }
 }

@@ -288,6 +288,7 @@ impl Engine {
                     .events
                     .send(event(Event::ConnectionClose(pb::ConnectionClose {
                         reason: reason.to_string(),
+                        reply_code: 0,
                     })));
                 closed += 1;
             }
@@ -875,6 +876,16 @@ impl EngineAdminApi for Engine {
         request: m::ListPermissionsRequest,
     ) -> Result<m::ListPermissionsResponse, ServiceError> {
         Ok(crate::access_admin::list_permissions(&self.shared, request))
+    }
+
+    async fn set_transaction_timeouts(
+        &self,
+        request: m::SetTransactionTimeoutsRequest,
+    ) -> Result<m::TransactionTimeouts, ServiceError> {
+        let answer = ok(self.shared.broker.lock().set_transaction_timeouts(&request))?;
+        // Shorter timeouts may be due at once.
+        self.shared.tx_timer.notify_one();
+        Ok(answer)
     }
 }
 

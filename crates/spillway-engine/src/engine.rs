@@ -53,6 +53,9 @@ pub struct EngineConfig {
     /// How long the engine's lease on the store lasts unless renewed; it is
     /// renewed every fifth of that.
     pub lease_ttl: Duration,
+    /// Transactions: their size limit, unroutable mandatory messages in
+    /// them, and the default timeouts (`broker.max_transaction_bytes`, ...).
+    pub transactions: crate::broker::TxConfig,
     /// The largest message body (`gateway.max_message_size`): a compressed
     /// body that declares more is not decoded (management's peek).
     pub max_message_size: u64,
@@ -97,6 +100,7 @@ impl Default for EngineConfig {
             lease_ttl: DEFAULT_LEASE_TTL,
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
             seed_users: vec![SeedUser::guest()],
+            transactions: crate::broker::TxConfig::default(),
         }
     }
 }
@@ -150,6 +154,8 @@ pub(crate) struct Shared {
     pub(crate) writer: StoreWriter,
     pub(crate) budget: Arc<MemoryBudget>,
     housekeeping_kick: Arc<Notify>,
+    /// Wakes the transaction timer (`run_tx_timeouts`).
+    pub(crate) tx_timer: Arc<Notify>,
     /// For reading payloads back; taken at shutdown so the store is
     /// released even while clones of the engine linger.
     store: Mutex<Option<Arc<dyn StorageApi>>>,
@@ -224,6 +230,7 @@ impl Engine {
             consumer_timeout: config.consumer_timeout,
             default_max_deliveries: config.default_max_deliveries,
             limits: config.limits,
+            transactions: config.transactions.clone(),
         });
         let mut access = AccessControl::from_definitions(
             std::mem::take(&mut definitions.users),
@@ -239,12 +246,14 @@ impl Engine {
         );
         broker.schedule_recovered_expiries();
         let expiry_wake = broker.expiry.waker();
+        let tx_timer = broker.tx.waker();
         let shared = Arc::new(Shared {
             broker: Mutex::new(broker),
             next_session: AtomicU64::new(1),
             writer,
             budget,
             housekeeping_kick,
+            tx_timer: tx_timer.clone(),
             store: Mutex::new(Some(store.clone())),
             lease: LeaseTerms {
                 store_id: lease.store_id,
@@ -272,6 +281,7 @@ impl Engine {
             config.housekeeping_interval,
         ));
         tokio::spawn(run_expiry(Arc::downgrade(&shared), expiry_wake));
+        tokio::spawn(run_tx_timeouts(Arc::downgrade(&shared), tx_timer));
         Ok(Self { shared })
     }
 }
@@ -316,6 +326,11 @@ impl Engine {
     /// How start-up recovery of durable queues' messages is going.
     pub fn recovery_progress(&self) -> spillway_proto::management::RecoveryStatus {
         crate::recovery::status(&self.shared.broker.lock().recovery)
+    }
+
+    /// Channels whose transaction is open (`broker/tx.rs`).
+    pub fn open_transactions(&self) -> u64 {
+        self.shared.broker.lock().tx.open_count() as u64
     }
 
     /// The channels producer flow control holds back right now.
@@ -534,6 +549,31 @@ async fn run_expiry(shared: std::sync::Weak<Shared>, wake: Arc<Notify>) {
             tokio::task::yield_now().await;
             continue;
         }
+        tokio::select! {
+            () = tokio::time::sleep(sleep) => {}
+            () = wake.notified() => {}
+        }
+    }
+}
+
+/// Producer transaction timeouts (`broker/tx.rs`): one timer for the
+/// broker. Sleeps until the next warning or close is due among the open
+/// transactions, or until a transaction opens or the timeouts change. Ends
+/// with the engine.
+async fn run_tx_timeouts(shared: std::sync::Weak<Shared>, wake: Arc<Notify>) {
+    // Looked at again at least this often, whatever happened.
+    const LONGEST_SLEEP: Duration = Duration::from_secs(60);
+    loop {
+        let Some(engine) = shared.upgrade() else {
+            return;
+        };
+        let now = std::time::Instant::now();
+        let next = engine.broker.lock().check_transactions(now);
+        drop(engine);
+        let sleep = next.map_or(LONGEST_SLEEP, |when| {
+            when.saturating_duration_since(std::time::Instant::now())
+                .clamp(Duration::from_millis(1), LONGEST_SLEEP)
+        });
         tokio::select! {
             () = tokio::time::sleep(sleep) => {}
             () = wake.notified() => {}

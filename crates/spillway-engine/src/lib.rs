@@ -51,6 +51,7 @@ mod stats;
 mod tests;
 
 pub use admin::EngineAdminService;
+pub use broker::{TxConfig, TxTimeouts, DEFAULT_MAX_TRANSACTION_BYTES};
 pub use engine::{
     Engine, EngineConfig, EngineError, SeedUser, DEFAULT_CONSUMER_TIMEOUT, DEFAULT_LEASE_TTL,
     DEFAULT_SESSION_CREDIT_BYTES,

@@ -722,6 +722,8 @@ pub struct ChannelState {
     /// An unacked delivery outlived `broker.consumer_timeout`: the channel
     /// was told to close and is not told again while it closes.
     pub ack_timed_out: bool,
+    /// tx.select was sent: the uncommitted work (`broker/tx.rs`).
+    pub tx: Option<crate::broker::Transaction>,
 }
 
 impl ChannelState {

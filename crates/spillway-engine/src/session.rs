@@ -70,12 +70,14 @@ pub(crate) async fn run_session(
 /// and ack (written) or nack (the store failed it).
 type ConfirmFuture = std::pin::Pin<Box<dyn std::future::Future<Output = (u32, u64, bool)> + Send>>;
 
-/// A reply held back until the definition it reports is on disk (durable
-/// declare-ok, bind-ok).
+/// A reply held back until the write it reports is on disk (durable
+/// declare-ok, bind-ok, commit-ok).
 struct SyncedReply {
     request_id: u64,
     result: Result<reply::Result, AmqpError>,
     seq: u64,
+    /// What the client is told the store failed, after the failure.
+    unsure: &'static str,
 }
 
 struct Session {
@@ -183,7 +185,7 @@ impl Session {
             Ok(()) => deferred.result,
             Err(failure) => Err(AmqpError::new(
                 reply_code::RESOURCE_ERROR,
-                format!("{failure}: the durable definition may not be stored"),
+                format!("{failure}: {}", deferred.unsure),
             )),
         };
         self.reply(deferred.request_id, result);
@@ -197,6 +199,23 @@ impl Session {
         result: Result<reply::Result, AmqpError>,
         before: u64,
     ) {
+        self.reply_when_written(
+            request_id,
+            result,
+            before,
+            "the durable definition may not be stored",
+        );
+    }
+
+    /// Replies, or defers the reply until the store has what was submitted
+    /// since `before`; `unsure` says what a store failure leaves uncertain.
+    fn reply_when_written(
+        &mut self,
+        request_id: u64,
+        result: Result<reply::Result, AmqpError>,
+        before: u64,
+        unsure: &'static str,
+    ) {
         let seq = self.shared.writer.last_submitted();
         if result.is_err() || seq == before {
             self.reply(request_id, result);
@@ -207,6 +226,7 @@ impl Session {
             request_id,
             result,
             seq,
+            unsure,
         });
     }
 
@@ -480,6 +500,28 @@ impl Session {
                 self.ok(cmd.request_id, broker.confirm_select(id, cmd.channel))
             }
             Command::DeliveriesWritten(cmd) => broker.deliveries_written(id, cmd.count),
+            Command::TxSelect(cmd) => self.ok(cmd.request_id, broker.tx_select(id, cmd.channel)),
+            Command::TxCommit(cmd) => {
+                // commit-ok once the transaction's one synced batch landed.
+                let before = self.shared.writer.last_submitted();
+                let result = broker
+                    .tx_commit(id, cmd.channel)
+                    .map(|()| reply::Result::Ok(pb::Empty {}));
+                self.reply_when_written(
+                    cmd.request_id,
+                    result,
+                    before,
+                    "the transaction may not be stored",
+                );
+            }
+            Command::TxRollback(cmd) => match broker.tx_rollback(id, cmd.channel) {
+                Ok(queues) => {
+                    self.ok(cmd.request_id, Ok(()));
+                    // After rollback-ok, as for recover-ok.
+                    broker.dispatch_queues(id, queues);
+                }
+                Err(error) => self.ok(cmd.request_id, Err(error)),
+            },
         }
     }
 

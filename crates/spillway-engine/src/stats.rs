@@ -238,6 +238,11 @@ impl Collector for QueueCollector {
                     "Messages recovered from the store at start-up",
                     recovery.messages_recovered,
                 ),
+                (
+                    "spillway_open_transactions",
+                    "Channels with an open transaction (work held since its first publish or ack)",
+                    engine.open_transactions(),
+                ),
             ]);
             for (name, help, value) in gauges {
                 let family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;

@@ -599,3 +599,99 @@ async fn compressed_bodies_pass_through_as_held_and_count_their_compressed_size(
         assert_eq!(deliver.body(), body);
     }
 }
+
+fn tx(command: fn(pb::TxMethod) -> Command) -> impl FnOnce(u64) -> Command {
+    move |request_id| {
+        command(pb::TxMethod {
+            request_id,
+            channel: 1,
+        })
+    }
+}
+
+/// A transaction holds its publishes and acks until commit; rollback drops
+/// the publishes and returns the acked messages, redelivered.
+#[tokio::test]
+async fn transactions_hold_publishes_and_acks_until_commit() {
+    let store = MemoryStore::new();
+    let engine = engine_on(&store).await;
+    let mut client = Client::open(&engine).await;
+    client.declare("q", false, &FieldTable::default()).await;
+    client.publish("q", b"before", false, 0).await;
+    let selected = client.request(tx(Command::TxSelect)).await;
+    assert!(matches!(selected, reply::Result::Ok(_)), "{selected:?}");
+    client.publish("q", b"held", false, 0).await;
+    client.consume("q").await;
+    let first = client.deliveries(1).await;
+    assert_eq!(bodies(&first), vec![&b"before"[..]]);
+    client
+        .send(Command::Ack(pb::Ack {
+            channel: 1,
+            delivery_tag: first[0].delivery_tag,
+            multiple: false,
+        }))
+        .await;
+    // Nothing of the transaction is visible, and the ack is held.
+    client.declare("q", false, &FieldTable::default()).await;
+    let stats = engine.queue_stats();
+    let q = stats.iter().find(|s| s.queue == "q").expect("q's stats");
+    assert_eq!((q.messages, q.unacked), (0, 0));
+    assert_eq!(engine.open_transactions(), 1);
+
+    let rolled_back = client.request(tx(Command::TxRollback)).await;
+    assert!(
+        matches!(rolled_back, reply::Result::Ok(_)),
+        "{rolled_back:?}"
+    );
+    assert_eq!(engine.open_transactions(), 0);
+    let again = client.deliveries(1).await;
+    assert_eq!(bodies(&again), vec![&b"before"[..]]);
+    assert!(again[0].redelivered);
+
+    client
+        .send(Command::Ack(pb::Ack {
+            channel: 1,
+            delivery_tag: again[0].delivery_tag,
+            multiple: false,
+        }))
+        .await;
+    client.publish("q", b"committed", false, 0).await;
+    let committed = client.request(tx(Command::TxCommit)).await;
+    assert!(matches!(committed, reply::Result::Ok(_)), "{committed:?}");
+    let delivered = client.deliveries(1).await;
+    assert_eq!(bodies(&delivered), vec![&b"committed"[..]]);
+    assert!(!delivered[0].redelivered);
+}
+
+/// The transaction timer closes the connection of a transaction left idle.
+#[tokio::test]
+async fn an_idle_transaction_closes_its_connection_with_506() {
+    let store = MemoryStore::new();
+    let config = EngineConfig {
+        transactions: crate::TxConfig {
+            default_timeouts: crate::TxTimeouts {
+                idle_close: Duration::from_millis(50),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+        ..EngineConfig::default()
+    };
+    let engine = Engine::start(Arc::new(store.clone()), config)
+        .await
+        .expect("the engine starts on a memory store");
+    let mut client = Client::open(&engine).await;
+    client.declare("q", false, &FieldTable::default()).await;
+    client.request(tx(Command::TxSelect)).await;
+    client.publish("q", b"left", false, 0).await;
+    match client.event().await {
+        Event::ConnectionClose(close) => {
+            assert_eq!(close.reply_code, u32::from(reply_code::RESOURCE_ERROR));
+            assert_eq!(close.reason, "Idle transaction timed out");
+        }
+        other => panic!("expected the connection's close, got {other:?}"),
+    }
+    // Rolled back at once.
+    assert_eq!(engine.open_transactions(), 0);
+    assert!(matches!(client.get("q").await, reply::Result::GetEmpty(_)));
+}

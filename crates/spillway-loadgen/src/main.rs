@@ -120,6 +120,11 @@ struct Args {
     /// Outstanding confirms per producer before it waits for the oldest.
     #[arg(long, default_value_t = 256)]
     confirm_window: usize,
+    /// Transactions: tx.select, then tx.commit after every N publishes (and after the
+    /// last), waiting for commit-ok; committed messages count as confirmed.
+    #[arg(long, value_name = "N", conflicts_with = "confirm",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    tx_every: Option<u64>,
     /// The AMQP client for producers and consumers: lapin, or `raw`, a lean client on the
     /// gateway's frame codec that batches writes (for benchmarks: it costs far less CPU per
     /// message than lapin; no --reconnect or fault injection). Queues are declared and
@@ -589,6 +594,8 @@ struct Publisher {
     props: BasicProperties,
     buf: Vec<u8>,
     window: VecDeque<(u64, PublisherConfirm)>,
+    /// --tx-every: sequence numbers published since the last commit.
+    uncommitted: Vec<u64>,
 }
 
 impl Publisher {
@@ -628,6 +635,30 @@ impl Publisher {
             }
         } else {
             confirm.await.context("basic.publish")?;
+        }
+        if let Some(every) = args.tx_every {
+            self.uncommitted.push(seq);
+            if self.uncommitted.len() as u64 >= every {
+                self.commit(shared, out).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// tx.commit; once it is answered, what it held counts as confirmed.
+    async fn commit(&mut self, shared: &Shared, out: &mut ProducerOutcome) -> Result<()> {
+        if self.uncommitted.is_empty() {
+            return Ok(());
+        }
+        if let Err(e) = self.channel.tx_commit().await {
+            out.in_doubt += self.uncommitted.len() as u64;
+            self.uncommitted.clear();
+            return Err(e).context("tx.commit");
+        }
+        for seq in self.uncommitted.drain(..) {
+            out.confirmed += 1;
+            out.confirmed_seqs.insert(seq);
+            shared.confirmed.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -737,6 +768,9 @@ async fn producer_session(
                 .await
                 .context("confirm.select")?;
         }
+        if args.tx_every.is_some() {
+            channel.tx_select().await.context("tx.select")?;
+        }
         retry.connected();
         let p = p.insert(Publisher {
             channel,
@@ -748,8 +782,10 @@ async fn producer_session(
             }),
             buf: Vec::with_capacity(args.size),
             window: VecDeque::with_capacity(args.confirm_window),
+            uncommitted: Vec::new(),
         });
         publish_loop(shared, p, out, budget).await?;
+        p.commit(shared, out).await?;
         while !p.window.is_empty() {
             p.settle_one(shared, out).await?;
         }

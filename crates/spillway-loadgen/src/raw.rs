@@ -19,12 +19,12 @@
 //! non-hot methods go through `spillway_gateway::codec` and amq-protocol; only
 //! basic.publish, basic.deliver and basic.ack/nack are encoded or read by hand.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use amq_protocol::protocol::{basic, channel, confirm, connection, queue, AMQPClass};
+use amq_protocol::protocol::{basic, channel, confirm, connection, queue, tx, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable};
 use amq_protocol::uri::AMQPUri;
 use anyhow::{anyhow, bail, Context, Result};
@@ -327,6 +327,9 @@ struct Window {
     /// Every delivery tag up to this one is settled (acked or nacked).
     settled: AtomicU64,
     changed: Notify,
+    /// --tx-every: the last tag of each tx.commit sent and not yet answered, in order;
+    /// commit-ok settles the publishes up to it.
+    commits: std::sync::Mutex<VecDeque<u64>>,
 }
 
 /// What a producer's reader counted.
@@ -378,6 +381,17 @@ impl ConfirmReader {
                 AMQPClass::Connection(connection::AMQPMethod::CloseOk(_)) => {
                     self.shared.blocked.unblock(self.connection_id);
                     return Ok(self.tally);
+                }
+                AMQPClass::Tx(tx::AMQPMethod::CommitOk(_)) => {
+                    let last = self
+                        .window
+                        .commits
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner())
+                        .pop_front();
+                    if let Some(last) = last {
+                        self.settle(last, true, true);
+                    }
                 }
                 other => {
                     if let Err(e) = closed_by_broker(&other) {
@@ -436,6 +450,14 @@ pub(crate) async fn producer_session(
             })),
             "confirm.select",
             |m| matches!(m, AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(_))),
+        )
+        .await?;
+    }
+    if args.tx_every.is_some() {
+        conn.call(
+            AMQPClass::Tx(tx::AMQPMethod::Select(tx::Select {})),
+            "tx.select",
+            |m| matches!(m, AMQPClass::Tx(tx::AMQPMethod::SelectOk(_))),
         )
         .await?;
     }
@@ -522,7 +544,26 @@ async fn publish(
     let mut body = Vec::with_capacity(args.size);
     let mut batch: Vec<u8> = Vec::with_capacity(WRITE_BATCH + prefix.len() + args.size + 64);
     let window_size = args.confirm_window.max(1) as u64;
+    let tx_every = args.tx_every.unwrap_or(0);
+    let commit = {
+        let mut out = FrameWriter::default();
+        out.method(
+            CHANNEL,
+            AMQPClass::Tx(tx::AMQPMethod::Commit(tx::Commit {})),
+        );
+        out.take()
+    };
+    let push_commit = |batch: &mut Vec<u8>, last: u64| {
+        batch.extend_from_slice(&commit);
+        window
+            .commits
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push_back(last);
+    };
     let mut tag = 0u64;
+    // A tx.commit is in the batch being written.
+    let mut committing = false;
     let done = |out: &ProducerOutcome| {
         out.next_seq >= budget.count
             || budget.deadline.is_some_and(|d| Instant::now() >= d)
@@ -567,6 +608,11 @@ async fn publish(
             out.published += 1;
             tag += 1;
             shared.published.fetch_add(1, Ordering::Relaxed);
+            if tx_every > 0 && (tag % tx_every == 0 || done(out)) {
+                push_commit(&mut batch, tag);
+                committing = true;
+                break;
+            }
         }
         if !batch.is_empty() {
             writer
@@ -575,6 +621,21 @@ async fn publish(
                 .context("basic.publish (write)")?;
             batch.clear();
         }
+        if committing {
+            // tx.commit is synchronous: commit-ok before the next publish.
+            wait_for_room(window, confirms, tag, 1).await?;
+            committing = false;
+        }
+    }
+    if tx_every > 0 && window.settled.load(Ordering::Acquire) < tag {
+        // Stopped (deadline) with publishes not committed yet.
+        push_commit(&mut batch, tag);
+        writer
+            .write_all(&batch)
+            .await
+            .context("tx.commit (write)")?;
+        batch.clear();
+        wait_for_room(window, confirms, tag, 1).await?;
     }
     if args.confirm {
         wait_for_room(window, confirms, tag, 1).await?;

@@ -274,6 +274,16 @@ macro_rules! management_impl {
                 tracing::info!(quota = %logged, "store quota changed by management");
                 Ok(Response::new(m::SetStoreQuotaResponse {}))
             }
+
+            async fn set_transaction_timeouts(
+                &self,
+                request: Request<m::SetTransactionTimeoutsRequest>,
+            ) -> Result<Response<m::TransactionTimeouts>, Status> {
+                let request = request.into_inner();
+                let response = self.engine.set_transaction_timeouts(request).await?;
+                tracing::info!(timeouts = ?response, "transaction timeouts changed by management");
+                Ok(Response::new(response))
+            }
         }
     };
 }

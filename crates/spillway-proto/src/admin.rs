@@ -48,6 +48,7 @@ macro_rules! for_each_engine_admin_call {
             set_permissions(SetPermissionsRequest) -> Permission;
             clear_permissions(ClearPermissionsRequest) -> ClearPermissionsResponse;
             list_permissions(ListPermissionsRequest) -> ListPermissionsResponse;
+            set_transaction_timeouts(SetTransactionTimeoutsRequest) -> TransactionTimeouts;
         }
     };
 }
@@ -170,6 +171,11 @@ pub trait EngineAdminApi: Send + Sync + 'static {
         &self,
         request: m::ListPermissionsRequest,
     ) -> Result<m::ListPermissionsResponse, ServiceError>;
+    /// Sets one vhost's producer transaction timeouts.
+    async fn set_transaction_timeouts(
+        &self,
+        request: m::SetTransactionTimeoutsRequest,
+    ) -> Result<m::TransactionTimeouts, ServiceError>;
 }
 
 /// The engine's admin API over gRPC (management running in its own process).

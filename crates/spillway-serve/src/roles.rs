@@ -324,6 +324,7 @@ async fn start_engine(storage: Arc<dyn StorageApi>, settings: &Settings) -> anyh
                 loopback_only: user.loopback_only,
             })
             .collect(),
+        transactions: settings.broker.transactions(),
     };
     tracing::info!(
         flow_to_disk_threshold = config.flow_to_disk_threshold,

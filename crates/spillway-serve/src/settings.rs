@@ -324,9 +324,43 @@ pub struct BrokerSettings {
     /// smaller), hold them so in memory and on disk, and decode them on
     /// delivery (Qpid's `broker.messageCompressionEnabled`). docs/compression.md.
     pub message_compression_enabled: bool,
+    /// Message bytes one transaction may hold before commit (as the memory
+    /// budget counts them: body, properties, names, 192 bytes each); a publish
+    /// that would pass it closes the channel with 406 (docs/transactions.md).
+    #[serde(deserialize_with = "sizes::required")]
+    pub max_transaction_bytes: u64,
+    /// An unroutable mandatory message published in a transaction closes
+    /// the connection with 312 NO_ROUTE, as Qpid does; false: basic.return,
+    /// as RabbitMQ does.
+    pub close_when_no_route: bool,
+    /// Producer transaction timeouts for every vhost (management can set a
+    /// vhost's own): warn (`CHN-1007`) / close (506) a transaction open this
+    /// long, warn (`CHN-1008`) / close one idle this long. Plain
+    /// milliseconds or `30s`; 0 = off.
+    #[serde(deserialize_with = "durations::millis_or_text")]
+    pub default_transaction_open_warn: Duration,
+    #[serde(deserialize_with = "durations::millis_or_text")]
+    pub default_transaction_open_close: Duration,
+    #[serde(deserialize_with = "durations::millis_or_text")]
+    pub default_transaction_idle_warn: Duration,
+    #[serde(deserialize_with = "durations::millis_or_text")]
+    pub default_transaction_idle_close: Duration,
 }
 
 impl BrokerSettings {
+    pub fn transactions(&self) -> spillway_engine::TxConfig {
+        spillway_engine::TxConfig {
+            max_bytes: self.max_transaction_bytes,
+            close_when_no_route: self.close_when_no_route,
+            default_timeouts: spillway_engine::TxTimeouts {
+                open_warn: self.default_transaction_open_warn,
+                open_close: self.default_transaction_open_close,
+                idle_warn: self.default_transaction_idle_warn,
+                idle_close: self.default_transaction_idle_close,
+            },
+        }
+    }
+
     pub fn limits(&self) -> spillway_engine::LimitConfig {
         spillway_engine::LimitConfig {
             vhost_max_connections: self.default_vhost_max_connections,
@@ -352,6 +386,12 @@ impl Default for BrokerSettings {
             default_user_max_channels: 0,
             max_consumers_per_connection: 0,
             max_queues_per_connection: 0,
+            max_transaction_bytes: spillway_engine::DEFAULT_MAX_TRANSACTION_BYTES,
+            close_when_no_route: true,
+            default_transaction_open_warn: Duration::ZERO,
+            default_transaction_open_close: Duration::ZERO,
+            default_transaction_idle_warn: Duration::ZERO,
+            default_transaction_idle_close: Duration::ZERO,
             message_compression_enabled: false,
         }
     }

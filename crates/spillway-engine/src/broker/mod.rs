@@ -14,7 +14,8 @@
 //!   the gateway's written-deliveries credit, basic.get;
 //! - `arguments`: what `x-*` queue arguments mean and when two agree;
 //! - `expiry`: message TTL (`expiration`, `x-message-ttl`) and queue TTL
-//!   (`x-expires`), on one timer.
+//!   (`x-expires`), on one timer;
+//! - `tx`: transactions (tx.select/commit/rollback) and their timeouts.
 //!
 //! Flow to disk (`crate::flow`) and producer flow control
 //! (`crate::producer_flow`) are `impl Broker` blocks of their own.
@@ -27,6 +28,7 @@ mod expiry;
 mod publish;
 mod settle;
 mod timeouts;
+mod tx;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -47,6 +49,7 @@ pub(crate) use definitions::still_recovering;
 pub use dispatch::GetOutcome;
 pub(crate) use expiry::now_ms;
 pub use publish::PublishOutcome;
+pub use tx::{Transaction, TxConfig, TxTimeouts, DEFAULT_MAX_TRANSACTION_BYTES};
 
 pub type OpResult<T> = Result<T, AmqpError>;
 
@@ -84,6 +87,8 @@ pub struct Broker {
     pub(crate) recovery: crate::recovery::Recovery,
     /// Message and queue TTL: the queues to look at, and when.
     pub(crate) expiry: expiry::ExpiryTimers,
+    /// Transactions: settings, timeouts, the channels with one open.
+    pub(crate) tx: tx::TxState,
 }
 
 /// What the broker needs from the engine around it.
@@ -100,6 +105,9 @@ pub struct BrokerContext {
     /// for queues without a limit of their own (0 = no limit).
     pub default_max_deliveries: u64,
     pub limits: crate::limits::LimitConfig,
+    /// `broker.max_transaction_bytes`, `broker.close_when_no_route` and the
+    /// default transaction timeouts.
+    pub transactions: TxConfig,
 }
 
 impl Broker {
@@ -126,6 +134,7 @@ impl Broker {
             limits: crate::limits::Limits::new(context.limits),
             recovery: crate::recovery::Recovery::none(),
             expiry: expiry::ExpiryTimers::default(),
+            tx: tx::TxState::new(context.transactions),
         }
     }
 
@@ -220,7 +229,8 @@ impl Broker {
         Ok(())
     }
 
-    /// Cancels the channel's consumers and requeues its unacked deliveries.
+    /// Cancels the channel's consumers, rolls back its transaction and
+    /// requeues its unacked deliveries.
     pub fn close_channel(&mut self, session: SessionId, channel: ChannelId) {
         let Some(state) = self.sessions.get_mut(&session) else {
             return;
@@ -232,7 +242,8 @@ impl Broker {
         if !channel_state.blocked_on.is_empty() {
             self.forget_blocked_channel(session, channel, &vhost, &channel_state.blocked_on);
         }
-        let mut touched = Vec::new();
+        // An open transaction is rolled back: its held deliveries go back.
+        let mut touched = self.tx_close(session, channel, &vhost, channel_state.tx);
         for (tag, consumer) in &channel_state.consumers {
             self.detach_consumer(&vhost, &consumer.queue, session, channel, tag);
             touched.push(consumer.queue.clone());
@@ -254,7 +265,14 @@ impl Broker {
     }
 
     pub fn confirm_select(&mut self, session: SessionId, channel: ChannelId) -> OpResult<()> {
-        self.channel_mut(session, channel)?.confirm = true;
+        let state = self.channel_mut(session, channel)?;
+        if state.tx.is_some() {
+            return Err(AmqpError::new(
+                reply_code::PRECONDITION_FAILED,
+                "cannot switch from tx to confirm mode",
+            ));
+        }
+        state.confirm = true;
         Ok(())
     }
 

@@ -28,6 +28,10 @@ pub enum PublishOutcome {
 
 impl Broker {
     pub fn publish(&mut self, session: SessionId, cmd: pb::Publish) -> OpResult<PublishOutcome> {
+        if self.in_tx(session, cmd.channel) {
+            // Held until tx.commit (`tx.rs`).
+            return self.tx_publish(session, cmd).map(|()| PublishOutcome::Done);
+        }
         let vhost_name = self.session_vhost(session)?;
         // Refused before routing, as RabbitMQ does.
         let message_ttl = message_ttl(&cmd.properties)?;
@@ -276,7 +280,7 @@ impl Broker {
 /// non-negative integer is refused with 406 in RabbitMQ's words
 /// (`invalid expiration 'abc': no_integer`). Only a message whose property
 /// flags announce an expiration is parsed.
-fn message_ttl(properties: &bytes::Bytes) -> OpResult<Option<u64>> {
+pub(super) fn message_ttl(properties: &bytes::Bytes) -> OpResult<Option<u64>> {
     const EXPIRATION_FLAG: u16 = 0x0100;
     let flags = match properties.get(..2) {
         Some(&[high, low]) => u16::from_be_bytes([high, low]),

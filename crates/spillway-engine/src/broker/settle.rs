@@ -7,6 +7,7 @@ use spillway_proto::engine::{self as pb, AmqpError};
 use spillway_proto::storage::{self as store, write_op, Durability, WriteOp};
 
 use super::dead_letter::DeadLetterJob;
+use super::tx::Settle;
 use super::{op, Broker, OpResult};
 use crate::flow::discard;
 use crate::model::*;
@@ -15,25 +16,20 @@ impl Broker {
     pub fn ack(&mut self, session: SessionId, cmd: &pb::Ack) -> OpResult<()> {
         let vhost_name = self.session_vhost(session)?;
         let settled = self.settle(session, cmd.channel, cmd.delivery_tag, cmd.multiple)?;
+        if self.in_tx(session, cmd.channel) {
+            return self.tx_hold_settled(session, cmd.channel, settled, Settle::Ack);
+        }
         let mut ops = Vec::new();
         let mut touched = Vec::new();
-        for unacked in settled {
-            // A queue deleted meanwhile took its stored entries with it.
-            let stores = self
-                .queue_mut_opt(&vhost_name, &unacked.queue)
-                .is_some_and(|queue| queue.stores_messages());
-            discard(
-                &mut self.shared_refs,
-                &vhost_name,
-                &unacked.queue,
-                stores,
-                &unacked.message,
-                &mut ops,
-            );
-            if unacked.consumer_tag.is_some() {
-                touched.push(unacked.queue);
-            }
-        }
+        let mut dead_letters = Vec::new();
+        self.apply_settled(
+            &vhost_name,
+            settled,
+            Settle::Ack,
+            &mut ops,
+            &mut touched,
+            &mut dead_letters,
+        );
         self.persist.submit(ops, Durability::Logged, None);
         self.dispatch_all(&vhost_name, touched);
         Ok(())
@@ -46,18 +42,67 @@ impl Broker {
     pub fn nack(&mut self, session: SessionId, cmd: &pb::Nack) -> OpResult<()> {
         let vhost_name = self.session_vhost(session)?;
         let settled = self.settle(session, cmd.channel, cmd.delivery_tag, cmd.multiple)?;
+        let action = Settle::Nack {
+            requeue: cmd.requeue,
+        };
+        if self.in_tx(session, cmd.channel) {
+            return self.tx_hold_settled(session, cmd.channel, settled, action);
+        }
         let mut ops = Vec::new();
         let mut touched = Vec::new();
         let mut dead_letters = Vec::new();
+        self.apply_settled(
+            &vhost_name,
+            settled,
+            action,
+            &mut ops,
+            &mut touched,
+            &mut dead_letters,
+        );
+        self.persist.submit(ops, Durability::Logged, None);
+        touched.extend(self.dead_letter(&vhost_name, dead_letters));
+        self.dispatch_all(&vhost_name, touched);
+        Ok(())
+    }
+
+    /// Applies an ack or a nack to the deliveries it settled (at once, or
+    /// at a transaction's commit): what the store must write goes to `ops`,
+    /// queues to dispatch to `touched`, dead letters to `dead_letters`.
+    pub(super) fn apply_settled(
+        &mut self,
+        vhost_name: &str,
+        settled: Vec<Unacked>,
+        action: Settle,
+        ops: &mut Vec<WriteOp>,
+        touched: &mut Vec<String>,
+        dead_letters: &mut Vec<DeadLetterJob>,
+    ) {
+        let requeue = match action {
+            Settle::Ack => {
+                for unacked in settled {
+                    // A queue deleted meanwhile took its stored entries with it.
+                    let stores = self
+                        .queue_mut_opt(vhost_name, &unacked.queue)
+                        .is_some_and(|queue| queue.stores_messages());
+                    discard(
+                        &mut self.shared_refs,
+                        vhost_name,
+                        &unacked.queue,
+                        stores,
+                        &unacked.message,
+                        ops,
+                    );
+                    if unacked.consumer_tag.is_some() {
+                        touched.push(unacked.queue);
+                    }
+                }
+                return;
+            }
+            Settle::Nack { requeue } => requeue,
+        };
         for unacked in settled.into_iter().rev() {
-            if cmd.requeue {
-                self.return_delivery(
-                    &vhost_name,
-                    unacked,
-                    &mut ops,
-                    &mut touched,
-                    &mut dead_letters,
-                );
+            if requeue {
+                self.return_delivery(vhost_name, unacked, ops, touched, dead_letters);
                 continue;
             }
             let Self {
@@ -66,7 +111,7 @@ impl Broker {
                 ..
             } = self;
             let queue = vhosts
-                .get_mut(&vhost_name)
+                .get_mut(vhost_name)
                 .and_then(|v| v.queues.get_mut(&unacked.queue));
             match queue {
                 Some(queue) if queue.dead_letter.is_some() => {
@@ -84,31 +129,27 @@ impl Broker {
                     let stores = queue.stores_messages();
                     discard(
                         shared_refs,
-                        &vhost_name,
+                        vhost_name,
                         &unacked.queue,
                         stores,
                         &unacked.message,
-                        &mut ops,
+                        ops,
                     );
                 }
                 None => {
                     discard(
                         shared_refs,
-                        &vhost_name,
+                        vhost_name,
                         &unacked.queue,
                         false,
                         &unacked.message,
-                        &mut ops,
+                        ops,
                     );
                     continue;
                 }
             }
             touched.push(unacked.queue);
         }
-        self.persist.submit(ops, Durability::Logged, None);
-        touched.extend(self.dead_letter(&vhost_name, dead_letters));
-        self.dispatch_all(&vhost_name, touched);
-        Ok(())
     }
 
     /// basic.recover: every unacked delivery of the channel goes back to its

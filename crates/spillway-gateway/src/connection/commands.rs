@@ -4,7 +4,9 @@
 //! (request id, pending answer, nowait) so that adding a method here is one
 //! arm.
 
-use amq_protocol::protocol::{access, basic, channel as chan, confirm, exchange, queue, AMQPClass};
+use amq_protocol::protocol::{
+    access, basic, channel as chan, confirm, exchange, queue, tx, AMQPClass,
+};
 use spillway_proto::amqp::{encode_table, reply_code, MethodId};
 use spillway_proto::engine::{self as pb, session_command::Command};
 
@@ -287,13 +289,32 @@ pub(super) fn translate(
                 channel: ch,
             }),
         ),
-        AMQPClass::Tx(_) => {
-            return Err(ConnectionError::new(
-                reply_code::NOT_IMPLEMENTED,
-                "transactions are not supported yet",
-            )
-            .on(id));
-        }
+        // Transactions: the engine holds the channel's work until commit
+        // (docs/transactions.md).
+        AMQPClass::Tx(tx::AMQPMethod::Select(_)) => request(
+            Answer::TxSelect,
+            false,
+            Command::TxSelect(pb::TxMethod {
+                request_id,
+                channel: ch,
+            }),
+        ),
+        AMQPClass::Tx(tx::AMQPMethod::Commit(_)) => request(
+            Answer::TxCommit,
+            false,
+            Command::TxCommit(pb::TxMethod {
+                request_id,
+                channel: ch,
+            }),
+        ),
+        AMQPClass::Tx(tx::AMQPMethod::Rollback(_)) => request(
+            Answer::TxRollback,
+            false,
+            Command::TxRollback(pb::TxMethod {
+                request_id,
+                channel: ch,
+            }),
+        ),
         _ => {
             return Err(ConnectionError::new(
                 reply_code::COMMAND_INVALID,

@@ -121,6 +121,9 @@ enum Answer {
     Qos,
     Get,
     ConfirmSelect,
+    TxSelect,
+    TxCommit,
+    TxRollback,
 }
 
 pub struct Connection {

@@ -5,7 +5,7 @@
 //! connection, which closes the channel or itself.
 
 use amq_protocol::protocol::{
-    basic, channel as chan, confirm, connection as conn, exchange, queue, AMQPClass,
+    basic, channel as chan, confirm, connection as conn, exchange, queue, tx, AMQPClass,
 };
 use bytes::Bytes;
 use spillway_proto::amqp::{reply_code, MethodId};
@@ -148,11 +148,16 @@ impl Connection {
                 );
                 self.raise(channel_id, error, method, out, commands)
             }
-            // The broker closes the connection (management, vhost deleted).
-            Event::ConnectionClose(close) => Err(ConnectionError::new(
-                reply_code::CONNECTION_FORCED,
-                close.reason,
-            )),
+            // The broker closes the connection (management, vhost deleted,
+            // a transaction timed out or published an unroutable mandatory
+            // message).
+            Event::ConnectionClose(close) => {
+                let code = u16::try_from(close.reply_code)
+                    .ok()
+                    .filter(|code| *code != 0)
+                    .unwrap_or(reply_code::CONNECTION_FORCED);
+                Err(ConnectionError::new(code, close.reason))
+            }
         }
     }
 
@@ -300,6 +305,9 @@ impl Connection {
             (Answer::ConfirmSelect, _) => {
                 AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(confirm::SelectOk {}))
             }
+            (Answer::TxSelect, _) => AMQPClass::Tx(tx::AMQPMethod::SelectOk(tx::SelectOk {})),
+            (Answer::TxCommit, _) => AMQPClass::Tx(tx::AMQPMethod::CommitOk(tx::CommitOk {})),
+            (Answer::TxRollback, _) => AMQPClass::Tx(tx::AMQPMethod::RollbackOk(tx::RollbackOk {})),
             (_, other) => {
                 tracing::error!(?other, "engine answered with an unexpected reply");
                 return Err(ConnectionError::new(

@@ -24,7 +24,7 @@ pub struct AuthenticateResponse {
 pub struct SessionCommand {
     #[prost(
         oneof = "session_command::Command",
-        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23"
+        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 30, 31, 32"
     )]
     pub command: ::core::option::Option<session_command::Command>,
 }
@@ -79,6 +79,13 @@ pub mod session_command {
         ExchangeBind(super::ExchangeBind),
         #[prost(message, tag = "23")]
         ExchangeUnbind(super::ExchangeBind),
+        /// tx.select, tx.commit, tx.rollback (docs/transactions.md).
+        #[prost(message, tag = "30")]
+        TxSelect(super::TxMethod),
+        #[prost(message, tag = "31")]
+        TxCommit(super::TxMethod),
+        #[prost(message, tag = "32")]
+        TxRollback(super::TxMethod),
     }
 }
 /// First command of every session: who is connecting, to which vhost.
@@ -268,6 +275,16 @@ pub struct Publish {
     #[prost(uint64, tag = "11")]
     pub body_size: u64,
 }
+/// tx.select, tx.commit or tx.rollback on a channel. Answered with `ok`
+/// (commit: once the transaction's writes are synced) or an error.
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct TxMethod {
+    #[prost(uint64, tag = "1")]
+    pub request_id: u64,
+    #[prost(uint32, tag = "2")]
+    pub channel: u32,
+}
 /// Several commands in one stream message: the remote transport packs what is
 /// ready into one gRPC message. Never nested.
 #[allow(clippy::all)]
@@ -410,13 +427,16 @@ pub mod session_event {
     }
 }
 /// The broker closes the client's connection (management's close-connection,
-/// or its vhost was deleted): the gateway sends connection.close 320
-/// CONNECTION_FORCED with `reason`.
+/// its vhost was deleted, a transaction timed out, an unroutable mandatory
+/// message in a transaction): the gateway sends connection.close with
+/// `reply_code` (0 = 320 CONNECTION_FORCED) and `reason`.
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ConnectionClose {
     #[prost(string, tag = "1")]
     pub reason: ::prost::alloc::string::String,
+    #[prost(uint32, tag = "2")]
+    pub reply_code: u32,
 }
 /// Producer flow control for the whole connection: blocked while any of its
 /// channels published to an overfull queue, or while the store is over its
@@ -1943,6 +1963,37 @@ pub mod engine_admin_client {
                 );
             self.inner.unary(req, path, codec).await
         }
+        pub async fn set_transaction_timeouts(
+            &mut self,
+            request: impl tonic::IntoRequest<
+                crate::management::SetTransactionTimeoutsRequest,
+            >,
+        ) -> std::result::Result<
+            tonic::Response<crate::management::TransactionTimeouts>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.engine.v1.EngineAdmin/SetTransactionTimeouts",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new(
+                        "spillway.engine.v1.EngineAdmin",
+                        "SetTransactionTimeouts",
+                    ),
+                );
+            self.inner.unary(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -2167,6 +2218,13 @@ pub mod engine_admin_server {
             request: tonic::Request<crate::management::ListPermissionsRequest>,
         ) -> std::result::Result<
             tonic::Response<crate::management::ListPermissionsResponse>,
+            tonic::Status,
+        >;
+        async fn set_transaction_timeouts(
+            &self,
+            request: tonic::Request<crate::management::SetTransactionTimeoutsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<crate::management::TransactionTimeouts>,
             tonic::Status,
         >;
     }
@@ -3638,6 +3696,58 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListPermissionsSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.engine.v1.EngineAdmin/SetTransactionTimeouts" => {
+                    #[allow(non_camel_case_types)]
+                    struct SetTransactionTimeoutsSvc<T: EngineAdmin>(pub Arc<T>);
+                    impl<
+                        T: EngineAdmin,
+                    > tonic::server::UnaryService<
+                        crate::management::SetTransactionTimeoutsRequest,
+                    > for SetTransactionTimeoutsSvc<T> {
+                        type Response = crate::management::TransactionTimeouts;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                crate::management::SetTransactionTimeoutsRequest,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as EngineAdmin>::set_transaction_timeouts(
+                                        &inner,
+                                        request,
+                                    )
+                                    .await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = SetTransactionTimeoutsSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

@@ -881,6 +881,41 @@ pub struct ListPermissionsResponse {
     #[prost(message, repeated, tag = "1")]
     pub permissions: ::prost::alloc::vec::Vec<Permission>,
 }
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct SetTransactionTimeoutsRequest {
+    #[prost(string, tag = "1")]
+    pub vhost: ::prost::alloc::string::String,
+    /// Warn (CHN-1007) while a transaction stays open longer than this.
+    #[prost(uint64, optional, tag = "2")]
+    pub open_warn_ms: ::core::option::Option<u64>,
+    /// Close the connection (506) of a transaction open longer than this.
+    #[prost(uint64, optional, tag = "3")]
+    pub open_close_ms: ::core::option::Option<u64>,
+    /// Warn (CHN-1008) while a channel with an open transaction is idle longer.
+    #[prost(uint64, optional, tag = "4")]
+    pub idle_warn_ms: ::core::option::Option<u64>,
+    /// Close the connection (506) of a transaction idle longer than this.
+    #[prost(uint64, optional, tag = "5")]
+    pub idle_close_ms: ::core::option::Option<u64>,
+}
+/// One vhost's transaction timeouts in force (milliseconds, 0 = off).
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct TransactionTimeouts {
+    #[prost(string, tag = "1")]
+    pub vhost: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "2")]
+    pub open_warn_ms: u64,
+    #[prost(uint64, tag = "3")]
+    pub open_close_ms: u64,
+    #[prost(uint64, tag = "4")]
+    pub idle_warn_ms: u64,
+    #[prost(uint64, tag = "5")]
+    pub idle_close_ms: u64,
+}
 /// Generated client implementations.
 pub mod management_client {
     #![allow(
@@ -1910,6 +1945,40 @@ pub mod management_client {
                 );
             self.inner.unary(req, path, codec).await
         }
+        /// ---- transactions (docs/transactions.md)
+        /// Sets one vhost's producer transaction timeouts (milliseconds, 0 = off);
+        /// a value left unset keeps its value. Applies at once to transactions
+        /// already open. Not persisted: after a restart the configuration's
+        /// `broker.default_transaction_*` apply.
+        pub async fn set_transaction_timeouts(
+            &mut self,
+            request: impl tonic::IntoRequest<super::SetTransactionTimeoutsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::TransactionTimeouts>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.management.v1.Management/SetTransactionTimeouts",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new(
+                        "spillway.management.v1.Management",
+                        "SetTransactionTimeouts",
+                    ),
+                );
+            self.inner.unary(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -2171,6 +2240,18 @@ pub mod management_server {
             request: tonic::Request<super::ListPermissionsRequest>,
         ) -> std::result::Result<
             tonic::Response<super::ListPermissionsResponse>,
+            tonic::Status,
+        >;
+        /// ---- transactions (docs/transactions.md)
+        /// Sets one vhost's producer transaction timeouts (milliseconds, 0 = off);
+        /// a value left unset keeps its value. Applies at once to transactions
+        /// already open. Not persisted: after a restart the configuration's
+        /// `broker.default_transaction_*` apply.
+        async fn set_transaction_timeouts(
+            &self,
+            request: tonic::Request<super::SetTransactionTimeoutsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::TransactionTimeouts>,
             tonic::Status,
         >;
     }
@@ -3811,6 +3892,52 @@ pub mod management_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListPermissionsSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.management.v1.Management/SetTransactionTimeouts" => {
+                    #[allow(non_camel_case_types)]
+                    struct SetTransactionTimeoutsSvc<T: Management>(pub Arc<T>);
+                    impl<
+                        T: Management,
+                    > tonic::server::UnaryService<super::SetTransactionTimeoutsRequest>
+                    for SetTransactionTimeoutsSvc<T> {
+                        type Response = super::TransactionTimeouts;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::SetTransactionTimeoutsRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Management>::set_transaction_timeouts(&inner, request)
+                                    .await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = SetTransactionTimeoutsSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
