@@ -114,6 +114,8 @@ pub(crate) async fn delete_user(
             .events
             .send(event(Event::ConnectionClose(pb::ConnectionClose {
                 reason: reason.clone(),
+                // 320 CONNECTION_FORCED.
+                ..Default::default()
             })));
         closed += 1;
     }

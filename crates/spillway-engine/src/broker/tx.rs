@@ -327,17 +327,21 @@ impl Broker {
                         routing_key: cmd.routing_key,
                         properties: cmd.properties,
                         body: cmd.body,
+                        body_encoding: cmd.body_encoding,
+                        body_size: cmd.body_size,
                     }),
                 );
             }
             return Ok(());
         }
+        // Held as published: compressed when the gateway compressed it.
+        let body = cmd.body();
         let message = Message::new(
             &self.budget,
             cmd.exchange,
             cmd.routing_key,
             cmd.properties,
-            cmd.body,
+            body,
             cmd.persistent,
         );
         let tx = self.tx_mut(session, channel)?;
