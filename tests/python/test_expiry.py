@@ -7,6 +7,8 @@ restart case, which needs a broker of its own."""
 
 from __future__ import annotations
 
+import time
+
 import pika
 import pika.exceptions as pe
 import pytest
@@ -225,3 +227,27 @@ def test_persistent_expiry_survives_a_restart(fresh_broker):
     ch.basic_ack(method.delivery_tag)
     assert [body for _, _, body in drain(ch, work, n=1)] == [b"lasting"]
     c.close()
+
+
+def test_kombu_message_ttl_dead_letters(kconn, names):
+    """kombu's Queue(message_ttl=...) is x-message-ttl: an unconsumed message expires into
+    the dead-letter queue with reason expired (passes against RabbitMQ too)."""
+    from kombu import Exchange, Producer, Queue
+
+    dlx, dead, work = names.exchange("dlx"), names.queue("dead"), names.queue("work")
+    with kconn.channel() as chan:
+        Exchange(dlx, "fanout")(chan).declare()
+        Queue(dead, Exchange(dlx, "fanout"))(chan).declare()
+        Queue(work, routing_key=work, message_ttl=0.05,
+              queue_arguments={"x-dead-letter-exchange": dlx})(chan).declare()
+        Producer(chan).publish({"n": 1}, routing_key=work, serializer="json")
+        deadline = time.monotonic() + 5
+        message = None
+        while message is None and time.monotonic() < deadline:
+            message = Queue(dead)(chan).get(no_ack=True, accept=["json"])
+            if message is None:
+                time.sleep(0.05)
+        assert message is not None, "the message did not expire into the dead-letter queue"
+        assert message.payload == {"n": 1}
+        death = message.headers["x-death"][0]
+        assert death["reason"] == "expired" and death["queue"] == work

@@ -146,3 +146,27 @@ def test_idle_transaction_is_closed_with_506(timeout_broker):
         assert count(again.channel(), q) == 0
     finally:
         again.close()
+
+
+# -- kombu -------------------------------------------------------------------------------
+
+def test_kombu_transaction_commit_and_rollback(kconn, names):
+    """kombu's channel (py-amqp) in a transaction: a rolled-back publish never arrives, a
+    committed one does (passes against RabbitMQ too)."""
+    from kombu import Producer, Queue
+
+    qname = names.queue()
+    with kconn.channel() as chan:
+        q = Queue(qname, routing_key=qname)
+        q(chan).declare()
+        chan.tx_select()
+        producer = Producer(chan)
+        producer.publish({"n": 1}, routing_key=qname, serializer="json")
+        chan.tx_rollback()
+        assert q(chan).queue_declare(passive=True)[1] == 0
+        producer.publish({"n": 2}, routing_key=qname, serializer="json")
+        assert q(chan).queue_declare(passive=True)[1] == 0, "visible before commit"
+        chan.tx_commit()
+        assert q(chan).queue_declare(passive=True)[1] == 1
+        message = q(chan).get(no_ack=True, accept=["json"])
+        assert message is not None and message.payload == {"n": 2}
