@@ -660,6 +660,10 @@ impl FakeEngine {
             Command::Qos(m) => (m.request_id, m.channel, ok()),
             Command::Recover(m) => (m.request_id, m.channel, ok()),
             Command::ConfirmSelect(m) => (m.request_id, m.channel, ok()),
+            // Transactions: the engine answers select, commit and rollback.
+            Command::TxSelect(m) | Command::TxCommit(m) | Command::TxRollback(m) => {
+                (m.request_id, m.channel, ok())
+            }
             Command::Cancel(m) => (m.request_id, m.channel, ok()),
             Command::Consume(m) => {
                 self.check_channel(m.channel);
