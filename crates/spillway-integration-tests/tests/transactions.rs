@@ -13,10 +13,10 @@
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use lapin::message::BasicGetMessage;
 use lapin::options::*;
-use lapin::types::{FieldTable, ShortString};
+use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
+use spillway_integration_tests::amqp::{self, get, s};
 use spillway_integration_tests::{eventually, Sandbox, Wiring};
 use spillway_proto::management::SetTransactionTimeoutsRequest;
 
@@ -49,24 +49,12 @@ mod own_sandbox {
     );
 }
 
-fn s(text: &str) -> ShortString {
-    text.into()
-}
-
 fn persistent() -> BasicProperties {
     BasicProperties::default().with_delivery_mode(2)
 }
 
 async fn declare(ch: &Channel, name: &str, durable: bool) -> anyhow::Result<()> {
-    ch.queue_declare(
-        s(name),
-        QueueDeclareOptions {
-            durable,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await?;
+    amqp::declare(ch, name, durable, FieldTable::default()).await?;
     Ok(())
 }
 
@@ -84,30 +72,9 @@ async fn publish(
 
 async fn message_count(conn: &Connection, queue: &str) -> anyhow::Result<u32> {
     let ch = conn.create_channel().await?;
-    let declared = ch
-        .queue_declare(
-            s(queue),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
-    let count = declared.message_count();
+    let count = amqp::message_count(&ch, queue).await?;
     ch.close(200, s("bye")).await?;
     Ok(count)
-}
-
-/// The next message of `queue` (unacked), waiting for it to arrive.
-async fn get(ch: &Channel, queue: &str) -> anyhow::Result<BasicGetMessage> {
-    eventually(WAIT, || async {
-        ch.basic_get(s(queue), BasicGetOptions { no_ack: false })
-            .await
-            .ok()
-            .flatten()
-    })
-    .await
 }
 
 /// Every message of `queue` now, acked: their bodies.

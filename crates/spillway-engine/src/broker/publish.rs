@@ -49,20 +49,7 @@ impl Broker {
         let channel = cmd.channel;
         if targets.is_empty() {
             if cmd.mandatory {
-                self.send(
-                    session,
-                    Event::Returned(pb::Return {
-                        channel,
-                        reply_code: u32::from(reply_code::NO_ROUTE),
-                        reply_text: "NO_ROUTE".to_string(),
-                        exchange: cmd.exchange,
-                        routing_key: cmd.routing_key,
-                        properties: cmd.properties,
-                        body: cmd.body,
-                        body_encoding: cmd.body_encoding,
-                        body_size: cmd.body_size,
-                    }),
-                );
+                self.send(session, no_route(cmd));
             }
             return Ok(PublishOutcome::Done);
         }
@@ -304,4 +291,20 @@ pub(super) fn message_ttl(properties: &bytes::Bytes) -> OpResult<Option<u64>> {
                 format!("invalid expiration '{}': {why}", expiration.as_str()),
             )
         })
+}
+
+/// The `basic.return` of a mandatory message no queue took, its body as
+/// published (compressed or not).
+pub(super) fn no_route(cmd: pb::Publish) -> Event {
+    Event::Returned(pb::Return {
+        channel: cmd.channel,
+        reply_code: u32::from(reply_code::NO_ROUTE),
+        reply_text: "NO_ROUTE".to_string(),
+        exchange: cmd.exchange,
+        routing_key: cmd.routing_key,
+        properties: cmd.properties,
+        body: cmd.body,
+        body_encoding: cmd.body_encoding,
+        body_size: cmd.body_size,
+    })
 }

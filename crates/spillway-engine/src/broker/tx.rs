@@ -317,20 +317,7 @@ impl Broker {
                     self.close_connection(session, reply_code::NO_ROUTE, reason);
                     return Ok(());
                 }
-                self.send(
-                    session,
-                    Event::Returned(pb::Return {
-                        channel,
-                        reply_code: u32::from(reply_code::NO_ROUTE),
-                        reply_text: "NO_ROUTE".to_string(),
-                        exchange: cmd.exchange,
-                        routing_key: cmd.routing_key,
-                        properties: cmd.properties,
-                        body: cmd.body,
-                        body_encoding: cmd.body_encoding,
-                        body_size: cmd.body_size,
-                    }),
-                );
+                self.send(session, super::publish::no_route(cmd));
             }
             return Ok(());
         }
