@@ -13,29 +13,18 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use regex::{Regex, RegexBuilder};
 use sha2::{Digest, Sha256};
 use spillway_proto::engine::session_command::Command;
+use spillway_proto::permissions::InvalidPattern;
+pub use spillway_proto::permissions::{Access, Pattern, Permissions, MAX_PATTERN_LEN};
 use spillway_proto::storage::{PermissionDefinition, UserDefinition};
 
-/// The longest user name, vhost name and permission pattern accepted (user
-/// and vhost names are AMQP short strings on the wire anyway).
+/// The longest user name and vhost name accepted (user and vhost names are AMQP short strings on the wire anyway).
 pub const MAX_NAME_LEN: usize = 255;
-pub const MAX_PATTERN_LEN: usize = 4096;
-/// The most bytes a compiled pattern may take (`regex`'s size limit).
-const PATTERN_SIZE_LIMIT: usize = 1 << 20;
 /// The longest password accepted.
 pub const MAX_PASSWORD_LEN: usize = 4096;
 /// How many names one session remembers the answer for, per kind of access.
 const CACHED_NAMES: usize = 1024;
-
-/// The three kinds of access RabbitMQ checks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Access {
-    Configure,
-    Write,
-    Read,
-}
 
 /// What a permission is checked on (for the refusal's words).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,6 +60,12 @@ pub enum AccessError {
     NoUser(String),
 }
 
+impl From<InvalidPattern> for AccessError {
+    fn from(InvalidPattern(text): InvalidPattern) -> Self {
+        AccessError::Invalid(text)
+    }
+}
+
 /// One user as stored (never the password).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct User {
@@ -94,93 +89,6 @@ impl User {
 
     pub fn has_tag(&self, tag: &str) -> bool {
         self.tags.iter().any(|t| t == tag)
-    }
-}
-
-/// A compiled permission pattern with its source.
-#[derive(Clone, Debug)]
-pub struct Pattern {
-    source: String,
-    /// None for the empty pattern, which RabbitMQ reads as "nothing".
-    regex: Option<Regex>,
-}
-
-impl Pattern {
-    pub fn new(source: &str) -> Result<Self, AccessError> {
-        if source.len() > MAX_PATTERN_LEN {
-            return Err(AccessError::Invalid(format!(
-                "a permission pattern is at most {MAX_PATTERN_LEN} bytes"
-            )));
-        }
-        let regex = if source.is_empty() {
-            None
-        } else {
-            Some(
-                RegexBuilder::new(source)
-                    .size_limit(PATTERN_SIZE_LIMIT)
-                    .build()
-                    .map_err(|error| {
-                        AccessError::Invalid(format!("invalid pattern '{source}': {error}"))
-                    })?,
-            )
-        };
-        Ok(Self {
-            source: source.to_string(),
-            regex,
-        })
-    }
-
-    pub fn source(&self) -> &str {
-        &self.source
-    }
-
-    /// RabbitMQ's rule: the pattern is searched in the name (anchor it
-    /// with `^…$` to match whole names); the empty pattern matches nothing.
-    pub fn allows(&self, name: &str) -> bool {
-        self.regex
-            .as_ref()
-            .is_some_and(|regex| regex.is_match(name))
-    }
-}
-
-/// One user's permissions in one vhost.
-#[derive(Clone, Debug)]
-pub struct Permissions {
-    pub configure: Pattern,
-    pub write: Pattern,
-    pub read: Pattern,
-}
-
-impl Permissions {
-    pub fn new(configure: &str, write: &str, read: &str) -> Result<Self, AccessError> {
-        Ok(Self {
-            configure: Pattern::new(configure)?,
-            write: Pattern::new(write)?,
-            read: Pattern::new(read)?,
-        })
-    }
-
-    /// Everything: `.*` three times.
-    pub fn all() -> Self {
-        Self::new(".*", ".*", ".*").unwrap_or_else(|_| unreachable!(".* compiles"))
-    }
-
-    fn pattern(&self, access: Access) -> &Pattern {
-        match access {
-            Access::Configure => &self.configure,
-            Access::Write => &self.write,
-            Access::Read => &self.read,
-        }
-    }
-
-    pub fn definition(&self, user: &str, vhost: &str) -> PermissionDefinition {
-        PermissionDefinition {
-            vhost: vhost.to_string(),
-            user: user.to_string(),
-            configure: self.configure.source.clone(),
-            write: self.write.source.clone(),
-            read: self.read.source.clone(),
-        }
     }
 }
 
@@ -587,18 +495,6 @@ mod tests {
         // EXTERNAL: the name alone, for a known user.
         assert!(access.authenticate("app", None, false).is_ok());
         assert!(access.authenticate("nobody", None, false).is_err());
-    }
-
-    #[test]
-    fn patterns_are_searched_and_the_empty_one_allows_nothing() {
-        let p = Permissions::new("^app\\.", "", ".*").unwrap();
-        assert!(p.configure.allows("app.orders"));
-        assert!(!p.configure.allows("other"));
-        assert!(!p.write.allows("app.orders"));
-        assert!(!p.write.allows(""));
-        assert!(p.read.allows("anything"));
-        assert!(Permissions::new("(", ".*", ".*").is_err());
-        assert!(Pattern::new(&"a".repeat(MAX_PATTERN_LEN + 1)).is_err());
     }
 
     #[test]

@@ -64,6 +64,43 @@ async fn change<T>(
     Ok(answer)
 }
 
+/// Management's login check: the same check as an AMQP login's, and on
+/// success what management needs to authorize the caller's calls.
+pub(crate) fn authenticate_user(
+    shared: &Shared,
+    request: pb::AuthenticateUserRequest,
+) -> pb::AuthenticateUserResponse {
+    let access = shared.access.read();
+    let user = match access.authenticate(
+        &request.user,
+        Some(&request.password),
+        request.peer_is_loopback,
+    ) {
+        Ok(user) => user,
+        Err(refusal) => {
+            let result = match refusal {
+                crate::access::LoginRefusal::InvalidCredentials => {
+                    pb::LoginResult::InvalidCredentials
+                }
+                crate::access::LoginRefusal::LoopbackOnly => pb::LoginResult::LoopbackOnly,
+            };
+            return pb::AuthenticateUserResponse {
+                result: result as i32,
+                ..Default::default()
+            };
+        }
+    };
+    pb::AuthenticateUserResponse {
+        result: pb::LoginResult::Accepted as i32,
+        tags: user.tags.clone(),
+        permissions: access
+            .list_permissions(Some(&user.name), None)
+            .into_iter()
+            .map(|(user, vhost, granted)| permission_view(user, vhost, granted))
+            .collect(),
+    }
+}
+
 pub(crate) fn list_users(shared: &Shared) -> m::ListUsersResponse {
     m::ListUsersResponse {
         users: shared
@@ -135,7 +172,7 @@ pub(crate) async fn set_permissions(
         )));
     }
     let granted = Permissions::new(&request.configure, &request.write, &request.read)
-        .map_err(service_error)?;
+        .map_err(|invalid| service_error(invalid.into()))?;
     change(shared, "the permissions", |access| {
         let view = permission_view(&request.user, &request.vhost, &granted);
         let def = granted.definition(&request.user, &request.vhost);

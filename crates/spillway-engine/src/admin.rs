@@ -887,6 +887,16 @@ impl EngineAdminApi for Engine {
         self.shared.tx_timer.notify_one();
         Ok(answer)
     }
+
+    async fn authenticate_user(
+        &self,
+        request: pb::AuthenticateUserRequest,
+    ) -> Result<pb::AuthenticateUserResponse, ServiceError> {
+        Ok(crate::access_admin::authenticate_user(
+            &self.shared,
+            request,
+        ))
+    }
 }
 
 fn vhost_view(broker: &Broker, vhost: &VHost) -> m::Vhost {
@@ -1415,14 +1425,14 @@ impl EngineAdminService {
 }
 
 macro_rules! serve_calls {
-    ($($method:ident($request:ident) -> $response:ident;)*) => {
+    ($($method:ident($request:ty) -> $response:ty;)*) => {
         #[tonic::async_trait]
         impl EngineAdmin for EngineAdminService {
             $(
                 async fn $method(
                     &self,
-                    request: Request<m::$request>,
-                ) -> Result<Response<m::$response>, Status> {
+                    request: Request<$request>,
+                ) -> Result<Response<$response>, Status> {
                     let answer = EngineAdminApi::$method(&self.engine, request.into_inner()).await?;
                     Ok(Response::new(answer))
                 }

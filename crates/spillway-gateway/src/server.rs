@@ -32,7 +32,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::codec::FramedRead;
 use tokio_util::task::TaskTracker;
 
-use crate::auth::{AuthError, RefusalLog};
+use crate::auth::AuthError;
 use crate::codec::{FrameDecoder, FrameError, FrameWriter, MIN_FRAME_MAX, PROTOCOL_HEADER};
 use crate::connection::{
     write_connection_close, Connection, ConnectionError, Handshake, HandshakeStep, Next,
@@ -41,6 +41,7 @@ use crate::heartbeat::SilenceClock;
 use crate::limits::ConnectionSlots;
 use crate::metrics::GatewayMetrics;
 use crate::GatewayConfig;
+use spillway_telemetry::RefusalLog;
 
 /// TCP keepalive on client sockets: a peer that vanished without a FIN (a
 /// cable pulled, a host gone) is found after about 60 s of silence plus six
@@ -297,7 +298,7 @@ async fn accept_loop(
 
 /// Counts a refused login, and logs it with the peer, the user and the
 /// reason (never the password) unless the pair was logged less than
-/// [`crate::auth::REFUSAL_LOG_INTERVAL`] ago.
+/// [`spillway_telemetry::REFUSAL_LOG_INTERVAL`] ago.
 fn log_login_refusal(
     log: &RefusalLog,
     metrics: &GatewayMetrics,

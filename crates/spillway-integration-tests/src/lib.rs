@@ -80,14 +80,15 @@ impl Component {
 
 /// The management API's client, as [`Sandbox::management`] makes it.
 pub type Management = spillway_proto::management::management_client::ManagementClient<
-    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, BearerToken>,
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Credentials>,
 >;
 
-/// Adds a bearer token to every call.
+/// Adds an `authorization` header (a bearer token or basic credentials) to
+/// every call.
 #[derive(Clone)]
-pub struct BearerToken(tonic::metadata::MetadataValue<tonic::metadata::Ascii>);
+pub struct Credentials(tonic::metadata::MetadataValue<tonic::metadata::Ascii>);
 
-impl tonic::service::Interceptor for BearerToken {
+impl tonic::service::Interceptor for Credentials {
     fn call(
         &mut self,
         mut request: tonic::Request<()>,
@@ -246,7 +247,25 @@ impl Sandbox {
         Ok(
             spillway_proto::management::management_client::ManagementClient::with_interceptor(
                 channel,
-                BearerToken(token),
+                Credentials(token),
+            ),
+        )
+    }
+
+    /// A client of the management gRPC API that logs in as a stored user
+    /// with its password (HTTP basic credentials).
+    pub async fn management_as(&self, user: &str, password: &str) -> anyhow::Result<Management> {
+        use base64::Engine as _;
+        let channel =
+            tonic::transport::Channel::from_shared(format!("http://{}", self.management))?
+                .connect()
+                .await?;
+        let pair = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+        let basic = format!("Basic {pair}").parse()?;
+        Ok(
+            spillway_proto::management::management_client::ManagementClient::with_interceptor(
+                channel,
+                Credentials(basic),
             ),
         )
     }

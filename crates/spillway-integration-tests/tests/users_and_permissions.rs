@@ -9,7 +9,10 @@
 //! - a permission change is seen by connections already open, and
 //!   deleting a user closes their connections;
 //! - users, password hashes and permissions survive a restart;
-//! - `spillctl user` / `spillctl permissions` do the same from a shell.
+//! - `spillctl user` / `spillctl permissions` do the same from a shell;
+//! - stored users log in to management with their password, and their
+//!   tags decide what they may do there (monitoring lists, administrator
+//!   changes, management acts within its permissions).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -32,6 +35,7 @@ both_wirings!(
     changes_reach_open_connections,
     users_and_permissions_survive_a_restart,
     spillctl_manages_users_and_permissions,
+    management_follows_user_tags,
 );
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -476,5 +480,187 @@ async fn spillctl_manages_users_and_permissions(sb: &mut Sandbox) -> anyhow::Res
     spillctl(sb, &["user", "delete", "ci"])?;
     let users = spillctl(sb, &["user", "list"])?;
     anyhow::ensure!(!users.contains("ci"), "{users}");
+    Ok(())
+}
+
+/// A management call's refusal: its code and message.
+fn denied<T: std::fmt::Debug>(
+    result: Result<tonic::Response<T>, tonic::Status>,
+) -> anyhow::Result<(tonic::Code, String)> {
+    match result {
+        Ok(answer) => anyhow::bail!("allowed: {answer:?}"),
+        Err(status) => Ok((status.code(), status.message().to_string())),
+    }
+}
+
+fn queue_request(vhost: &str, name: &str) -> m::CreateQueueRequest {
+    m::CreateQueueRequest {
+        vhost: vhost.into(),
+        name: name.into(),
+        ..Default::default()
+    }
+}
+
+async fn management_follows_user_tags(sb: &mut Sandbox) -> anyhow::Result<()> {
+    use tonic::Code;
+    let mut admin = sb.management().await?;
+    admin
+        .create_vhost(m::CreateVhostRequest {
+            name: "hidden".into(),
+        })
+        .await?;
+    admin.create_queue(queue_request("/", "orders")).await?;
+    add_user(&mut admin, "mon", "mon-pw", &["monitoring"]).await?;
+    add_user(&mut admin, "app", "app-pw", &["management"]).await?;
+    grant(&mut admin, "app", "/", ["^app\\.", "^app\\.", "^app\\."]).await?;
+    add_user(&mut admin, "plain", "plain-pw", &[]).await?;
+    grant(&mut admin, "plain", "/", [".*", ".*", ".*"]).await?;
+    add_user(&mut admin, "boss", "boss-pw", &["administrator"]).await?;
+
+    // Wrong passwords and unknown users read the same.
+    for (user, password) in [("mon", "wrong"), ("nobody", "mon-pw")] {
+        let mut c = sb.management_as(user, password).await?;
+        let (code, message) = denied(c.list_vhosts(m::ListVhostsRequest {}).await)?;
+        anyhow::ensure!(
+            code == Code::Unauthenticated && message == "invalid user or password",
+            "{user}: {code:?} {message}"
+        );
+    }
+
+    // monitoring: sees every vhost and queue, changes nothing.
+    let mut mon = sb.management_as("mon", "mon-pw").await?;
+    let vhosts = mon.list_vhosts(m::ListVhostsRequest {}).await?.into_inner();
+    anyhow::ensure!(vhosts.vhosts.len() == 2, "{vhosts:?}");
+    let queues = mon
+        .list_queues(m::ListQueuesRequest { vhost: "/".into() })
+        .await?
+        .into_inner();
+    anyhow::ensure!(
+        queues.queues.iter().any(|q| q.name == "orders"),
+        "{queues:?}"
+    );
+    mon.list_queues(m::ListQueuesRequest {
+        vhost: "hidden".into(),
+    })
+    .await?;
+    mon.get_broker_status(m::GetBrokerStatusRequest {}).await?;
+    mon.list_limits(m::ListLimitsRequest {}).await?;
+    let (code, message) = denied(
+        mon.delete_queue(m::DeleteQueueRequest {
+            vhost: "/".into(),
+            name: "orders".into(),
+            ..Default::default()
+        })
+        .await,
+    )?;
+    anyhow::ensure!(
+        code == Code::PermissionDenied && message.contains("refused for user 'mon'"),
+        "{code:?} {message}"
+    );
+    for result in [
+        denied(mon.list_users(m::ListUsersRequest {}).await)?,
+        denied(
+            mon.create_vhost(m::CreateVhostRequest {
+                name: "mine".into(),
+            })
+            .await,
+        )?,
+    ] {
+        anyhow::ensure!(
+            result.0 == Code::PermissionDenied && result.1.contains("not an administrator"),
+            "{result:?}"
+        );
+    }
+
+    // management: its own vhost, within its patterns.
+    let mut app = sb.management_as("app", "app-pw").await?;
+    let vhosts = app.list_vhosts(m::ListVhostsRequest {}).await?.into_inner();
+    let names: Vec<&str> = vhosts.vhosts.iter().map(|v| v.name.as_str()).collect();
+    anyhow::ensure!(names == ["/"], "{names:?}");
+    let (code, _) = denied(
+        app.list_queues(m::ListQueuesRequest {
+            vhost: "hidden".into(),
+        })
+        .await,
+    )?;
+    anyhow::ensure!(code == Code::PermissionDenied, "{code:?}");
+    app.create_queue(queue_request("/", "app.jobs")).await?;
+    let (code, message) = denied(app.create_queue(queue_request("/", "other")).await)?;
+    anyhow::ensure!(
+        code == Code::PermissionDenied
+            && message
+                == "ACCESS_REFUSED - configure access to queue 'other' in vhost '/' refused for user 'app'",
+        "{code:?} {message}"
+    );
+    let (code, _) = denied(
+        app.purge_queue(m::PurgeQueueRequest {
+            vhost: "/".into(),
+            name: "orders".into(),
+        })
+        .await,
+    )?;
+    anyhow::ensure!(code == Code::PermissionDenied, "{code:?}");
+    let (code, _) = denied(
+        app.update_queue(m::UpdateQueueRequest {
+            vhost: "/".into(),
+            name: "app.jobs".into(),
+            capacity: Some(10),
+            ..Default::default()
+        })
+        .await,
+    )?;
+    anyhow::ensure!(code == Code::PermissionDenied, "{code:?}");
+    app.delete_queue(m::DeleteQueueRequest {
+        vhost: "/".into(),
+        name: "app.jobs".into(),
+        ..Default::default()
+    })
+    .await?;
+
+    // No management tag: no management at all, whatever its permissions.
+    let mut plain = sb.management_as("plain", "plain-pw").await?;
+    let (code, message) = denied(plain.list_vhosts(m::ListVhostsRequest {}).await)?;
+    anyhow::ensure!(
+        code == Code::PermissionDenied && message.contains("none of the tags"),
+        "{code:?} {message}"
+    );
+
+    // administrator: everything.
+    let mut boss = sb.management_as("boss", "boss-pw").await?;
+    boss.list_users(m::ListUsersRequest {}).await?;
+    boss.delete_vhost(m::DeleteVhostRequest {
+        name: "hidden".into(),
+    })
+    .await?;
+
+    // spillctl with a stored user's password says why it was refused.
+    let output = std::process::Command::new(spillctl_bin()?)
+        .args(["--addr", &sb.management_addr().to_string()])
+        .args([
+            "--user",
+            "mon",
+            "--password",
+            "mon-pw",
+            "queue",
+            "delete",
+            "orders",
+        ])
+        .env_remove("SPILLCTL_TOKEN")
+        .output()?;
+    let stderr = String::from_utf8(output.stderr)?;
+    anyhow::ensure!(
+        !output.status.success() && stderr.contains("PermissionDenied"),
+        "{stderr}"
+    );
+    let output = std::process::Command::new(spillctl_bin()?)
+        .args(["--addr", &sb.management_addr().to_string()])
+        .args(["--user", "mon", "--password", "mon-pw", "queue", "list"])
+        .env_remove("SPILLCTL_TOKEN")
+        .output()?;
+    let stdout = String::from_utf8(output.stdout)?;
+    anyhow::ensure!(
+        output.status.success() && stdout.contains("orders"),
+        "{stdout}"
+    );
     Ok(())
 }

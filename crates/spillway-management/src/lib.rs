@@ -1,8 +1,9 @@
 //! The management service: Spillway's one public control API (gRPC,
 //! `spillway.management.v1.Management`), never on the message path.
 //!
-//! It owns authentication (a tonic interceptor, [`Authenticator`]), server
-//! reflection, and the composition of answers: definitions, inspection,
+//! It owns authentication (a tower service in front of the gRPC service,
+//! [`Authenticated`]), authorization by RabbitMQ's user tags and permissions
+//! ([`authorize`]), server reflection, and the composition of answers: definitions, inspection,
 //! messages and connections come from the queue engine through
 //! [`EngineAdminApi`] (in-process, or the engine's `EngineAdmin` gRPC
 //! service), store figures and the store quota from the storage node through
@@ -12,14 +13,17 @@ use std::sync::Arc;
 
 use spillway_proto::management::management_server::{Management, ManagementServer};
 use spillway_proto::management::{self as m};
+use spillway_proto::permissions::Access;
 use spillway_proto::{EngineAdminApi, ServiceError, StorageApi, MANAGEMENT_DESCRIPTOR};
-use tonic::service::interceptor::InterceptedService;
+use spillway_telemetry::Metrics;
 use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 
 mod auth;
+pub mod authorize;
 
-pub use auth::{AuthConfig, Authenticator, ManagementUser};
+pub use auth::{AuthConfig, Authenticated, Authenticator, Caller, ManagementUser};
+use authorize::{authorize, caller_of, Need};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ManagementError {
@@ -38,10 +42,12 @@ impl ManagementService {
     }
 
     /// The authenticated management service plus server reflection (left
-    /// open: it only describes the public schema), ready to serve.
-    pub fn routes(self, auth: AuthConfig) -> Result<Routes, ManagementError> {
-        let service =
-            InterceptedService::new(ManagementServer::new(self), Authenticator::new(auth));
+    /// open: it only describes the public schema), ready to serve. Its
+    /// refused logins are counted in `metrics`.
+    pub fn routes(self, auth: AuthConfig, metrics: &Metrics) -> Result<Routes, ManagementError> {
+        let authenticator = Authenticator::new(auth, self.engine.clone());
+        authenticator.register_metrics(metrics);
+        let service = Authenticated::new(ManagementServer::new(self), Arc::new(authenticator));
         let reflection_v1 = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(MANAGEMENT_DESCRIPTOR)
             .build_v1()?;
@@ -62,9 +68,61 @@ fn answer<T>(result: Result<T, ServiceError>) -> Result<Response<T>, Status> {
     result.map(Response::new).map_err(Status::from)
 }
 
-/// The calls answered by the engine as they are.
+fn configure<'a>(vhost: &'a str, kind: &'static str, name: &'a str) -> Need<'a> {
+    Need::Permission {
+        vhost,
+        access: Access::Configure,
+        kind,
+        name,
+    }
+}
+
+fn read_queue<'a>(vhost: &'a str, name: &'a str) -> Need<'a> {
+    Need::Permission {
+        vhost,
+        access: Access::Read,
+        kind: "queue",
+        name,
+    }
+}
+
+fn write_queue<'a>(vhost: &'a str, name: &'a str) -> Need<'a> {
+    Need::Permission {
+        vhost,
+        access: Access::Write,
+        kind: "queue",
+        name,
+    }
+}
+
+/// A binding needs write on its destination and read on its source, as
+/// queue.bind and exchange.bind do over AMQP.
+fn bind(binding: Option<&m::Binding>) -> Result<[Need<'_>; 2], Status> {
+    let binding = binding.ok_or_else(|| Status::invalid_argument("binding is required"))?;
+    Ok([
+        Need::Permission {
+            vhost: &binding.vhost,
+            access: Access::Write,
+            kind: if binding.destination_is_exchange {
+                "exchange"
+            } else {
+                "queue"
+            },
+            name: &binding.destination,
+        },
+        Need::Permission {
+            vhost: &binding.vhost,
+            access: Access::Read,
+            kind: "exchange",
+            name: &binding.source,
+        },
+    ])
+}
+
+/// The calls answered by the engine as they are, each with what its caller
+/// needs (`|request| [needs]`).
 macro_rules! management_impl {
-    ($($method:ident($request:ident) -> $response:ident;)*) => {
+    ($($method:ident($request:ident) -> $response:ident, |$r:ident| $needs:expr;)*) => {
         #[tonic::async_trait]
         impl Management for ManagementService {
             $(
@@ -72,15 +130,86 @@ macro_rules! management_impl {
                     &self,
                     request: Request<m::$request>,
                 ) -> Result<Response<m::$response>, Status> {
-                    answer(self.engine.$method(request.into_inner()).await)
+                    let caller = caller_of(&request)?;
+                    let $r = request.into_inner();
+                    authorize(&caller, &$needs)?;
+                    answer(self.engine.$method($r).await)
                 }
             )*
+
+            async fn list_vhosts(
+                &self,
+                request: Request<m::ListVhostsRequest>,
+            ) -> Result<Response<m::ListVhostsResponse>, Status> {
+                let caller = caller_of(&request)?;
+                authorize(&caller, &[Need::Overview])?;
+                let mut list = self.engine.list_vhosts(request.into_inner()).await?;
+                list.vhosts.retain(|v| authorize::sees_vhost(&caller, &v.name));
+                Ok(Response::new(list))
+            }
+
+            async fn list_connections(
+                &self,
+                request: Request<m::ListConnectionsRequest>,
+            ) -> Result<Response<m::ListConnectionsResponse>, Status> {
+                let caller = caller_of(&request)?;
+                authorize(&caller, &[Need::Overview])?;
+                let mut list = self.engine.list_connections(request.into_inner()).await?;
+                list.connections
+                    .retain(|c| authorize::sees_connections_of(&caller, &c.user));
+                Ok(Response::new(list))
+            }
+
+            async fn list_channels(
+                &self,
+                request: Request<m::ListChannelsRequest>,
+            ) -> Result<Response<m::ListChannelsResponse>, Status> {
+                let caller = caller_of(&request)?;
+                authorize(&caller, &[Need::Overview])?;
+                let mut list = self.engine.list_channels(request.into_inner()).await?;
+                list.channels
+                    .retain(|c| authorize::sees_connections_of(&caller, &c.user));
+                Ok(Response::new(list))
+            }
+
+            async fn close_connection(
+                &self,
+                request: Request<m::CloseConnectionRequest>,
+            ) -> Result<Response<m::CloseConnectionResponse>, Status> {
+                let caller = caller_of(&request)?;
+                let request = request.into_inner();
+                // An administrator may close any connection, others only
+                // their own (as in RabbitMQ).
+                if authorize(&caller, &[Need::Administrator]).is_err() {
+                    authorize(&caller, &[Need::Overview])?;
+                    let connections = self
+                        .engine
+                        .list_connections(m::ListConnectionsRequest::default())
+                        .await?;
+                    let own = connections
+                        .connections
+                        .iter()
+                        .any(|c| c.id == request.id && c.user == caller.name());
+                    if !own {
+                        return Err(Status::permission_denied(format!(
+                            "user '{}' may only close its own connections",
+                            caller.name()
+                        )));
+                    }
+                }
+                let id = request.id;
+                let response = self.engine.close_connection(request).await?;
+                tracing::info!(connection = id, by = caller.name(), "connection closed by management");
+                Ok(Response::new(response))
+            }
 
             async fn get_vhost(
                 &self,
                 request: Request<m::GetVhostRequest>,
             ) -> Result<Response<m::Vhost>, Status> {
+                let caller = caller_of(&request)?;
                 let name = request.into_inner().name;
+                authorize(&caller, &[Need::See { vhost: &name }])?;
                 let vhosts = self.engine.list_vhosts(m::ListVhostsRequest {}).await?;
                 vhosts
                     .vhosts
@@ -94,7 +223,9 @@ macro_rules! management_impl {
                 &self,
                 request: Request<m::GetExchangeRequest>,
             ) -> Result<Response<m::Exchange>, Status> {
+                let caller = caller_of(&request)?;
                 let m::GetExchangeRequest { vhost, name } = request.into_inner();
+                authorize(&caller, &[Need::See { vhost: &vhost }])?;
                 let list = self
                     .engine
                     .list_exchanges(m::ListExchangesRequest { vhost: vhost.clone() })
@@ -110,7 +241,9 @@ macro_rules! management_impl {
                 &self,
                 request: Request<m::GetQueueRequest>,
             ) -> Result<Response<m::Queue>, Status> {
+                let caller = caller_of(&request)?;
                 let m::GetQueueRequest { vhost, name } = request.into_inner();
+                authorize(&caller, &[Need::See { vhost: &vhost }])?;
                 let list = self
                     .engine
                     .list_queues(m::ListQueuesRequest { vhost: vhost.clone() })
@@ -126,10 +259,12 @@ macro_rules! management_impl {
                 &self,
                 request: Request<m::GetBindingRequest>,
             ) -> Result<Response<m::Binding>, Status> {
+                let caller = caller_of(&request)?;
                 let wanted = request
                     .into_inner()
                     .binding
                     .ok_or_else(|| Status::invalid_argument("binding is required"))?;
+                authorize(&caller, &[Need::See { vhost: &wanted.vhost }])?;
                 let list = self
                     .engine
                     .list_bindings(m::ListBindingsRequest {
@@ -158,6 +293,7 @@ macro_rules! management_impl {
                 &self,
                 request: Request<m::GetBrokerStatusRequest>,
             ) -> Result<Response<m::BrokerStatus>, Status> {
+                authorize(&caller_of(&request)?, &[Need::Overview])?;
                 let mut status = self.engine.get_broker_status(request.into_inner()).await?;
                 let store = self.storage.status(false).await?;
                 status.store_disk_bytes = store.disk_bytes;
@@ -176,7 +312,9 @@ macro_rules! management_impl {
                 &self,
                 request: Request<m::SetBrokerSettingsRequest>,
             ) -> Result<Response<m::SetBrokerSettingsResponse>, Status> {
+                let caller = caller_of(&request)?;
                 let request = request.into_inner();
+                authorize(&caller, &[Need::Administrator])?;
                 let logged = format!("{request:?}");
                 let response = self.engine.set_broker_settings(request).await?;
                 tracing::info!(settings = %logged, "broker settings changed by management");
@@ -187,7 +325,9 @@ macro_rules! management_impl {
                 &self,
                 request: Request<m::UpdateQueueRequest>,
             ) -> Result<Response<m::UpdateQueueResponse>, Status> {
+                let caller = caller_of(&request)?;
                 let request = request.into_inner();
+                authorize(&caller, &[Need::Policy { vhost: &request.vhost }])?;
                 let logged = format!("{request:?}");
                 let response = self.engine.update_queue(request).await?;
                 tracing::info!(settings = %logged, "queue settings changed by management");
@@ -198,7 +338,9 @@ macro_rules! management_impl {
                 &self,
                 request: Request<m::SetLimitsRequest>,
             ) -> Result<Response<m::Limits>, Status> {
+                let caller = caller_of(&request)?;
                 let request = request.into_inner();
+                authorize(&caller, &[Need::Administrator])?;
                 let logged = format!("{request:?}");
                 let response = self.engine.set_limits(request).await?;
                 tracing::info!(limits = %logged, "limits changed by management");
@@ -209,7 +351,9 @@ macro_rules! management_impl {
                 &self,
                 request: Request<m::ClearLimitsRequest>,
             ) -> Result<Response<m::ClearLimitsResponse>, Status> {
+                let caller = caller_of(&request)?;
                 let request = request.into_inner();
+                authorize(&caller, &[Need::Administrator])?;
                 let logged = format!("{request:?}");
                 let response = self.engine.clear_limits(request).await?;
                 tracing::info!(limits = %logged, "limits cleared by management");
@@ -220,7 +364,9 @@ macro_rules! management_impl {
                 &self,
                 request: Request<m::PutUserRequest>,
             ) -> Result<Response<m::User>, Status> {
+                let caller = caller_of(&request)?;
                 let request = request.into_inner();
+                authorize(&caller, &[Need::Administrator])?;
                 // Never the password in the log.
                 let (user, password_set, tags) = (
                     request.name.clone(),
@@ -236,6 +382,7 @@ macro_rules! management_impl {
                 &self,
                 request: Request<m::DeleteUserRequest>,
             ) -> Result<Response<m::DeleteUserResponse>, Status> {
+                authorize(&caller_of(&request)?, &[Need::Administrator])?;
                 let user = request.get_ref().name.clone();
                 let response = self.engine.delete_user(request.into_inner()).await?;
                 tracing::info!(user, closed_connections = response.closed_connections, "user deleted by management");
@@ -246,7 +393,9 @@ macro_rules! management_impl {
                 &self,
                 request: Request<m::SetPermissionsRequest>,
             ) -> Result<Response<m::Permission>, Status> {
+                let caller = caller_of(&request)?;
                 let request = request.into_inner();
+                authorize(&caller, &[Need::Administrator])?;
                 let logged = format!("{request:?}");
                 let response = self.engine.set_permissions(request).await?;
                 tracing::info!(permissions = %logged, "permissions set by management");
@@ -257,7 +406,9 @@ macro_rules! management_impl {
                 &self,
                 request: Request<m::ClearPermissionsRequest>,
             ) -> Result<Response<m::ClearPermissionsResponse>, Status> {
+                let caller = caller_of(&request)?;
                 let request = request.into_inner();
+                authorize(&caller, &[Need::Administrator])?;
                 let logged = format!("{request:?}");
                 let response = self.engine.clear_permissions(request).await?;
                 tracing::info!(permissions = %logged, "permissions cleared by management");
@@ -268,7 +419,9 @@ macro_rules! management_impl {
                 &self,
                 request: Request<m::SetStoreQuotaRequest>,
             ) -> Result<Response<m::SetStoreQuotaResponse>, Status> {
+                let caller = caller_of(&request)?;
                 let request = request.into_inner();
+                authorize(&caller, &[Need::Administrator])?;
                 let logged = format!("{request:?}");
                 self.storage.set_quota(request).await?;
                 tracing::info!(quota = %logged, "store quota changed by management");
@@ -279,7 +432,9 @@ macro_rules! management_impl {
                 &self,
                 request: Request<m::SetTransactionTimeoutsRequest>,
             ) -> Result<Response<m::TransactionTimeouts>, Status> {
+                let caller = caller_of(&request)?;
                 let request = request.into_inner();
+                authorize(&caller, &[Need::Administrator])?;
                 let response = self.engine.set_transaction_timeouts(request).await?;
                 tracing::info!(timeouts = ?response, "transaction timeouts changed by management");
                 Ok(Response::new(response))
@@ -289,25 +444,22 @@ macro_rules! management_impl {
 }
 
 management_impl! {
-    create_vhost(CreateVhostRequest) -> Vhost;
-    list_vhosts(ListVhostsRequest) -> ListVhostsResponse;
-    delete_vhost(DeleteVhostRequest) -> DeleteVhostResponse;
-    create_exchange(CreateExchangeRequest) -> Exchange;
-    list_exchanges(ListExchangesRequest) -> ListExchangesResponse;
-    delete_exchange(DeleteExchangeRequest) -> DeleteExchangeResponse;
-    create_queue(CreateQueueRequest) -> Queue;
-    list_queues(ListQueuesRequest) -> ListQueuesResponse;
-    delete_queue(DeleteQueueRequest) -> DeleteQueueResponse;
-    purge_queue(PurgeQueueRequest) -> PurgeQueueResponse;
-    peek_messages(PeekMessagesRequest) -> PeekMessagesResponse;
-    move_messages(MoveMessagesRequest) -> MoveMessagesResponse;
-    create_binding(CreateBindingRequest) -> Binding;
-    list_bindings(ListBindingsRequest) -> ListBindingsResponse;
-    delete_binding(DeleteBindingRequest) -> DeleteBindingResponse;
-    list_connections(ListConnectionsRequest) -> ListConnectionsResponse;
-    list_channels(ListChannelsRequest) -> ListChannelsResponse;
-    close_connection(CloseConnectionRequest) -> CloseConnectionResponse;
-    list_limits(ListLimitsRequest) -> ListLimitsResponse;
-    list_users(ListUsersRequest) -> ListUsersResponse;
-    list_permissions(ListPermissionsRequest) -> ListPermissionsResponse;
+    create_vhost(CreateVhostRequest) -> Vhost, |r| [Need::Administrator];
+    delete_vhost(DeleteVhostRequest) -> DeleteVhostResponse, |r| [Need::Administrator];
+    create_exchange(CreateExchangeRequest) -> Exchange, |r| [configure(&r.vhost, "exchange", &r.name)];
+    list_exchanges(ListExchangesRequest) -> ListExchangesResponse, |r| [Need::See { vhost: &r.vhost }];
+    delete_exchange(DeleteExchangeRequest) -> DeleteExchangeResponse, |r| [configure(&r.vhost, "exchange", &r.name)];
+    create_queue(CreateQueueRequest) -> Queue, |r| [configure(&r.vhost, "queue", &r.name)];
+    list_queues(ListQueuesRequest) -> ListQueuesResponse, |r| [Need::See { vhost: &r.vhost }];
+    delete_queue(DeleteQueueRequest) -> DeleteQueueResponse, |r| [configure(&r.vhost, "queue", &r.name)];
+    purge_queue(PurgeQueueRequest) -> PurgeQueueResponse, |r| [read_queue(&r.vhost, &r.name)];
+    peek_messages(PeekMessagesRequest) -> PeekMessagesResponse, |r| [read_queue(&r.vhost, &r.queue)];
+    move_messages(MoveMessagesRequest) -> MoveMessagesResponse,
+        |r| [read_queue(&r.vhost, &r.source), write_queue(&r.vhost, &r.destination)];
+    create_binding(CreateBindingRequest) -> Binding, |r| bind(r.binding.as_ref())?;
+    list_bindings(ListBindingsRequest) -> ListBindingsResponse, |r| [Need::See { vhost: &r.vhost }];
+    delete_binding(DeleteBindingRequest) -> DeleteBindingResponse, |r| bind(r.binding.as_ref())?;
+    list_limits(ListLimitsRequest) -> ListLimitsResponse, |r| [Need::Monitoring];
+    list_users(ListUsersRequest) -> ListUsersResponse, |r| [Need::Administrator];
+    list_permissions(ListPermissionsRequest) -> ListPermissionsResponse, |r| [Need::Administrator];
 }

@@ -6,49 +6,52 @@
 
 use crate::boundary::lazy_channel;
 use crate::cluster::{ClusterChannel, ClusterClient};
+use crate::engine as pb;
 use crate::engine::engine_admin_client::EngineAdminClient;
 use crate::management as m;
 use crate::ServiceError;
 use async_trait::async_trait;
 
-/// Calls `$m! { method(Request) -> Response; ... }` with every engine admin
-/// call, so the remote client and the engine's gRPC server stay in step with
+/// Calls `$m! { method(m::Request) -> m::Response; ... }` with every engine
+/// admin call (`m` is `spillway_proto::management`, `pb` is
+/// `spillway_proto::engine`, both imported where the macro is used), so the remote client and the engine's gRPC server stay in step with
 /// the trait (a macro writes each whole `impl`, attribute included).
 #[macro_export]
 macro_rules! for_each_engine_admin_call {
     ($m:ident) => {
         $m! {
-            create_vhost(CreateVhostRequest) -> Vhost;
-            list_vhosts(ListVhostsRequest) -> ListVhostsResponse;
-            delete_vhost(DeleteVhostRequest) -> DeleteVhostResponse;
-            create_exchange(CreateExchangeRequest) -> Exchange;
-            list_exchanges(ListExchangesRequest) -> ListExchangesResponse;
-            delete_exchange(DeleteExchangeRequest) -> DeleteExchangeResponse;
-            create_queue(CreateQueueRequest) -> Queue;
-            list_queues(ListQueuesRequest) -> ListQueuesResponse;
-            delete_queue(DeleteQueueRequest) -> DeleteQueueResponse;
-            purge_queue(PurgeQueueRequest) -> PurgeQueueResponse;
-            peek_messages(PeekMessagesRequest) -> PeekMessagesResponse;
-            move_messages(MoveMessagesRequest) -> MoveMessagesResponse;
-            create_binding(CreateBindingRequest) -> Binding;
-            list_bindings(ListBindingsRequest) -> ListBindingsResponse;
-            delete_binding(DeleteBindingRequest) -> DeleteBindingResponse;
-            get_broker_status(GetBrokerStatusRequest) -> BrokerStatus;
-            list_connections(ListConnectionsRequest) -> ListConnectionsResponse;
-            list_channels(ListChannelsRequest) -> ListChannelsResponse;
-            close_connection(CloseConnectionRequest) -> CloseConnectionResponse;
-            set_broker_settings(SetBrokerSettingsRequest) -> SetBrokerSettingsResponse;
-            update_queue(UpdateQueueRequest) -> UpdateQueueResponse;
-            set_limits(SetLimitsRequest) -> Limits;
-            clear_limits(ClearLimitsRequest) -> ClearLimitsResponse;
-            list_limits(ListLimitsRequest) -> ListLimitsResponse;
-            list_users(ListUsersRequest) -> ListUsersResponse;
-            put_user(PutUserRequest) -> User;
-            delete_user(DeleteUserRequest) -> DeleteUserResponse;
-            set_permissions(SetPermissionsRequest) -> Permission;
-            clear_permissions(ClearPermissionsRequest) -> ClearPermissionsResponse;
-            list_permissions(ListPermissionsRequest) -> ListPermissionsResponse;
-            set_transaction_timeouts(SetTransactionTimeoutsRequest) -> TransactionTimeouts;
+            create_vhost(m::CreateVhostRequest) -> m::Vhost;
+            list_vhosts(m::ListVhostsRequest) -> m::ListVhostsResponse;
+            delete_vhost(m::DeleteVhostRequest) -> m::DeleteVhostResponse;
+            create_exchange(m::CreateExchangeRequest) -> m::Exchange;
+            list_exchanges(m::ListExchangesRequest) -> m::ListExchangesResponse;
+            delete_exchange(m::DeleteExchangeRequest) -> m::DeleteExchangeResponse;
+            create_queue(m::CreateQueueRequest) -> m::Queue;
+            list_queues(m::ListQueuesRequest) -> m::ListQueuesResponse;
+            delete_queue(m::DeleteQueueRequest) -> m::DeleteQueueResponse;
+            purge_queue(m::PurgeQueueRequest) -> m::PurgeQueueResponse;
+            peek_messages(m::PeekMessagesRequest) -> m::PeekMessagesResponse;
+            move_messages(m::MoveMessagesRequest) -> m::MoveMessagesResponse;
+            create_binding(m::CreateBindingRequest) -> m::Binding;
+            list_bindings(m::ListBindingsRequest) -> m::ListBindingsResponse;
+            delete_binding(m::DeleteBindingRequest) -> m::DeleteBindingResponse;
+            get_broker_status(m::GetBrokerStatusRequest) -> m::BrokerStatus;
+            list_connections(m::ListConnectionsRequest) -> m::ListConnectionsResponse;
+            list_channels(m::ListChannelsRequest) -> m::ListChannelsResponse;
+            close_connection(m::CloseConnectionRequest) -> m::CloseConnectionResponse;
+            set_broker_settings(m::SetBrokerSettingsRequest) -> m::SetBrokerSettingsResponse;
+            update_queue(m::UpdateQueueRequest) -> m::UpdateQueueResponse;
+            set_limits(m::SetLimitsRequest) -> m::Limits;
+            clear_limits(m::ClearLimitsRequest) -> m::ClearLimitsResponse;
+            list_limits(m::ListLimitsRequest) -> m::ListLimitsResponse;
+            list_users(m::ListUsersRequest) -> m::ListUsersResponse;
+            put_user(m::PutUserRequest) -> m::User;
+            delete_user(m::DeleteUserRequest) -> m::DeleteUserResponse;
+            set_permissions(m::SetPermissionsRequest) -> m::Permission;
+            clear_permissions(m::ClearPermissionsRequest) -> m::ClearPermissionsResponse;
+            list_permissions(m::ListPermissionsRequest) -> m::ListPermissionsResponse;
+            set_transaction_timeouts(m::SetTransactionTimeoutsRequest) -> m::TransactionTimeouts;
+            authenticate_user(pb::AuthenticateUserRequest) -> pb::AuthenticateUserResponse;
         }
     };
 }
@@ -176,6 +179,12 @@ pub trait EngineAdminApi: Send + Sync + 'static {
         &self,
         request: m::SetTransactionTimeoutsRequest,
     ) -> Result<m::TransactionTimeouts, ServiceError>;
+    /// Checks a stored user's password for management; an accepted answer
+    /// carries the user's tags and permissions.
+    async fn authenticate_user(
+        &self,
+        request: pb::AuthenticateUserRequest,
+    ) -> Result<pb::AuthenticateUserResponse, ServiceError>;
 }
 
 /// The engine's admin API over gRPC (management running in its own process).
@@ -195,11 +204,11 @@ impl RemoteEngineAdmin {
 }
 
 macro_rules! remote_impl {
-    ($($method:ident($request:ident) -> $response:ident;)*) => {
+    ($($method:ident($request:ty) -> $response:ty;)*) => {
         #[async_trait]
         impl EngineAdminApi for RemoteEngineAdmin {
             $(
-                async fn $method(&self, request: m::$request) -> Result<m::$response, ServiceError> {
+                async fn $method(&self, request: $request) -> Result<$response, ServiceError> {
                     Ok(self.client.clone().$method(request).await?.into_inner())
                 }
             )*

@@ -31,6 +31,7 @@ pub mod body;
 mod boundary;
 pub mod cluster;
 pub mod command_queue;
+pub mod permissions;
 mod status;
 
 pub use boundary::{

@@ -162,8 +162,8 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
             running.engine = Some(engine.clone());
             let admin: Arc<dyn EngineAdminApi> = Arc::new(engine.clone());
             start_amqp(&mut running, Arc::new(engine), settings, &metrics).await?;
-            let routes =
-                ManagementService::new(admin, storage).routes(settings.management.auth())?;
+            let routes = ManagementService::new(admin, storage)
+                .routes(settings.management.auth(), &metrics)?;
             let router = management_server(settings)?.add_routes(routes);
             start_grpc(
                 &mut running,
@@ -240,8 +240,8 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
                 &settings.management.engine_addr,
                 &cluster,
             )?);
-            let routes =
-                ManagementService::new(admin, storage).routes(settings.management.auth())?;
+            let routes = ManagementService::new(admin, storage)
+                .routes(settings.management.auth(), &metrics)?;
             let router = management_server(settings)?.add_routes(routes);
             start_grpc(
                 &mut running,

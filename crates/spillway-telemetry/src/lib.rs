@@ -40,9 +40,11 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+pub use login_refusals::{RefusalLog, REFUSAL_LOG_INTERVAL};
 pub use prometheus_client;
 pub use refusals::{LimitRefusals, LIMIT_REFUSALS};
 
+mod login_refusals;
 mod refusals;
 
 /// The `Content-Type` of `/metrics`: the Prometheus text format 0.0.4.

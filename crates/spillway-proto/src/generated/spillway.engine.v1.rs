@@ -1104,6 +1104,30 @@ pub mod engine_server {
         const NAME: &'static str = SERVICE_NAME;
     }
 }
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct AuthenticateUserRequest {
+    #[prost(string, tag = "1")]
+    pub user: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub password: ::prost::alloc::string::String,
+    /// Loopback-only users (such as guest) are refused from elsewhere.
+    #[prost(bool, tag = "3")]
+    pub peer_is_loopback: bool,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct AuthenticateUserResponse {
+    #[prost(enumeration = "LoginResult", tag = "1")]
+    pub result: i32,
+    /// Only when accepted: RabbitMQ's tags (administrator, monitoring,
+    /// policymaker, management, ...).
+    #[prost(string, repeated, tag = "2")]
+    pub tags: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// Only when accepted: the user's permissions, one per vhost.
+    #[prost(message, repeated, tag = "3")]
+    pub permissions: ::prost::alloc::vec::Vec<crate::management::Permission>,
+}
 /// Generated client implementations.
 pub mod engine_admin_client {
     #![allow(
@@ -1994,6 +2018,35 @@ pub mod engine_admin_client {
                 );
             self.inner.unary(req, path, codec).await
         }
+        /// Checks a management caller's stored password and answers with what
+        /// management needs to decide what the caller may do: its tags and its
+        /// permissions.
+        pub async fn authenticate_user(
+            &mut self,
+            request: impl tonic::IntoRequest<super::AuthenticateUserRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::AuthenticateUserResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.engine.v1.EngineAdmin/AuthenticateUser",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new("spillway.engine.v1.EngineAdmin", "AuthenticateUser"),
+                );
+            self.inner.unary(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -2225,6 +2278,16 @@ pub mod engine_admin_server {
             request: tonic::Request<crate::management::SetTransactionTimeoutsRequest>,
         ) -> std::result::Result<
             tonic::Response<crate::management::TransactionTimeouts>,
+            tonic::Status,
+        >;
+        /// Checks a management caller's stored password and answers with what
+        /// management needs to decide what the caller may do: its tags and its
+        /// permissions.
+        async fn authenticate_user(
+            &self,
+            request: tonic::Request<super::AuthenticateUserRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::AuthenticateUserResponse>,
             tonic::Status,
         >;
     }
@@ -3748,6 +3811,51 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = SetTransactionTimeoutsSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.engine.v1.EngineAdmin/AuthenticateUser" => {
+                    #[allow(non_camel_case_types)]
+                    struct AuthenticateUserSvc<T: EngineAdmin>(pub Arc<T>);
+                    impl<
+                        T: EngineAdmin,
+                    > tonic::server::UnaryService<super::AuthenticateUserRequest>
+                    for AuthenticateUserSvc<T> {
+                        type Response = super::AuthenticateUserResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::AuthenticateUserRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as EngineAdmin>::authenticate_user(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = AuthenticateUserSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
