@@ -304,7 +304,10 @@ async fn run_until_exit(dir: &Path, role: &str, env: &[(&str, String)]) -> anyho
 
 fn tls_env(cert: &Path, key: &Path, ca: &Path) -> Vec<(&'static str, String)> {
     vec![
-        ("SPILLWAY_CLUSTER__TLS__CERT_FILE", cert.display().to_string()),
+        (
+            "SPILLWAY_CLUSTER__TLS__CERT_FILE",
+            cert.display().to_string(),
+        ),
         ("SPILLWAY_CLUSTER__TLS__KEY_FILE", key.display().to_string()),
         ("SPILLWAY_CLUSTER__TLS__CA_FILE", ca.display().to_string()),
     ]
@@ -364,7 +367,11 @@ async fn unusable_cluster_tls_files_stop_start_up_naming_the_setting() -> anyhow
                 exit.ready,
                 exit.stderr
             );
-            assert!(!exit.stderr.contains("panicked"), "{what}:\n{}", exit.stderr);
+            assert!(
+                !exit.stderr.contains("panicked"),
+                "{what}:\n{}",
+                exit.stderr
+            );
             for text in expected {
                 assert!(
                     exit.stderr.contains(text.as_str()),
