@@ -15,9 +15,7 @@ use serde::Deserialize;
 use tonic::metadata::AsciiMetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::service::Interceptor;
-use tonic::transport::{
-    Certificate, Channel, ClientTlsConfig, Identity, ServerTlsConfig,
-};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity, ServerTlsConfig};
 use tonic::{Request, Status};
 
 /// The request metadata key that carries the cluster secret.
@@ -177,7 +175,11 @@ impl fmt::Debug for ClusterTls {
 /// so the same addresses serve both set-ups; without it, an `https://`
 /// address is refused, since nothing would be there to speak TLS with.
 pub fn cluster_uri(addr: &str, tls: bool) -> Result<String, String> {
-    match (addr.strip_prefix("http://"), addr.starts_with("https://"), tls) {
+    match (
+        addr.strip_prefix("http://"),
+        addr.starts_with("https://"),
+        tls,
+    ) {
         (Some(rest), _, true) => Ok(format!("https://{rest}")),
         (_, true, false) => Err(format!(
             "{addr} is https:// but cluster.tls is not set: set cluster.tls.cert_file, \
