@@ -181,6 +181,7 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
                 &settings.management.listen,
                 router,
                 stopped,
+                settings.management.tls.files().is_some(),
             )
             .await?;
         }
@@ -200,6 +201,7 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
                 &settings.storage.listen,
                 router,
                 stopped,
+                cluster_tls.is_some(),
             )
             .await?;
         }
@@ -230,6 +232,7 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
                 &settings.engine.listen,
                 router,
                 stopped,
+                cluster_tls.is_some(),
             )
             .await?;
         }
@@ -258,6 +261,7 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
                 &settings.management.listen,
                 router,
                 stopped,
+                settings.management.tls.files().is_some(),
             )
             .await?;
         }
@@ -470,13 +474,15 @@ async fn start_grpc(
     listen: &str,
     router: tonic::transport::server::Router,
     mut stopped: watch::Receiver<bool>,
+    tls: bool,
 ) -> anyhow::Result<()> {
     let listener = TcpListener::bind(listen)
         .await
         .with_context(|| format!("binding the {name} gRPC port {listen}"))?;
     let addr = listener.local_addr()?;
     running.addresses.insert(name, addr);
-    tracing::info!(component = name, %addr, "grpc listening");
+    // tls: the management API's TLS, or the internal services' mutual TLS.
+    tracing::info!(component = name, %addr, tls, "grpc listening");
     let server = tokio::spawn(async move {
         let shutdown = async move {
             let _ = stopped.changed().await;
