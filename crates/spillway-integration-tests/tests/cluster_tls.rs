@@ -302,7 +302,10 @@ async fn run_until_exit(dir: &Path, role: &str, env: &[(&str, String)]) -> anyho
     })
 }
 
-fn tls_env(cert: &Path, key: &Path, ca: &Path) -> Vec<(&'static str, String)> {
+/// Environment variables for one run.
+type Env = Vec<(&'static str, String)>;
+
+fn tls_env(cert: &Path, key: &Path, ca: &Path) -> Env {
     vec![
         (
             "SPILLWAY_CLUSTER__TLS__CERT_FILE",
@@ -325,7 +328,7 @@ async fn unusable_cluster_tls_files_stop_start_up_naming_the_setting() -> anyhow
         "SPILLWAY_CLUSTER__TLS__CERT_FILE",
         member.cert.display().to_string(),
     )];
-    let cases: Vec<(Vec<(&str, String)>, Vec<String>)> = vec![
+    let cases: Vec<(Env, Vec<String>)> = vec![
         (
             only_cert,
             vec![
