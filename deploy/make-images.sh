@@ -12,5 +12,7 @@ cp target/release/spillway target/release/spillway-loadgen deploy/context/
 deploy/make-base.sh
 docker build -q -t spillway:local -f deploy/Dockerfile deploy/context >/dev/null
 echo "make-images: built spillway:local"
-# The secret docker-compose.yml mounts: made here once, never in the image.
+# The secret and certificates docker-compose.yml mounts: made here once,
+# never in the image.
 deploy/cluster-secret.sh
+deploy/make-certs.sh

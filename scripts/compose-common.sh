@@ -23,15 +23,19 @@ docker_check() {
 }
 
 # A project name of its own per run, so runs never share containers or volumes,
-# and host ports chosen by Docker so that nothing on 5672/5673/50051 is in the way.
+# and host ports chosen by Docker so that nothing on 5671-5674/50051 is in the way.
 compose_setup() {
     local kind="$1"
     PROJECT="${SPILLWAY_COMPOSE_PROJECT:-spillway-$kind-$(date +%s)-$$}"
     export SPILLWAY_AMQP_PORT="${SPILLWAY_AMQP_PORT:-0}"
     export SPILLWAY_AMQP_PORT2="${SPILLWAY_AMQP_PORT2:-0}"
     export SPILLWAY_MANAGEMENT_PORT="${SPILLWAY_MANAGEMENT_PORT:-0}"
-    # The internal gRPC secret docker-compose.yml mounts (made once, kept).
+    export SPILLWAY_AMQPS_PORT="${SPILLWAY_AMQPS_PORT:-0}"
+    export SPILLWAY_AMQPS_PORT2="${SPILLWAY_AMQPS_PORT2:-0}"
+    # The internal gRPC secret and the certificates docker-compose.yml mounts
+    # (made once, kept; leaf certificates re-issued before they expire).
     "$root/deploy/cluster-secret.sh"
+    "$root/deploy/make-certs.sh"
 }
 
 compose() {

@@ -2,7 +2,9 @@
 # `make compose-test`: the compose stack with its `test` profile. The loadgen
 # runs deploy/loadgen-test.json (mixed transient/persistent traffic through two
 # gateways, a backlog past the flow-to-disk threshold, a queue at capacity) and
-# exits non-zero on any lost or duplicated message. Always tears down.
+# exits non-zero on any lost or duplicated message. Producers publish over
+# AMQPS, consumers consume over AMQP, internal gRPC is mutual TLS, and spillctl
+# checks management over TLS (--tls-ca) before the load. Always tears down.
 set -euo pipefail
 source "$(dirname "$0")/compose-common.sh"
 docker_check
@@ -16,10 +18,33 @@ log="$out/compose-test.log"
 summary="$out/compose-test-summary.json"
 trap compose_teardown EXIT
 
+# spillctl from the host, over TLS to management's published port.
+spillctl="${SPILLCTL_BIN:-$root/target/release/spillctl}"
+[[ -x "$spillctl" ]] || die "$spillctl missing: build it first (make test-build)"
+export SPILLWAY_MANAGEMENT_TOKEN="${SPILLWAY_MANAGEMENT_TOKEN:-$(head -c 24 /dev/urandom | base64 | tr -d '/+=')}"
+
 echo "compose-test: project $PROJECT, using ${COMPOSE[*]}, flow-to-disk threshold $SPILLWAY_BROKER__FLOW_TO_DISK_THRESHOLD bytes"
 start=$SECONDS
 rc=0
-compose --profile test up --exit-code-from loadgen --no-color >"$log" 2>&1 || rc=$?
+# The stack first (internal gRPC over mutual TLS), then spillctl, then the
+# loadgen (producers over AMQPS, consumers over AMQP).
+compose up -d >"$log" 2>&1 || die "the stack did not start (log: $log)"
+for s in storage engine gateway gateway2 management; do wait_healthy "$s" 120; done
+mport="$(compose port management 50051 | sed 's/.*://')"
+[[ -n "$mport" ]] || die "management's port is not published"
+ctl() {
+    "$spillctl" --addr "localhost:$mport" --token "$SPILLWAY_MANAGEMENT_TOKEN" "$@"
+}
+ctl --tls-ca "$root/deploy/certs/client-ca.pem" status >"$out/compose-test-spillctl.txt" 2>&1 \
+    || { cat "$out/compose-test-spillctl.txt" >&2; die "spillctl --tls-ca could not reach management over TLS"; }
+if ctl status >/dev/null 2>&1; then
+    die "spillctl reached management without TLS: the port should serve TLS only"
+fi
+if ctl --tls-ca "$root/deploy/certs/cluster-ca.pem" status >/dev/null 2>&1; then
+    die "spillctl accepted management's certificate with the wrong CA"
+fi
+echo "compose-test: spillctl --tls-ca reached management over TLS (plaintext and a wrong CA refused)"
+compose --profile test up --exit-code-from loadgen --no-color >>"$log" 2>&1 || rc=$?
 elapsed=$((SECONDS - start))
 loadgen="$(cid loadgen)"
 if [[ -n "$loadgen" ]]; then

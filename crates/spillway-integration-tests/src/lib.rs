@@ -16,7 +16,8 @@
 //! In `Separate` the processes share a cluster secret made for the sandbox
 //! (random, in a file read through `SPILLWAY_CLUSTER__SECRET_FILE`):
 //! [`Sandbox::cluster_client`] is what an internal gRPC client of the
-//! sandbox needs.
+//! sandbox needs. A configuration with `[cluster.tls]` runs them over mutual
+//! TLS too ([`pki::Pki::cluster_tls_toml`]).
 //!
 //! Every process serves `/metrics` and `/healthz` on an ephemeral port too:
 //! [`Sandbox::metrics_addr`] tells where, [`http_get`] fetches them.
@@ -37,7 +38,7 @@ use std::time::{Duration, Instant};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use spillway_proto::cluster::{ClusterClient, ClusterSecret};
+use spillway_proto::cluster::{ClusterClient, ClusterSecret, ClusterTls};
 use spillway_proto::storage::StoreStatus;
 use spillway_proto::{RemoteStorage, StorageApi};
 use spillway_serve::{Role, Running, Settings};
@@ -111,6 +112,8 @@ pub struct Sandbox {
     engine: Option<SocketAddr>,
     /// The cluster secret the separate processes share.
     secret: ClusterSecret,
+    /// The cluster's mutual TLS, when the configuration sets `cluster.tls`.
+    cluster_tls: Option<ClusterTls>,
     amqp: SocketAddr,
     /// The AMQPS address, when the configuration sets `gateway.amqps_listen`.
     amqps: Option<SocketAddr>,
@@ -168,6 +171,12 @@ impl Sandbox {
             Some(path)
         };
         let secret = new_secret(dir.path())?;
+        // What the sandbox's own internal clients present when the
+        // processes run with `cluster.tls`.
+        let cluster_tls = match &config {
+            Some(path) => Settings::load(Some(path))?.cluster.tls.load()?,
+            None => None,
+        };
         let mut sandbox = Self {
             wiring,
             dir,
@@ -176,6 +185,7 @@ impl Sandbox {
             data_dir,
             engine: None,
             secret,
+            cluster_tls,
             amqp: SocketAddr::from(([127, 0, 0, 1], 0)),
             amqps: None,
             management: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -219,10 +229,12 @@ impl Sandbox {
     }
 
     /// What an internal gRPC client needs to be let in: the sandbox's
-    /// secret and the default message limit.
+    /// secret, its cluster TLS (when configured) and the default message
+    /// limit.
     pub fn cluster_client(&self) -> ClusterClient {
         ClusterClient {
             secret: Some(self.secret.clone()),
+            tls: self.cluster_tls.clone(),
             ..ClusterClient::default()
         }
     }

@@ -1,8 +1,9 @@
 //! Certificates for the TLS tests, made by the test (never committed keys):
 //! a CA (basicConstraints critical, keyCertSign), a server certificate it
 //! signed for `localhost` and `127.0.0.1`, client certificates it signed
-//! (CN = a user name), an expired one, and one from another CA. Each is
-//! written as PEM into a temporary directory.
+//! (CN = a user name), an expired one, one from another CA, and component
+//! certificates for the cluster's mutual TLS (server and client at once).
+//! Each is written as PEM into a temporary directory.
 
 use std::path::{Path, PathBuf};
 
@@ -111,6 +112,32 @@ impl Pki {
         self.issue(&format!("expired-{user}"), params, false)
     }
 
+    /// A component's certificate for the cluster's mutual TLS
+    /// (`cluster.tls.cert_file`): CN `name`, SANs `localhost` and
+    /// `127.0.0.1`, good as a server's and as a client's.
+    pub fn component(&self, name: &str) -> anyhow::Result<Identity> {
+        self.issue(&format!("component-{name}"), component_params(name)?, false)
+    }
+
+    /// The same, signed by a CA the broker does not trust.
+    pub fn stranger_component(&self, name: &str) -> anyhow::Result<Identity> {
+        self.issue(
+            &format!("stranger-component-{name}"),
+            component_params(name)?,
+            true,
+        )
+    }
+
+    /// A `[cluster.tls]` section: `identity` and this CA.
+    pub fn cluster_tls_toml(&self, identity: &Identity) -> String {
+        format!(
+            "[cluster.tls]\ncert_file = {:?}\nkey_file = {:?}\nca_file = {:?}\n",
+            identity.cert.display().to_string(),
+            identity.key.display().to_string(),
+            self.ca_file.display().to_string(),
+        )
+    }
+
     /// A client certificate for `user` signed by a CA the broker does not
     /// trust.
     pub fn stranger_client(&self, user: &str) -> anyhow::Result<Identity> {
@@ -192,5 +219,19 @@ fn client_params(user: &str) -> anyhow::Result<CertificateParams> {
     params.use_authority_key_identifier_extension = true;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    Ok(params)
+}
+
+fn component_params(name: &str) -> anyhow::Result<CertificateParams> {
+    let mut params =
+        CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])?;
+    params.distinguished_name = DistinguishedName::new();
+    params.distinguished_name.push(DnType::CommonName, name);
+    params.use_authority_key_identifier_extension = true;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
     Ok(params)
 }

@@ -71,6 +71,10 @@ struct Args {
     /// AMQP URL the consumers use (default: --url), e.g. a second gateway.
     #[arg(long, env = "SPILLWAY_LOADGEN_CONSUMER_URL")]
     consumer_url: Option<String>,
+    /// PEM file of the CA that signed the broker's AMQPS certificate: trusted (instead
+    /// of the public roots) for amqps:// URLs. The lapin client only.
+    #[arg(long, env = "SPILLWAY_LOADGEN_TLS_CA", value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
     /// A name for this run, echoed in the summary.
     #[arg(long)]
     name: Option<String>,
@@ -513,9 +517,14 @@ async fn connect(
     url: &str,
 ) -> Result<(Connection, JoinHandle<()>)> {
     let props = ConnectionProperties::default().with_connection_name(name.to_string().into());
-    let conn = Connection::connect(url, props)
-        .await
-        .with_context(|| format!("{name}: cannot connect to {url}"))?;
+    let conn = if url.starts_with("amqps://") {
+        let tls = tls_config(shared.args.tls_ca.as_deref())?;
+        let runtime = lapin::runtime::default_runtime().context("lapin's runtime")?;
+        Connection::connect_with_config(url, props, tls, runtime).await
+    } else {
+        Connection::connect(url, props).await
+    }
+    .with_context(|| format!("{name}: cannot connect to {url}"))?;
     let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
     let mut events = conn.events_listener();
     let sh = shared.clone();
@@ -542,6 +551,22 @@ async fn connect(
         sh.blocked.unblock(id);
     });
     Ok((conn, watcher))
+}
+
+/// lapin's TLS settings for amqps:// URLs: trust the CA in `ca_file` when given (the
+/// public roots otherwise); no client certificate.
+fn tls_config(ca_file: Option<&std::path::Path>) -> Result<lapin::tcp::OwnedTLSConfig> {
+    let cert_chain = match ca_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("--tls-ca: cannot read {}", path.display()))?,
+        ),
+        None => None,
+    };
+    Ok(lapin::tcp::OwnedTLSConfig {
+        identity: None,
+        cert_chain,
+    })
 }
 
 async fn close(conn: Connection, watcher: JoinHandle<()>) {
@@ -1448,6 +1473,9 @@ fn plan_run_args(top: &Args, step: &str, i: usize, run: &[String]) -> Result<Arg
     ];
     if let Some(url) = &top.consumer_url {
         argv.extend(["--consumer-url".to_string(), url.clone()]);
+    }
+    if let Some(ca) = &top.tls_ca {
+        argv.extend(["--tls-ca".to_string(), ca.display().to_string()]);
     }
     argv.extend(run.iter().cloned());
     let args = Args::try_parse_from(&argv)

@@ -145,6 +145,9 @@ impl RawConnection {
 
     async fn open_with(url: &str, name: &str, read_size: usize) -> Result<Self> {
         let uri: AMQPUri = url.parse().map_err(|e: String| anyhow!("{url}: {e}"))?;
+        if uri.scheme == amq_protocol::uri::AMQPScheme::AMQPS {
+            bail!("{url}: the raw client speaks plain AMQP only; use --client lapin for amqps://");
+        }
         let authority = &uri.authority;
         let socket = TcpStream::connect((authority.host.as_str(), authority.port))
             .await

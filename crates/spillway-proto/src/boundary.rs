@@ -431,17 +431,28 @@ fn pack_commands(mut ready: Vec<SessionCommand>) -> SessionCommand {
 }
 
 /// A lazily connecting channel to `addr` that adds the cluster secret to
-/// every call.
+/// every call, over mutual TLS when the cluster has it (`http://` is then
+/// dialled as `https://`; the server's certificate must name the address's
+/// host).
 pub(crate) fn lazy_channel(
     addr: &str,
     cluster: &ClusterClient,
 ) -> Result<ClusterChannel, ServiceError> {
-    let endpoint = Endpoint::from_shared(addr.to_string())
+    let uri = crate::cluster::cluster_uri(addr, cluster.tls.is_some())
+        .map_err(ServiceError::InvalidArgument)?;
+    let mut endpoint = Endpoint::from_shared(uri)
         .map_err(|err| ServiceError::InvalidArgument(format!("bad address {addr}: {err}")))?
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_while_idle(true);
+    if let Some(tls) = &cluster.tls {
+        endpoint = endpoint.tls_config(tls.client_config()).map_err(|err| {
+            ServiceError::InvalidArgument(format!(
+                "cluster.tls cannot be used to reach {addr}: {err}"
+            ))
+        })?;
+    }
     Ok(ClusterChannel::new(
         endpoint.connect_lazy(),
         cluster.credentials(),

@@ -1,20 +1,21 @@
 //! What every internal gRPC call between Spillway's own components carries:
-//! the cluster secret (`cluster.secret`), as request metadata, and the
-//! message-size limit both ends enforce.
+//! the cluster secret (`cluster.secret`), as request metadata, the cluster's
+//! mutual TLS (`cluster.tls`), and the message-size limit both ends enforce.
 //!
 //! The server side (the interceptor that checks the secret) lives with the
 //! wiring (`spillway-serve`); this module holds what clients and servers
 //! share: [`ClusterSecret`], the metadata key, the client interceptor
-//! [`ClusterCredentials`] and [`grpc_message_limit`].
+//! [`ClusterCredentials`], [`ClusterTls`] and [`grpc_message_limit`].
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::Deserialize;
 use tonic::metadata::AsciiMetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::service::Interceptor;
-use tonic::transport::Channel;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity, ServerTlsConfig};
 use tonic::{Request, Status};
 
 /// The request metadata key that carries the cluster secret.
@@ -114,12 +115,88 @@ impl<'de> Deserialize<'de> for ClusterSecret {
     }
 }
 
+/// How long an internal server waits for a TLS handshake to complete.
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The cluster's mutual TLS (`cluster.tls`): the CA every component's
+/// certificate is signed by, and this process's own certificate and key, as
+/// PEM. An internal server serves TLS only and requires a client certificate
+/// signed by the CA; an internal client presents its certificate and checks
+/// the server's against the CA, for the host name of the address it dials.
+///
+/// The files are read and checked by the settings; `Debug` shows no key.
+#[derive(Clone)]
+pub struct ClusterTls {
+    ca_pem: Arc<[u8]>,
+    cert_pem: Arc<[u8]>,
+    key_pem: Arc<[u8]>,
+}
+
+impl ClusterTls {
+    pub fn new(ca_pem: Vec<u8>, cert_pem: Vec<u8>, key_pem: Vec<u8>) -> Self {
+        Self {
+            ca_pem: ca_pem.into(),
+            cert_pem: cert_pem.into(),
+            key_pem: key_pem.into(),
+        }
+    }
+
+    fn identity(&self) -> Identity {
+        Identity::from_pem(&*self.cert_pem, &*self.key_pem)
+    }
+
+    /// An internal client's TLS: trust the cluster CA only (no system
+    /// roots), present this process's certificate.
+    pub fn client_config(&self) -> ClientTlsConfig {
+        ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&*self.ca_pem))
+            .identity(self.identity())
+    }
+
+    /// An internal server's TLS: this process's certificate, and a client
+    /// certificate signed by the cluster CA required of every caller.
+    pub fn server_config(&self) -> ServerTlsConfig {
+        ServerTlsConfig::new()
+            .identity(self.identity())
+            .client_ca_root(Certificate::from_pem(&*self.ca_pem))
+            .client_auth_optional(false)
+            .timeout(TLS_HANDSHAKE_TIMEOUT)
+    }
+}
+
+impl fmt::Debug for ClusterTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ClusterTls(..)")
+    }
+}
+
+/// The URI an internal client dials for the configured `addr`: with cluster
+/// TLS, `http://` becomes `https://` (tonic speaks TLS to `https` URIs only),
+/// so the same addresses serve both set-ups; without it, an `https://`
+/// address is refused, since nothing would be there to speak TLS with.
+pub fn cluster_uri(addr: &str, tls: bool) -> Result<String, String> {
+    match (
+        addr.strip_prefix("http://"),
+        addr.starts_with("https://"),
+        tls,
+    ) {
+        (Some(rest), _, true) => Ok(format!("https://{rest}")),
+        (_, true, false) => Err(format!(
+            "{addr} is https:// but cluster.tls is not set: set cluster.tls.cert_file, \
+             key_file and ca_file, or use http://"
+        )),
+        _ => Ok(addr.to_string()),
+    }
+}
+
 /// What an internal gRPC client needs to be let in and to size its messages.
 #[derive(Clone, Debug)]
 pub struct ClusterClient {
     /// Sent with every call; `None`: nothing is sent (a peer without a
     /// secret of its own accepts that; one with a secret refuses it).
     pub secret: Option<ClusterSecret>,
+    /// Mutual TLS to every internal server; `None`: plaintext HTTP/2.
+    pub tls: Option<ClusterTls>,
     /// [`grpc_message_limit`], for encoding and decoding.
     pub max_message_bytes: usize,
 }
@@ -129,6 +206,7 @@ impl Default for ClusterClient {
     fn default() -> Self {
         Self {
             secret: None,
+            tls: None,
             max_message_bytes: grpc_message_limit(128 << 20, 131_072),
         }
     }
@@ -212,6 +290,29 @@ mod tests {
             panic!("refused")
         };
         assert!(request.metadata().get(SECRET_METADATA_KEY).is_none());
+    }
+
+    #[test]
+    fn cluster_tls_turns_http_into_https_and_https_needs_it() {
+        assert_eq!(
+            cluster_uri("http://engine:50061", true).as_deref(),
+            Ok("https://engine:50061")
+        );
+        assert_eq!(
+            cluster_uri("https://engine:50061", true).as_deref(),
+            Ok("https://engine:50061")
+        );
+        assert_eq!(
+            cluster_uri("http://engine:50061", false).as_deref(),
+            Ok("http://engine:50061")
+        );
+        let refused = cluster_uri("https://engine:50061", false);
+        assert!(
+            refused.as_ref().is_err_and(|e| e.contains("cluster.tls")),
+            "{refused:?}"
+        );
+        let tls = ClusterTls::new(b"ca".to_vec(), b"cert".to_vec(), b"secret key".to_vec());
+        assert!(!format!("{tls:?}").contains("secret key"));
     }
 
     #[test]

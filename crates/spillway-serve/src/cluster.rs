@@ -10,8 +10,9 @@
 //! peer address and [`WARN_EVERY`], so a flood of bad calls does not flood the
 //! log.
 //!
-//! [`require_secret_off_loopback`] is the start-up rule: a process does not
-//! serve internal gRPC beyond loopback without a secret.
+//! [`require_protection_off_loopback`] is the start-up rule: a process does
+//! not serve internal gRPC beyond loopback without the secret or mutual TLS
+//! (`cluster.tls`, which the servers enforce in the TLS handshake).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -168,15 +169,16 @@ impl Interceptor for ClusterInterceptor {
 }
 
 /// Refuses to serve internal gRPC on `listen` (the value of the setting
-/// `key`) when it is not a loopback address and there is no secret. An
-/// address that does not resolve is left for the bind to report.
-pub async fn require_secret_off_loopback(
+/// `key`) when it is not a loopback address and the process has neither the
+/// cluster secret nor cluster TLS (`protected`). An address that does not
+/// resolve is left for the bind to report.
+pub async fn require_protection_off_loopback(
     component: &str,
     key: &str,
     listen: &str,
-    secret: Option<&ClusterSecret>,
+    protected: bool,
 ) -> anyhow::Result<()> {
-    if secret.is_some() {
+    if protected {
         return Ok(());
     }
     let Ok(addresses) = tokio::net::lookup_host(listen).await else {
@@ -188,9 +190,11 @@ pub async fn require_secret_off_loopback(
     }
     anyhow::bail!(
         "refusing to serve the {component}'s internal gRPC on {listen} without a cluster \
-         secret: `{key}` is not a loopback address, so anyone who can reach it could use \
-         it. Set `cluster.secret_file` (SPILLWAY_CLUSTER__SECRET_FILE) or `cluster.secret` \
-         to the same secret on every Spillway process, or listen on 127.0.0.1"
+         secret or cluster TLS: `{key}` is not a loopback address, so anyone who can reach \
+         it could use it. Set `cluster.secret_file` (SPILLWAY_CLUSTER__SECRET_FILE) or \
+         `cluster.secret` to the same secret on every Spillway process, and/or \
+         `cluster.tls.cert_file`, `cluster.tls.key_file` and `cluster.tls.ca_file` \
+         (SPILLWAY_CLUSTER__TLS__*) for mutual TLS, or listen on 127.0.0.1"
     )
 }
 
@@ -277,25 +281,26 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn only_loopback_may_go_without_a_secret() {
-        let secret = ClusterSecret::new(SECRET).ok();
+    async fn only_loopback_may_go_without_a_secret_or_tls() {
         for listen in ["127.0.0.1:0", "[::1]:0", "localhost:0"] {
-            let result = require_secret_off_loopback("engine", "engine.listen", listen, None).await;
+            let result =
+                require_protection_off_loopback("engine", "engine.listen", listen, false).await;
             assert!(result.is_ok(), "{listen}: {result:?}");
         }
         for listen in ["0.0.0.0:50061", "[::]:50061", "192.0.2.1:50061"] {
             let Err(error) =
-                require_secret_off_loopback("engine", "engine.listen", listen, None).await
+                require_protection_off_loopback("engine", "engine.listen", listen, false).await
             else {
                 panic!("{listen} allowed without a secret");
             };
             let text = error.to_string();
             assert!(
-                text.contains("`engine.listen`") && text.contains("cluster.secret"),
+                text.contains("`engine.listen`")
+                    && text.contains("cluster.secret")
+                    && text.contains("cluster.tls.cert_file"),
                 "{text}"
             );
-            let with =
-                require_secret_off_loopback("engine", "engine.listen", listen, secret.as_ref());
+            let with = require_protection_off_loopback("engine", "engine.listen", listen, true);
             assert!(with.await.is_ok());
         }
     }

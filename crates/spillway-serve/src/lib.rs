@@ -7,7 +7,7 @@ mod cluster;
 mod roles;
 mod settings;
 
-pub use cluster::{require_secret_off_loopback, ClusterAuth, ClusterInterceptor};
+pub use cluster::{require_protection_off_loopback, ClusterAuth, ClusterInterceptor};
 pub use roles::{run, Role, Running};
 pub use settings::{Origin, Problem, Settings, SettingsError};
 

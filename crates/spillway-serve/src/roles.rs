@@ -21,7 +21,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::StreamExt;
 use tonic::service::interceptor::InterceptedService;
 
-use crate::cluster::{require_secret_off_loopback, ClusterAuth};
+use crate::cluster::{require_protection_off_loopback, ClusterAuth};
 use crate::Settings;
 
 /// Which components this process runs.
@@ -130,23 +130,33 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
     // Internal gRPC (separate roles only): the secret every client sends and
     // every server requires, and the message limit both ends keep to.
     let secret = settings.cluster.secret.as_ref();
+    // Mutual TLS: read for the separate roles only (all-in-one has no
+    // internal connection to protect).
+    let cluster_tls = match role {
+        Role::AllInOne => None,
+        _ => settings.cluster.tls.load()?,
+    };
     let cluster = ClusterClient {
         secret: secret.cloned(),
+        tls: cluster_tls.clone(),
         max_message_bytes: grpc_message_limit(
             settings.gateway.max_message_size,
             settings.gateway.frame_max,
         ),
     };
     let auth = ClusterAuth::new(secret.cloned());
-    // Before anything listens: no internal gRPC beyond loopback without one.
+    // Before anything listens: no internal gRPC beyond loopback without the
+    // secret or mutual TLS.
+    let protected = secret.is_some() || cluster_tls.is_some();
     match role {
         Role::Engine => {
             let listen = &settings.engine.listen;
-            require_secret_off_loopback("engine", "engine.listen", listen, secret).await?;
+            require_protection_off_loopback("engine", "engine.listen", listen, protected).await?;
         }
         Role::Storage => {
             let listen = &settings.storage.listen;
-            require_secret_off_loopback("storage node", "storage.listen", listen, secret).await?;
+            require_protection_off_loopback("storage node", "storage.listen", listen, protected)
+                .await?;
         }
         Role::AllInOne | Role::Gateway | Role::Management => {}
     }
@@ -171,6 +181,7 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
                 &settings.management.listen,
                 router,
                 stopped,
+                settings.management.tls.files().is_some(),
             )
             .await?;
         }
@@ -181,24 +192,24 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
             let storage = StorageService::new(store)
                 .with_shutdown(stopped.clone())
                 .into_server(cluster.max_message_bytes);
-            let router = tonic::transport::Server::builder().add_service(InterceptedService::new(
-                storage,
-                auth.interceptor("storage"),
-            ));
+            let router = internal_server(cluster_tls.as_ref())?.add_service(
+                InterceptedService::new(storage, auth.interceptor("storage")),
+            );
             start_grpc(
                 &mut running,
                 "storage",
                 &settings.storage.listen,
                 router,
                 stopped,
+                cluster_tls.is_some(),
             )
             .await?;
         }
         Role::Engine => {
-            let storage: Arc<dyn StorageApi> = Arc::new(RemoteStorage::connect_lazy(
-                &settings.engine.storage_addr,
-                &cluster,
-            )?);
+            let storage: Arc<dyn StorageApi> = Arc::new(
+                RemoteStorage::connect_lazy(&settings.engine.storage_addr, &cluster)
+                    .context("engine.storage_addr")?,
+            );
             let engine = start_engine(storage, settings).await?;
             engine.register_metrics(&metrics);
             auth.register_metrics(&metrics);
@@ -206,7 +217,7 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
             let limit = cluster.max_message_bytes;
             let sessions = EngineService::new(engine.clone()).into_server(limit);
             let admin = EngineAdminService::new(engine).into_server(limit);
-            let router = tonic::transport::Server::builder()
+            let router = internal_server(cluster_tls.as_ref())?
                 .add_service(InterceptedService::new(
                     sessions,
                     auth.interceptor("engine"),
@@ -221,25 +232,26 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
                 &settings.engine.listen,
                 router,
                 stopped,
+                cluster_tls.is_some(),
             )
             .await?;
         }
         Role::Gateway => {
-            let engine: Arc<dyn EngineApi> = Arc::new(RemoteEngine::connect_lazy(
-                &settings.gateway.engine_addr,
-                &cluster,
-            )?);
+            let engine: Arc<dyn EngineApi> = Arc::new(
+                RemoteEngine::connect_lazy(&settings.gateway.engine_addr, &cluster)
+                    .context("gateway.engine_addr")?,
+            );
             start_amqp(&mut running, engine, settings, &metrics).await?;
         }
         Role::Management => {
-            let storage: Arc<dyn StorageApi> = Arc::new(RemoteStorage::connect_lazy(
-                &settings.management.storage_addr,
-                &cluster,
-            )?);
-            let admin: Arc<dyn EngineAdminApi> = Arc::new(RemoteEngineAdmin::connect_lazy(
-                &settings.management.engine_addr,
-                &cluster,
-            )?);
+            let storage: Arc<dyn StorageApi> = Arc::new(
+                RemoteStorage::connect_lazy(&settings.management.storage_addr, &cluster)
+                    .context("management.storage_addr")?,
+            );
+            let admin: Arc<dyn EngineAdminApi> = Arc::new(
+                RemoteEngineAdmin::connect_lazy(&settings.management.engine_addr, &cluster)
+                    .context("management.engine_addr")?,
+            );
             let routes = ManagementService::new(admin, storage)
                 .routes(settings.management.auth(), &metrics)?;
             let router = management_server(settings)?.add_routes(routes);
@@ -249,6 +261,7 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
                 &settings.management.listen,
                 router,
                 stopped,
+                settings.management.tls.files().is_some(),
             )
             .await?;
         }
@@ -363,6 +376,21 @@ async fn start_engine(storage: Arc<dyn StorageApi>, settings: &Settings) -> anyh
     }
 }
 
+/// An internal gRPC server's builder (engine, storage): TLS only, with a
+/// client certificate from the cluster CA required, when `cluster.tls` is
+/// set; plaintext HTTP/2 otherwise.
+fn internal_server(
+    tls: Option<&spillway_proto::cluster::ClusterTls>,
+) -> anyhow::Result<tonic::transport::Server> {
+    let builder = tonic::transport::Server::builder();
+    let Some(tls) = tls else {
+        return Ok(builder);
+    };
+    builder
+        .tls_config(tls.server_config())
+        .context("cluster.tls: the certificate, key or CA cannot be used")
+}
+
 /// The management server's builder: TLS on when `management.tls` has a
 /// certificate and key (client certificates as `ca_file`/`verify_peer` say).
 fn management_server(settings: &Settings) -> anyhow::Result<tonic::transport::Server> {
@@ -446,13 +474,15 @@ async fn start_grpc(
     listen: &str,
     router: tonic::transport::server::Router,
     mut stopped: watch::Receiver<bool>,
+    tls: bool,
 ) -> anyhow::Result<()> {
     let listener = TcpListener::bind(listen)
         .await
         .with_context(|| format!("binding the {name} gRPC port {listen}"))?;
     let addr = listener.local_addr()?;
     running.addresses.insert(name, addr);
-    tracing::info!(component = name, %addr, "grpc listening");
+    // tls: the management API's TLS, or the internal services' mutual TLS.
+    tracing::info!(component = name, %addr, tls, "grpc listening");
     let server = tokio::spawn(async move {
         let shutdown = async move {
             let _ = stopped.changed().await;

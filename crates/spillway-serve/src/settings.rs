@@ -42,6 +42,107 @@ pub struct ClusterSettings {
     /// A file holding the secret (surrounding whitespace ignored): what
     /// compose uses, so the secret appears in no environment.
     pub secret_file: Option<PathBuf>,
+    /// Mutual TLS on every internal gRPC connection.
+    pub tls: ClusterTlsSettings,
+}
+
+/// Mutual TLS between the separate processes (`cluster.tls`): PEM files, all
+/// three or none. With them, the engine and storage serve internal gRPC over
+/// TLS only and require a client certificate signed by `ca_file`; every
+/// internal client presents `cert_file` and checks the server's certificate
+/// against `ca_file`. Not read by all-in-one (it has no internal port).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct ClusterTlsSettings {
+    /// This process's certificate chain, leaf first: presented as a server
+    /// and as a client, so it needs both extended key usages (serverAuth,
+    /// clientAuth) and, as SANs, the host names the others dial it by.
+    pub cert_file: Option<PathBuf>,
+    /// Its private key.
+    pub key_file: Option<PathBuf>,
+    /// The cluster CA: every peer's certificate must chain to it.
+    pub ca_file: Option<PathBuf>,
+}
+
+impl ClusterTlsSettings {
+    /// Whether any of the three is set (then all three must be).
+    pub fn is_set(&self) -> bool {
+        self.cert_file.is_some() || self.key_file.is_some() || self.ca_file.is_some()
+    }
+
+    /// What is wrong with `cluster.tls`: a missing file, or one that cannot
+    /// be used (each is read and checked as the servers will use it).
+    fn check(&self) -> Vec<Range> {
+        let mut found = Vec::new();
+        if !self.is_set() {
+            return found;
+        }
+        for (name, path) in [
+            ("cert_file", &self.cert_file),
+            ("key_file", &self.key_file),
+            ("ca_file", &self.ca_file),
+        ] {
+            if path.is_none() {
+                found.push(Range {
+                    key: format!("cluster.tls.{name}"),
+                    value: "unset".into(),
+                    allowed: "a PEM file: cluster.tls needs cert_file, key_file and ca_file \
+                              together"
+                        .into(),
+                });
+            }
+        }
+        let (Some(cert_file), Some(key_file), Some(ca_file)) =
+            (&self.cert_file, &self.key_file, &self.ca_file)
+        else {
+            return found;
+        };
+        let files = spillway_gateway::tls::TlsFiles {
+            cert_file: cert_file.clone(),
+            key_file: key_file.clone(),
+            ca_file: Some(ca_file.clone()),
+            verify_peer: true,
+        };
+        if let Err(error) = spillway_gateway::tls::server_config(&files) {
+            use spillway_gateway::tls::TlsKey;
+            let path = match error.key {
+                TlsKey::CertFile | TlsKey::VerifyPeer => cert_file,
+                TlsKey::KeyFile => key_file,
+                TlsKey::CaFile => ca_file,
+            };
+            let name = match error.key {
+                TlsKey::VerifyPeer => "cert_file",
+                key => key.as_str(),
+            };
+            found.push(Range {
+                key: format!("cluster.tls.{name}"),
+                value: Quoted(&path.display().to_string()).to_string(),
+                allowed: format!("a usable PEM file: {}", error.reason),
+            });
+        }
+        found
+    }
+
+    /// The files' contents, for the internal servers and clients; `None`
+    /// when `cluster.tls` is not set.
+    pub fn load(&self) -> anyhow::Result<Option<spillway_proto::cluster::ClusterTls>> {
+        use anyhow::Context;
+        if !self.is_set() {
+            return Ok(None);
+        }
+        let read = |name: &str, path: &Option<PathBuf>| -> anyhow::Result<Vec<u8>> {
+            let path = path
+                .as_ref()
+                .with_context(|| format!("cluster.tls.{name} is not set"))?;
+            std::fs::read(path)
+                .with_context(|| format!("cluster.tls.{name}: cannot read {}", path.display()))
+        };
+        Ok(Some(spillway_proto::cluster::ClusterTls::new(
+            read("ca_file", &self.ca_file)?,
+            read("cert_file", &self.cert_file)?,
+            read("key_file", &self.key_file)?,
+        )))
+    }
 }
 
 impl ClusterSettings {
@@ -1011,6 +1112,7 @@ impl Settings {
         let needed_by = gateway.amqps_listen().map(|_| "gateway.amqps_listen");
         found.extend(gateway.tls.check("gateway", needed_by));
         found.extend(self.management.tls.check("management", None));
+        found.extend(self.cluster.tls.check());
         found
     }
 }
@@ -1832,6 +1934,57 @@ mod tests {
             let lines: Vec<String> = problems(result).iter().map(ToString::to_string).collect();
             assert_eq!(lines, [expected], "{vars:?}");
         }
+        Ok(())
+    }
+
+    #[test]
+    fn cluster_tls_needs_all_three_files_and_names_a_bad_one() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let (cert, key, ca) = tls_files(dir.path())?;
+        let (cert, key, ca) = (
+            cert.display().to_string(),
+            key.display().to_string(),
+            ca.display().to_string(),
+        );
+        let garbage = dir.path().join("garbage.pem");
+        std::fs::write(&garbage, "not a certificate\n")?;
+        let garbage = garbage.display().to_string();
+
+        let all = [
+            ("SPILLWAY_CLUSTER__TLS__CERT_FILE", cert.as_str()),
+            ("SPILLWAY_CLUSTER__TLS__KEY_FILE", key.as_str()),
+            ("SPILLWAY_CLUSTER__TLS__CA_FILE", ca.as_str()),
+        ];
+        let (_, result) = load("", &all);
+        let settings = result?;
+        assert!(settings.cluster.tls.load()?.is_some());
+        assert!(Settings::default().cluster.tls.load()?.is_none());
+
+        let (_, result) = load("", &all[..1]);
+        let lines: Vec<String> = problems(result).iter().map(ToString::to_string).collect();
+        let needs = "is out of range: a PEM file: cluster.tls needs cert_file, key_file and \
+                     ca_file together";
+        assert_eq!(
+            lines,
+            [
+                format!("`cluster.tls.key_file` = unset {needs}"),
+                format!("`cluster.tls.ca_file` = unset {needs}"),
+            ]
+        );
+
+        let (_, result) = load(
+            &format!(
+                "[cluster.tls]\ncert_file = {cert:?}\nkey_file = {key:?}\nca_file = {garbage:?}\n"
+            ),
+            &[],
+        );
+        let lines: Vec<String> = problems(result).iter().map(ToString::to_string).collect();
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].starts_with(&format!("`cluster.tls.ca_file` = {garbage:?} (in "))
+                && lines[0].ends_with("holds no PEM certificate (-----BEGIN CERTIFICATE-----)"),
+            "{lines:?}"
+        );
         Ok(())
     }
 
