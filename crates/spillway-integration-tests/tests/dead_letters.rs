@@ -27,6 +27,7 @@ both_wirings!(
     bad_dead_letter_arguments_are_refused,
     a_dead_letter_whose_payload_flowed_to_disk_is_read_back,
     the_broker_default_limit_counts_recovers,
+    a_nack_of_many_dead_letters_them_in_publish_order,
 );
 
 fn delivery_count(props: &BasicProperties) -> Option<i64> {
@@ -539,5 +540,84 @@ async fn the_broker_default_limit_counts_recovers(sb: &mut Sandbox) -> anyhow::R
         Some("delivery_limit")
     );
     assert_eq!(message_count(&ch, "defaulted").await?, 0);
+    close(ch, conn).await
+}
+
+/// `basic.nack` with `multiple` and no requeue: the dead-letter queue gets
+/// the messages in the order they were published, not the reverse; so does
+/// a channel that closes with deliveries at their delivery limit.
+async fn a_nack_of_many_dead_letters_them_in_publish_order(sb: &mut Sandbox) -> anyhow::Result<()> {
+    let conn = sb.connect().await?;
+    let ch = conn.create_channel().await?;
+    declare(&ch, "ordered_dead", false, FieldTable::default()).await?;
+    let args = table(&[
+        ("x-dead-letter-exchange", text("")),
+        ("x-dead-letter-routing-key", text("ordered_dead")),
+        ("x-delivery-limit", AMQPValue::ShortInt(0)),
+    ]);
+    declare(&ch, "ordered", false, args).await?;
+    let bodies: Vec<String> = (0..20).map(|i| format!("m{i}")).collect();
+    for body in &bodies {
+        publish(
+            &ch,
+            "",
+            "ordered",
+            body.as_bytes(),
+            BasicProperties::default(),
+        )
+        .await?;
+    }
+    let mut consumer = ch
+        .basic_consume(
+            s("ordered"),
+            s("c"),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let mut last = None;
+    for _ in 0..10 {
+        let delivery = tokio::time::timeout(WAIT, consumer.next())
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("consumer ended"))??;
+        last = Some(delivery);
+    }
+    let last = last.ok_or_else(|| anyhow::anyhow!("no delivery"))?;
+    last.nack(BasicNackOptions {
+        multiple: true,
+        requeue: false,
+    })
+    .await?;
+    eventually(WAIT, || async {
+        message_count(&ch, "ordered_dead")
+            .await
+            .ok()
+            .filter(|n| *n == 10)
+    })
+    .await?;
+    // The other ten are delivered, unacked, and go back when the channel
+    // closes: at their delivery limit (x-delivery-limit 0 allows one
+    // delivery), so to the dead-letter queue, again in order.
+    for _ in 0..10 {
+        tokio::time::timeout(WAIT, consumer.next())
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("consumer ended"))??;
+    }
+    ch.close(200, s("bye")).await?;
+    let ch = conn.create_channel().await?;
+    eventually(WAIT, || async {
+        message_count(&ch, "ordered_dead")
+            .await
+            .ok()
+            .filter(|n| *n == 20)
+    })
+    .await?;
+    let mut dead = Vec::new();
+    for _ in 0..20 {
+        let got = get(&ch, "ordered_dead").await?;
+        dead.push(String::from_utf8(got.delivery.data.clone())?);
+        got.delivery.ack(BasicAckOptions::default()).await?;
+    }
+    assert_eq!(dead, bodies, "dead letters in publish order");
     close(ch, conn).await
 }

@@ -53,10 +53,16 @@ impl Broker {
     /// Dead-letters `jobs` (and whatever the target queues' drop-head limits
     /// push out in turn), writes what the store must know in one batch, and
     /// returns the queues that received messages, to dispatch.
-    pub(crate) fn dead_letter(&mut self, vhost: &str, jobs: Vec<DeadLetterJob>) -> Vec<String> {
+    ///
+    /// Dead letters go in the order their messages were published (message
+    /// ids increase engine-wide): the callers that return deliveries walk
+    /// them newest first (requeueing is cheapest that way), and a `nack`
+    /// with `multiple` must not reverse them in the dead-letter queue.
+    pub(crate) fn dead_letter(&mut self, vhost: &str, mut jobs: Vec<DeadLetterJob>) -> Vec<String> {
         if jobs.is_empty() {
             return Vec::new();
         }
+        jobs.sort_by_key(|job| job.entry.id);
         let mut pending: VecDeque<DeadLetterJob> = jobs.into();
         let mut ops = Vec::new();
         let mut arrivals = Vec::new();
