@@ -28,4 +28,4 @@ mod test_ops;
 
 pub use memory::MemoryStore;
 pub use service::StorageService;
-pub use store::{RocksStore, StoreError};
+pub use store::{RocksStore, StoreError, StoreMemory, BLOCK_CACHE_BYTES, MEMTABLE_BYTES};

@@ -57,7 +57,23 @@ impl Collector for StoreCollector {
             "Size of the files in the store's data directory, in bytes",
             None,
             disk_bytes.metric_type(),
-        )?)
+        )?)?;
+        let memory = store.memory();
+        let mut family = encoder.encode_descriptor(
+            "spillway_store_memory_bytes",
+            "Memory RocksDB holds, by kind (memtables, block_cache, table_readers), in bytes",
+            None,
+            spillway_telemetry::prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (kind, bytes) in [
+            ("memtables", memory.memtables),
+            ("block_cache", memory.block_cache),
+            ("table_readers", memory.table_readers),
+        ] {
+            let labels = [("kind", kind)];
+            ConstGauge::new(bytes).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
     }
 }
 

@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use parking_lot::RwLock;
 use prost::Message as _;
-use rocksdb::{DBCompressionType, Direction, IteratorMode, Options, WriteOptions, DB};
+use rocksdb::{
+    BlockBasedOptions, Cache, DBCompressionType, Direction, IteratorMode, Options, WriteOptions, DB,
+};
 use spillway_proto::storage::{
     write_op, AcquireLeaseRequest, BindingDefinition, Definitions, Durability, ExchangeDefinition,
     Lease, MessageRecord, PermissionDefinition, QueueDefinition, QueueEntry, StoreStatus,
@@ -30,6 +32,20 @@ use spillway_proto::{ServiceError, StorageApi};
 use crate::keys;
 use crate::lease::{Grant, LeaseState};
 use crate::quota::Quota;
+
+/// Size of one RocksDB memtable; at most two exist at once.
+pub const MEMTABLE_BYTES: usize = 16 << 20;
+/// The block cache: data blocks read back, and every table file's index
+/// and filter blocks.
+pub const BLOCK_CACHE_BYTES: usize = 16 << 20;
+
+/// RocksDB's memory, in bytes ([`RocksStore::memory`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreMemory {
+    pub memtables: u64,
+    pub block_cache: u64,
+    pub table_readers: u64,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -189,11 +205,19 @@ impl RocksStore {
         options.increase_parallelism(2);
         // Group commit: concurrent writers share one WAL write and fsync.
         options.set_enable_pipelined_write(true);
-        // Memtables count against the process's memory (all-in-one): 16 MiB
-        // each, at most two, rather than RocksDB's 64 MiB. Spilled payloads
-        // reach table files sooner; the flow-to-disk benchmark measures RSS.
-        options.set_write_buffer_size(16 << 20);
+        // RocksDB's memory is the process's memory (all-in-one), outside
+        // the engine's budget, so it is bounded here (docs/flow-to-disk.md,
+        // "Memory beyond the budget"): memtables of 16 MiB, at most two
+        // (RocksDB's default is 64 MiB), and one block cache that also
+        // holds the table files' index and filter blocks, which RocksDB
+        // otherwise keeps outside any bound, one set per open file.
+        options.set_write_buffer_size(MEMTABLE_BYTES);
         options.set_max_write_buffer_number(2);
+        let mut table = BlockBasedOptions::default();
+        table.set_block_cache(&Cache::new_lru_cache(BLOCK_CACHE_BYTES));
+        table.set_cache_index_and_filter_blocks(true);
+        table.set_pin_l0_filter_and_index_blocks_in_cache(true);
+        options.set_block_based_table_factory(&table);
         let db = DB::open(&options, path).map_err(|source| StoreError::Open {
             path: path.to_path_buf(),
             source,
@@ -454,6 +478,23 @@ impl RocksStore {
             status.queue_entries = self.count(&[keys::ENTRY])?.0;
         }
         Ok(status)
+    }
+
+    /// What RocksDB holds in memory now: memtables (active, immutable and
+    /// pinned), the block cache, and table readers outside the cache.
+    pub fn memory(&self) -> StoreMemory {
+        let property = |name: &str| match self.db.property_int_value(name) {
+            Ok(value) => value.unwrap_or(0),
+            Err(error) => {
+                tracing::debug!(property = name, %error, "reading a rocksdb property failed");
+                0
+            }
+        };
+        StoreMemory {
+            memtables: property("rocksdb.size-all-mem-tables"),
+            block_cache: property("rocksdb.block-cache-usage"),
+            table_readers: property("rocksdb.estimate-table-readers-mem"),
+        }
     }
 
     /// Keys under `prefix`, and their values' bytes.
