@@ -19,11 +19,21 @@ use tokio::sync::Notify;
 /// rounded up; documented in docs/flow-to-disk.md.
 pub const MESSAGE_OVERHEAD_BYTES: u64 = 192;
 
+/// Counted for every unacknowledged delivery: its record in the channel
+/// (the queue entry, the queue's name and the consumer tag, the delivery
+/// time) and its share of the channel's ordered map. Measured with
+/// `size_of` and rounded up; documented in docs/flow-to-disk.md.
+pub const UNACKED_ENTRY_BYTES: u64 = 192;
+
 /// Shared by the broker, every resident message and the store writer.
 #[derive(Debug)]
 pub struct MemoryBudget {
     resident: AtomicU64,
     in_flight: AtomicU64,
+    /// The broker's bookkeeping of messages whatever their payload: queue
+    /// entries (resident or on disk) and unacknowledged deliveries. Set by
+    /// each housekeeping cycle.
+    bookkeeping: AtomicU64,
     threshold: AtomicU64,
     /// Fires when in-flight bytes fall (a spill batch landed), for publishers
     /// waiting on [`MemoryBudget::spill_backlog_full`].
@@ -35,6 +45,7 @@ impl MemoryBudget {
         Self {
             resident: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
+            bookkeeping: AtomicU64::new(0),
             threshold: AtomicU64::new(threshold),
             drained: Notify::new(),
         }
@@ -59,8 +70,24 @@ impl MemoryBudget {
         self.threshold.store(bytes, Ordering::Relaxed);
     }
 
+    /// Bytes of queue entries and unacknowledged deliveries, as the last
+    /// housekeeping cycle counted them.
+    pub fn bookkeeping_bytes(&self) -> u64 {
+        self.bookkeeping.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_bookkeeping(&self, bytes: u64) {
+        self.bookkeeping.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Everything the threshold bounds: resident message bytes and the
+    /// bookkeeping of every message, resident or not.
+    pub fn used_bytes(&self) -> u64 {
+        self.resident_bytes() + self.bookkeeping_bytes()
+    }
+
     pub fn over_threshold(&self) -> bool {
-        self.resident_bytes() > self.threshold()
+        self.used_bytes() > self.threshold()
     }
 
     /// Publishers wait while this holds: the storage node is behind on

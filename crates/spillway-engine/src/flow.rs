@@ -35,6 +35,17 @@ const READ_AHEAD_MAX_MESSAGES: u64 = 4096;
 const READ_AHEAD_MIN_MESSAGES: u64 = 16;
 /// Payload bytes handed to the store writer in one spill write.
 const SPILL_CHUNK_BYTES: u64 = 4 << 20;
+/// One queue entry, resident or not ([`QueuedMessage`]).
+const QUEUE_ENTRY_BYTES: u64 = std::mem::size_of::<QueuedMessage>() as u64;
+/// A queue's entries' allocation is given back once it is four times what
+/// they need, and above this many entries.
+const SHRINK_ABOVE_ENTRIES: usize = 4096;
+/// Unacknowledged deliveries may take this fraction (1/N) of the threshold
+/// before channels holding many of them are held back.
+const UNACKED_SHARE: u64 = 4;
+/// Under that pressure, a channel keeps getting deliveries while it holds
+/// fewer unacknowledged ones than this (like a prefetch of this size).
+pub(crate) const PRESSURE_UNACKED_PER_CHANNEL: usize = 256;
 
 /// A batch of payloads to read back for one queue, or for dead letters.
 #[derive(Debug)]
@@ -55,6 +66,9 @@ pub struct FlowStatus {
     /// Resident message bytes, including payloads on their way to the store.
     pub resident_bytes: u64,
     pub in_flight_bytes: u64,
+    /// Queue entries and unacknowledged deliveries (counted against the
+    /// threshold beside resident bytes).
+    pub bookkeeping_bytes: u64,
     /// Ready messages whose payload is only in the store, and their bytes.
     pub spilled_messages: u64,
     pub spilled_bytes: u64,
@@ -73,13 +87,24 @@ impl Broker {
     /// One housekeeping cycle: turns flow to disk on or off and evicts.
     pub fn housekeeping(&mut self) {
         let threshold = self.budget.threshold();
-        let resident = self.budget.resident_bytes();
+        // A queue that drained keeps its entries' allocation unless given
+        // back: a spilled backlog of millions would hold it for good.
+        for queue in self.vhosts.values_mut().flat_map(|v| v.queues.values_mut()) {
+            let (len, capacity) = (queue.messages.len(), queue.messages.capacity());
+            if capacity > SHRINK_ABOVE_ENTRIES && capacity > len * 4 {
+                queue.messages.shrink_to(len * 2);
+            }
+        }
+        let (entries, unacked) = self.bookkeeping();
+        self.budget.set_bookkeeping(entries + unacked);
+        let resident = self.budget.used_bytes();
         let spilled: u64 = self
             .vhosts
             .values()
             .flat_map(|v| v.queues.values())
             .map(|q| q.spilled_bytes)
             .sum();
+        self.set_unacked_pressure(unacked > threshold / UNACKED_SHARE);
         if !self.flow_active && resident > threshold {
             self.flow_active = true;
             tracing::info!(
@@ -114,6 +139,9 @@ impl Broker {
             .map(queue_weight)
             .sum::<u64>()
             .max(1);
+        // The bookkeeping stays in memory whatever flows to disk: payloads
+        // share what is left of the threshold.
+        let threshold = threshold.saturating_sub(entries + unacked);
         let mut spill = Spill::default();
         let Self {
             vhosts,
@@ -308,6 +336,63 @@ impl Broker {
         self.dispatch(vhost, queue_name);
     }
 
+    /// Bytes of the broker's bookkeeping that stays in memory whatever
+    /// flows to disk: every queue's entries (their allocated capacity),
+    /// and every unacknowledged delivery's record.
+    fn bookkeeping(&self) -> (u64, u64) {
+        let entries: u64 = self
+            .vhosts
+            .values()
+            .flat_map(|v| v.queues.values())
+            .map(|q| q.messages.capacity() as u64)
+            .sum();
+        let unacked: u64 = self
+            .sessions
+            .values()
+            .flat_map(|s| s.channels.values())
+            .map(|c| c.unacked.len() as u64)
+            .sum();
+        (
+            entries * QUEUE_ENTRY_BYTES,
+            unacked * crate::budget::UNACKED_ENTRY_BYTES,
+        )
+    }
+
+    /// Unacknowledged deliveries cannot flow to disk: past their share of
+    /// the threshold, a channel that already holds
+    /// [`PRESSURE_UNACKED_PER_CHANNEL`] of them gets no more until it acks,
+    /// whatever its prefetch (none, or a large one). When the pressure
+    /// ends, every queue with consumers dispatches again.
+    fn set_unacked_pressure(&mut self, pressure: bool) {
+        if pressure == self.unacked_pressure {
+            return;
+        }
+        self.unacked_pressure = pressure;
+        tracing::info!(
+            pressure,
+            share = format!("1/{UNACKED_SHARE}"),
+            per_channel = PRESSURE_UNACKED_PER_CHANNEL,
+            "unacknowledged deliveries {} their share of the memory budget",
+            if pressure { "exceed" } else { "are within" }
+        );
+        if pressure {
+            return;
+        }
+        let queues: Vec<(String, String)> = self
+            .vhosts
+            .iter()
+            .flat_map(|(vhost, v)| {
+                v.queues
+                    .values()
+                    .filter(|q| !q.consumers.is_empty())
+                    .map(move |q| (vhost.clone(), q.name.clone()))
+            })
+            .collect();
+        for (vhost, queue) in queues {
+            self.dispatch(&vhost, &queue);
+        }
+    }
+
     pub fn flow_status(&self) -> FlowStatus {
         let (spilled_messages, spilled_bytes) = self
             .vhosts
@@ -321,6 +406,7 @@ impl Broker {
             threshold_bytes: self.budget.threshold(),
             resident_bytes: self.budget.resident_bytes(),
             in_flight_bytes: self.budget.in_flight_bytes(),
+            bookkeeping_bytes: self.budget.bookkeeping_bytes(),
             spilled_messages,
             spilled_bytes,
         }

@@ -153,7 +153,12 @@ const QUEUE_GAUGES: [QueueGauge; 7] = [
 /// Name, help, and the figure of each broker-wide gauge.
 type BrokerGauge = (&'static str, &'static str, fn(&FlowStatus) -> u64);
 
-const BROKER_GAUGES: [BrokerGauge; 4] = [
+const BROKER_GAUGES: [BrokerGauge; 5] = [
+    (
+        "spillway_broker_bookkeeping_bytes",
+        "Memory of queue entries and unacknowledged deliveries, resident or not, counted against the flow-to-disk threshold beside resident message bytes",
+        |f| f.bookkeeping_bytes,
+    ),
     (
         "spillway_broker_resident_message_bytes",
         "Message bytes in the engine's memory (payload, properties, per-message overhead), including payloads on their way to disk",

@@ -326,10 +326,12 @@ impl Broker {
             persist,
             shared_refs,
             flow_active,
+            unacked_pressure,
             expiry,
             ..
         } = self;
         let flow_active = *flow_active;
+        let unacked_pressure = *unacked_pressure;
         let Some(queue) = vhosts
             .get_mut(vhost_name)
             .and_then(|v| v.queues.get_mut(queue_name))
@@ -368,7 +370,10 @@ impl Broker {
                 let Some(consumer) = channel.consumers.get(&consumer_ref.tag) else {
                     continue;
                 };
-                if channel.has_room(consumer) {
+                let held_back = unacked_pressure
+                    && !consumer.no_ack
+                    && channel.unacked.len() >= crate::flow::PRESSURE_UNACKED_PER_CHANNEL;
+                if channel.has_room(consumer) && !held_back {
                     chosen = Some(index);
                     break;
                 }

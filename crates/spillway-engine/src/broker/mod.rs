@@ -66,6 +66,9 @@ pub struct Broker {
     pub(crate) budget: Arc<MemoryBudget>,
     /// Whether flow to disk is on (see [`crate::flow`]).
     pub(crate) flow_active: bool,
+    /// Unacknowledged deliveries are past their share of the memory budget:
+    /// channels holding many get no more until they ack (`crate::flow`).
+    pub(crate) unacked_pressure: bool,
     /// Holders of each message routed to more than one queue; a message
     /// held by one queue is not listed.
     pub(crate) shared_refs: HashMap<u64, u32>,
@@ -123,6 +126,7 @@ impl Broker {
             session_credit_bytes: context.session_credit_bytes.max(1),
             budget: context.budget,
             flow_active: false,
+            unacked_pressure: false,
             shared_refs: HashMap::new(),
             loads: context.loads,
             store_overfull: false,
