@@ -8,7 +8,7 @@ mod roles;
 mod settings;
 
 pub use cluster::{require_protection_off_loopback, ClusterAuth, ClusterInterceptor};
-pub use roles::{run, Role, Running};
+pub use roles::{run, run_with_metrics, Role, Running};
 pub use settings::{Origin, Problem, Settings, SettingsError};
 
 /// The `tracing` target of the message-path spans that are exported over

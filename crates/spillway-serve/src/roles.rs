@@ -115,6 +115,16 @@ impl Running {
 /// the rest starts (for the engine: while it waits for storage and
 /// recovers), then 200.
 pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
+    run_with_metrics(role, settings, Metrics::new()).await
+}
+
+/// As [`run`], into a registry the caller may already have added to (the
+/// binary registers its allocator's figures, which only it knows).
+pub async fn run_with_metrics(
+    role: Role,
+    settings: &Settings,
+    metrics: Metrics,
+) -> anyhow::Result<Running> {
     let (stop, stopped) = watch::channel(false);
     let mut running = Running {
         addresses: BTreeMap::new(),
@@ -126,7 +136,6 @@ pub async fn run(role: Role, settings: &Settings) -> anyhow::Result<Running> {
         stop,
         grpc_servers: Vec::new(),
     };
-    let metrics = Metrics::new();
     // Internal gRPC (separate roles only): the secret every client sends and
     // every server requires, and the message limit both ends keep to.
     let secret = settings.cluster.secret.as_ref();

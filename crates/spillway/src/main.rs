@@ -16,10 +16,15 @@ use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{EnvFilter, Layer as _};
 
+mod allocator;
+
 /// jemalloc rather than the system allocator: a backlog that flows to disk
 /// frees millions of small payloads in bulk, and glibc's per-thread arenas
 /// kept that memory (RSS stayed hundreds of MiB above the budget in
-/// `make bench-flow-to-disk`); jemalloc returns it to the system.
+/// `make bench-flow-to-disk`); jemalloc returns it to the system. It also
+/// serves `malloc` itself (the `unprefixed` feature), so RocksDB's
+/// allocations are returned the same way. `allocator::configure` sets how
+/// soon freed pages go back.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
@@ -88,7 +93,10 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn serve(role: Role, cli: &Cli, settings: &Settings) -> anyhow::Result<()> {
-    let running = spillway_serve::run(role, settings).await?;
+    allocator::configure();
+    let metrics = spillway_telemetry::Metrics::new();
+    allocator::register(&metrics);
+    let running = spillway_serve::run_with_metrics(role, settings, metrics).await?;
     tracing::info!(?role, addresses = %running.addresses_json(), "spillway ready");
     if let Some(path) = &cli.ready_file {
         write_ready_file(path, &running.addresses_json())?;

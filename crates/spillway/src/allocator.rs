@@ -1,0 +1,79 @@
+//! The allocator's own figures on `/metrics`: what the process's heap holds
+//! for live allocations, and what jemalloc keeps from the system beyond that
+//! (`docs/flow-to-disk.md`, "Memory beyond the budget"). Read on every
+//! scrape. [`configure`] sets how soon freed memory goes back to the system.
+
+use spillway_telemetry::prometheus_client::collector::Collector;
+use spillway_telemetry::prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use spillway_telemetry::prometheus_client::metrics::gauge::ConstGauge;
+use spillway_telemetry::prometheus_client::metrics::MetricType;
+use spillway_telemetry::Metrics;
+use tikv_jemalloc_ctl::{arenas, background_thread, epoch, stats, Access, AsName};
+
+/// How long freed pages stay with jemalloc before going back to the system.
+/// Its default is 10 s, during which the churn of a backlog draining from
+/// disk (payloads read back, delivered, freed) stays in the RSS.
+const DIRTY_DECAY_MS: isize = 1000;
+
+/// Freed pages go back to the system after [`DIRTY_DECAY_MS`], straight
+/// (`muzzy_decay_ms` 0: pages merely marked free with `MADV_FREE` would
+/// still count in the RSS), and a background thread does it even while the
+/// process allocates nothing. Set before anything else runs; a failure is
+/// logged by the caller's logger and changes only how soon memory returns.
+pub fn configure() {
+    let arena_count = arenas::narenas::read().unwrap_or(0);
+    let mut settings: Vec<(String, isize)> = vec![
+        ("arenas.dirty_decay_ms\0".to_string(), DIRTY_DECAY_MS),
+        ("arenas.muzzy_decay_ms\0".to_string(), 0),
+    ];
+    for arena in 0..arena_count {
+        settings.push((format!("arena.{arena}.dirty_decay_ms\0"), DIRTY_DECAY_MS));
+        settings.push((format!("arena.{arena}.muzzy_decay_ms\0"), 0));
+    }
+    for (name, value) in &settings {
+        if let Err(error) = name.as_bytes().name().write(*value) {
+            eprintln!(
+                "jemalloc setting {} not applied: {error}",
+                name.trim_end_matches('\0')
+            );
+        }
+    }
+    if let Err(error) = background_thread::write(true) {
+        eprintln!("jemalloc background thread not started: {error}");
+    }
+}
+
+/// Adds `spillway_allocator_bytes{kind}` to `metrics`.
+pub fn register(metrics: &Metrics) {
+    metrics.register_collector(AllocatorCollector);
+}
+
+#[derive(Debug)]
+struct AllocatorCollector;
+
+impl Collector for AllocatorCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        // jemalloc's statistics are a snapshot taken when the epoch moves.
+        if let Err(error) = epoch::advance() {
+            tracing::debug!(%error, "jemalloc statistics unavailable");
+            return Ok(());
+        }
+        let figures = [
+            ("allocated", stats::allocated::read()),
+            ("active", stats::active::read()),
+            ("resident", stats::resident::read()),
+            ("retained", stats::retained::read()),
+        ];
+        let mut family = encoder.encode_descriptor(
+            "spillway_allocator_bytes",
+            "The heap as jemalloc sees it, in bytes: allocated (live allocations), active (their pages), resident (pages it holds in memory, metadata included), retained (address space kept, not resident)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (kind, figure) in figures {
+            let Ok(bytes) = figure else { continue };
+            ConstGauge::new(bytes as u64).encode(family.encode_family(&[("kind", kind)])?)?;
+        }
+        Ok(())
+    }
+}
