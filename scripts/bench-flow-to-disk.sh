@@ -156,9 +156,11 @@ system_cpu() {
 }
 
 # sampler PID METRICS_ADDR OUT: every SAMPLE_MS append "epoch_ms rss_bytes resident_bytes
-# active" to OUT (resident/active "-" without metrics), until killed or PID exits.
+# active bookkeeping_bytes heap_allocated heap_resident store_memory" to OUT (the metrics
+# columns "-" without metrics), until killed or PID exits.
 sampler() {
     local pid="$1" metrics="$2" out="$3" rss line resident active key value
+    local bookkeeping allocated heap store
     local period
     period="$(awk -v ms="$SAMPLE_MS" 'BEGIN { printf "%.3f", ms / 1000 }')"
     trap 'exit 0' TERM
@@ -167,17 +169,22 @@ sampler() {
         while read -r key value _; do
             if [ "$key" = VmRSS: ]; then rss=$((value * 1024)); break; fi
         done <"/proc/$pid/status" 2>/dev/null || true
-        resident=-; active=-
+        resident=-; active=-; bookkeeping=-; allocated=-; heap=-; store=-
         if [ -n "$metrics" ]; then
+            store=0
             while read -r key value; do
                 case "$key" in
                     spillway_broker_resident_message_bytes) resident="${value%.*}" ;;
                     spillway_broker_flow_to_disk_active) active="${value%.*}" ;;
+                    spillway_broker_bookkeeping_bytes) bookkeeping="${value%.*}" ;;
+                    'spillway_allocator_bytes{kind="allocated"}') allocated="${value%.*}" ;;
+                    'spillway_allocator_bytes{kind="resident"}') heap="${value%.*}" ;;
+                    spillway_store_memory_bytes*) store=$((store + ${value%.*})) ;;
                 esac
             done < <(curl -s --max-time 1 "http://$metrics/metrics" 2>/dev/null |
-                grep -E '^spillway_broker_(resident_message_bytes|flow_to_disk_active) ' || true)
+                grep -E '^spillway_(broker_(resident_message_bytes|flow_to_disk_active|bookkeeping_bytes)|allocator_bytes|store_memory_bytes)[ {]' || true)
         fi
-        line="$(now_ms) $rss $resident $active"
+        line="$(now_ms) $rss $resident $active $bookkeeping $allocated $heap $store"
         echo "$line" >>"$out"
         sleep "$period"
     done
@@ -395,6 +402,14 @@ bench_run() {
     printf '  resident  max %s MiB, after publish %s MiB, at end %s MiB; flow to disk seen active: %s, at end %s\n' \
         "$(mib "$res_peak")" "$(mib "$backlog_resident")" "$(mib "$end_resident")" "$active_seen" "$end_active"
     printf '  spilled   %s messages after publish\n' "$spilled"
+    # What the RSS was made of when it peaked (Spillway: its own metrics, same sample).
+    awk '$2 > m { m = $2; l = $0 } END { print l }' "$ser" | {
+        read -r _ rss resident _ bookkeeping allocated heap store
+        [ "${heap:--}" != - ] &&
+            printf '  at peak   RSS %s MiB = heap %s MiB (live %s, of which resident messages %s, bookkeeping %s, RocksDB %s) + the rest %s MiB (code, stacks)\n' \
+                "$(mib "$rss")" "$(mib "$heap")" "$(mib "$allocated")" "$(mib "$resident")" "$(mib "$bookkeeping")" \
+                "$(mib "$store")" "$(mib $((rss - heap)))"
+    } || true
     printf '  lost %s, duplicated %s, wall %s s, broker CPU %s s, machine busy %s%%, loadavg %s -> %s, broker log ERROR/WARN lines %s\n' \
         "${lost:-n/a}" "${dup:-n/a}" "$wall" "$broker_cpu" "$busy_pct" "$load0" "$load1" "${errs:-0}"
 
