@@ -149,19 +149,61 @@ pub fn too_deep_text() -> String {
     .to_string()
 }
 
-/// Outbound frames accumulate here until the connection flushes them.
+/// Body parts at least this long are sent as their own `Bytes` (one more
+/// iovec of a vectored write) instead of being copied into the frame buffer;
+/// below it, the copy costs less than the extra buffer.
+pub const SHARE_BODY_MIN: usize = 2048;
+/// A run of small frames between two shared bodies is copied into a segment
+/// of its own size when it is at most this long (the frame buffer keeps its
+/// capacity); a longer run is handed over as it is.
+const COPY_RUN_MAX: usize = 1024;
+
+/// Outbound frames accumulate here until the connection flushes them. Small
+/// frames are encoded into one byte buffer; a large body is not copied but
+/// kept as a segment of its own, a `Bytes` sharing the engine's allocation
+/// ([`FrameWriter::content_shared`]). The bytes to send are then the
+/// segments in order ([`FrameWriter::take_segments`]), written with
+/// vectored writes.
 #[derive(Default)]
 pub struct FrameWriter {
+    /// Whole segments, in order, before what `buffer` holds.
+    segments: Vec<Bytes>,
+    /// Frames (or frame heads and ends) not yet sealed into a segment.
     buffer: Vec<u8>,
 }
 
 impl FrameWriter {
     pub fn is_empty(&self) -> bool {
-        self.buffer.is_empty()
+        self.buffer.is_empty() && self.segments.is_empty()
     }
 
+    /// Bytes queued, over every segment.
+    pub fn len(&self) -> usize {
+        self.buffer.len() + self.segments.iter().map(Bytes::len).sum::<usize>()
+    }
+
+    /// Everything queued as one contiguous `Bytes` (copied together when
+    /// bodies were shared): for the handshake, tests and the load generator.
     pub fn take(&mut self) -> Bytes {
-        Bytes::from(std::mem::take(&mut self.buffer))
+        if self.segments.is_empty() {
+            return Bytes::from(std::mem::take(&mut self.buffer));
+        }
+        let mut all = Vec::with_capacity(self.len());
+        for segment in self.segments.drain(..) {
+            all.extend_from_slice(&segment);
+        }
+        all.extend_from_slice(&self.buffer);
+        self.buffer.clear();
+        Bytes::from(all)
+    }
+
+    /// Everything queued, as segments to write in order (none empty).
+    pub fn take_segments(&mut self) -> Vec<Bytes> {
+        if !self.buffer.is_empty() {
+            let rest = Bytes::from(std::mem::take(&mut self.buffer));
+            self.segments.push(rest);
+        }
+        std::mem::take(&mut self.segments)
     }
 
     pub fn method(&mut self, channel: u16, method: AMQPClass) {
@@ -177,22 +219,48 @@ impl FrameWriter {
     }
 
     /// A content header with raw properties, then the body in frames of at
-    /// most `frame_max` bytes.
+    /// most `frame_max` bytes, the body copied into the buffer.
     pub fn content(&mut self, channel: u16, properties: &[u8], body: &[u8], frame_max: usize) {
-        let header_size = 12 + properties.len();
-        self.buffer
-            .reserve(FRAME_OVERHEAD * 2 + header_size + body.len());
-        self.frame_start(FRAME_HEADER, channel, header_size);
-        self.buffer.put_u16(60);
-        self.buffer.put_u16(0);
-        self.buffer.put_u64(body.len() as u64);
-        self.buffer.put_slice(properties);
-        self.buffer.put_u8(FRAME_END);
-        let chunk = frame_max.saturating_sub(FRAME_OVERHEAD).max(1);
+        self.content_header(channel, properties, body.len(), body.len());
+        let chunk = body_frame_payload(frame_max);
         for part in body.chunks(chunk) {
             self.frame_start(FRAME_BODY, channel, part.len());
             self.buffer.put_slice(part);
             self.buffer.put_u8(FRAME_END);
+        }
+    }
+
+    /// As [`FrameWriter::content`], but each body frame's payload of at
+    /// least [`SHARE_BODY_MIN`] bytes is a slice of `body`, not a copy.
+    pub fn content_shared(
+        &mut self,
+        channel: u16,
+        properties: &[u8],
+        body: &Bytes,
+        frame_max: usize,
+    ) {
+        let chunk = body_frame_payload(frame_max);
+        let last = body.len() % chunk;
+        let copied = if chunk < SHARE_BODY_MIN {
+            body.len()
+        } else if last < SHARE_BODY_MIN {
+            last
+        } else {
+            0
+        };
+        self.content_header(channel, properties, body.len(), copied);
+        let mut start = 0;
+        while start < body.len() {
+            let end = body.len().min(start + chunk);
+            self.frame_start(FRAME_BODY, channel, end - start);
+            if end - start >= SHARE_BODY_MIN {
+                self.seal();
+                self.segments.push(body.slice(start..end));
+            } else {
+                self.buffer.put_slice(&body[start..end]);
+            }
+            self.buffer.put_u8(FRAME_END);
+            start = end;
         }
     }
 
@@ -201,11 +269,46 @@ impl FrameWriter {
             .extend_from_slice(&[FRAME_HEARTBEAT, 0, 0, 0, 0, 0, 0, FRAME_END]);
     }
 
+    /// The content header frame; room is made for the header, the body
+    /// frames' heads and ends and the `copied` body bytes that follow.
+    fn content_header(&mut self, channel: u16, properties: &[u8], body_len: usize, copied: usize) {
+        let header_size = 12 + properties.len();
+        self.buffer
+            .reserve(FRAME_OVERHEAD * 2 + header_size + copied);
+        self.frame_start(FRAME_HEADER, channel, header_size);
+        self.buffer.put_u16(60);
+        self.buffer.put_u16(0);
+        self.buffer.put_u64(body_len as u64);
+        self.buffer.put_slice(properties);
+        self.buffer.put_u8(FRAME_END);
+    }
+
+    /// Ends the current run of buffered bytes as a segment, before a shared
+    /// one. A short run is copied out so the buffer keeps its capacity.
+    fn seal(&mut self) {
+        if self.buffer.is_empty() {
+            return;
+        }
+        let run = if self.buffer.len() <= COPY_RUN_MAX {
+            let run = Bytes::copy_from_slice(&self.buffer);
+            self.buffer.clear();
+            run
+        } else {
+            Bytes::from(std::mem::take(&mut self.buffer))
+        };
+        self.segments.push(run);
+    }
+
     fn frame_start(&mut self, kind: u8, channel: u16, size: usize) {
         self.buffer.put_u8(kind);
         self.buffer.put_u16(channel);
         self.buffer.put_u32(size as u32);
     }
+}
+
+/// The largest body frame payload under `frame_max`.
+fn body_frame_payload(frame_max: usize) -> usize {
+    frame_max.saturating_sub(FRAME_OVERHEAD).max(1)
 }
 
 #[cfg(test)]
@@ -252,6 +355,187 @@ mod tests {
         assert!(matches!(parsed, AMQPFrame::Method(3, _)));
         let body: usize = frames[2..].iter().map(|f| f.payload.len()).sum();
         assert_eq!(body, 10_000);
+    }
+
+    fn encoded_properties(properties: &basic::AMQPProperties) -> Vec<u8> {
+        basic::gen_properties(properties)(WriteContext::from(Vec::new()))
+            .expect("encode properties")
+            .write
+    }
+
+    fn deliver(writer: &mut FrameWriter, channel: u16, tag: u64) {
+        writer.method(
+            channel,
+            AMQPClass::Basic(basic::AMQPMethod::Deliver(basic::Deliver {
+                consumer_tag: "c".into(),
+                delivery_tag: tag,
+                redelivered: false,
+                exchange: "".into(),
+                routing_key: "q".into(),
+            })),
+        );
+    }
+
+    /// Every frame of `bytes` as amq-protocol, the reference, reads it.
+    fn reference_frames(mut bytes: &[u8]) -> Vec<AMQPFrame> {
+        let mut frames = Vec::new();
+        while !bytes.is_empty() {
+            let (rest, frame) =
+                amq_protocol::frame::parse_frame(bytes).expect("amq-protocol parses the frame");
+            bytes = rest;
+            frames.push(frame);
+        }
+        frames
+    }
+
+    fn pattern(len: usize, seed: u8) -> Bytes {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect::<Vec<u8>>()
+            .into()
+    }
+
+    /// Deliveries whose bodies are empty, small, one frame, exactly
+    /// frame-max, one byte either side of it and several frames, written
+    /// with shared bodies: amq-protocol reads the same deliveries back, no
+    /// body frame is over frame-max, and the segments are the same bytes as
+    /// the copying writer's.
+    #[test]
+    fn shared_bodies_round_trip_through_amq_protocol() {
+        let properties = basic::AMQPProperties::default()
+            .with_delivery_mode(2)
+            .with_content_type("application/octet-stream".into());
+        let raw_properties = encoded_properties(&properties);
+        for frame_max in [4096usize, 8192, 131_072] {
+            let chunk = frame_max - FRAME_OVERHEAD;
+            let sizes = [
+                0,
+                1,
+                SHARE_BODY_MIN - 1,
+                SHARE_BODY_MIN,
+                chunk - 1,
+                chunk,
+                chunk + 1,
+                chunk + SHARE_BODY_MIN,
+                3 * chunk,
+                3 * chunk + 7,
+                16 * 1024,
+            ];
+            let bodies: Vec<Bytes> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &len)| pattern(len, i as u8))
+                .collect();
+            let mut shared = FrameWriter::default();
+            let mut copied = FrameWriter::default();
+            for (tag, body) in bodies.iter().enumerate() {
+                for writer in [&mut shared, &mut copied] {
+                    deliver(writer, 5, tag as u64 + 1);
+                }
+                shared.content_shared(5, &raw_properties, body, frame_max);
+                copied.content(5, &raw_properties, body, frame_max);
+                if tag % 3 == 0 {
+                    shared.heartbeat();
+                    copied.heartbeat();
+                }
+            }
+            let segments = shared.take_segments();
+            assert!(shared.is_empty());
+            assert!(segments.iter().all(|segment| !segment.is_empty()));
+            let joined: Vec<u8> = segments.iter().flat_map(|s| s.iter().copied()).collect();
+            assert_eq!(joined, &copied.take()[..], "frame_max {frame_max}");
+            // Parts of at least SHARE_BODY_MIN are the bodies' own memory.
+            let shared_parts = segments
+                .iter()
+                .filter(|segment| {
+                    bodies.iter().any(|body| {
+                        let range = body.as_ptr_range();
+                        range.contains(&segment.as_ptr())
+                    })
+                })
+                .count();
+            let expected: usize = bodies
+                .iter()
+                .map(|body| {
+                    body.chunks(chunk)
+                        .filter(|part| part.len() >= SHARE_BODY_MIN)
+                        .count()
+                })
+                .sum();
+            assert_eq!(shared_parts, expected, "frame_max {frame_max}");
+            assert!(expected > 0);
+
+            let mut frames = reference_frames(&joined).into_iter();
+            for (tag, body) in bodies.iter().enumerate() {
+                let mut frame = frames.next().expect("deliver");
+                if matches!(frame, AMQPFrame::Heartbeat) {
+                    frame = frames.next().expect("deliver");
+                }
+                match frame {
+                    AMQPFrame::Method(5, AMQPClass::Basic(basic::AMQPMethod::Deliver(deliver))) => {
+                        assert_eq!(deliver.delivery_tag, tag as u64 + 1)
+                    }
+                    other => panic!("expected basic.deliver, got {other:?}"),
+                }
+                match frames.next().expect("header") {
+                    AMQPFrame::Header(5, header) => {
+                        assert_eq!(header.body_size, body.len() as u64);
+                        assert_eq!(header.properties, properties);
+                    }
+                    other => panic!("expected a content header, got {other:?}"),
+                }
+                let mut received = Vec::new();
+                while received.len() < body.len() {
+                    match frames.next().expect("body frame") {
+                        AMQPFrame::Body(5, payload) => {
+                            assert!(!payload.is_empty());
+                            assert!(payload.len() <= chunk, "body frame over frame_max");
+                            received.extend_from_slice(&payload);
+                        }
+                        other => panic!("expected a body frame, got {other:?}"),
+                    }
+                }
+                assert_eq!(received, &body[..], "body of {} bytes", body.len());
+            }
+            let rest: Vec<AMQPFrame> = frames.collect();
+            assert!(
+                rest.iter()
+                    .all(|frame| matches!(frame, AMQPFrame::Heartbeat)),
+                "{rest:?}"
+            );
+        }
+    }
+
+    /// `take` joins shared segments into the same bytes, and a writer with
+    /// nothing shared hands over its one buffer.
+    #[test]
+    fn take_joins_segments_and_small_frames_stay_one_buffer() {
+        let body = pattern(20_000, 9);
+        let mut writer = FrameWriter::default();
+        deliver(&mut writer, 1, 1);
+        writer.content_shared(1, &[0, 0], &body, 8192);
+        let len = writer.len();
+        let joined = writer.take();
+        assert_eq!(joined.len(), len);
+        assert!(writer.is_empty());
+        let frames = decode_all(&joined, 8192).expect("frames");
+        let received: Vec<u8> = frames[2..]
+            .iter()
+            .flat_map(|frame| frame.payload.iter().copied())
+            .collect();
+        assert_eq!(received, &body[..]);
+
+        let small = pattern(SHARE_BODY_MIN - 1, 1);
+        for tag in 0..10 {
+            deliver(&mut writer, 1, tag);
+            writer.content_shared(1, &[0, 0], &small, 131_072);
+        }
+        assert_eq!(
+            writer.take_segments().len(),
+            1,
+            "nothing shared, one segment"
+        );
+        assert!(writer.take_segments().is_empty());
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! plain TCP is split into its owned halves as before, TLS with
 //! `tokio::io::split`. Both listeners share one connection count.
 
+use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,6 +57,9 @@ fn keepalive() -> socket2::TcpKeepalive {
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(3);
 /// Engine events handled before outbound bytes are flushed.
 const EVENTS_PER_FLUSH: usize = 256;
+/// Buffers handed to one vectored write (Linux takes up to 1024; a
+/// delivery with a shared body is two).
+const MAX_IOVECS: usize = 64;
 /// Outbound chunks queued for the writer before the loop waits.
 const WRITER_QUEUE: usize = 64;
 
@@ -349,8 +353,11 @@ async fn serve_tls(
     Ok(())
 }
 
+/// One flush of the I/O loop: its segments (small frames coalesced, large
+/// bodies shared with the engine, see [`FrameWriter`]) and the deliveries
+/// among them.
 struct Outbound {
-    bytes: Bytes,
+    segments: Vec<Bytes>,
     deliveries: u32,
 }
 
@@ -622,7 +629,7 @@ async fn flush(
         return true;
     }
     let outbound = Outbound {
-        bytes: out.take(),
+        segments: out.take_segments(),
         deliveries: std::mem::take(&mut connection.deliveries),
     };
     writer.send(outbound).await.is_ok()
@@ -642,19 +649,50 @@ struct WriteDeadline {
 }
 
 impl WriteDeadline {
-    /// Writes all of `bytes`, failing when one write makes no progress
-    /// within the timeout: a client that stops reading cannot hold its
-    /// connection task (and the heartbeat check) for ever. A slow reader
-    /// that keeps taking bytes is not cut off.
+    /// Writes all of `segments`, in order, failing when one write makes no
+    /// progress within the timeout: a client that stops reading cannot hold
+    /// its connection task (and the heartbeat check) for ever. A slow reader
+    /// that keeps taking bytes is not cut off. Vectored writes where the
+    /// socket takes them (TCP, and rustls, which encrypts them together);
+    /// else one segment after the other.
     async fn write_all<W: AsyncWrite + Unpin>(
         &self,
         socket: &mut W,
-        mut bytes: &[u8],
+        segments: &[Bytes],
     ) -> std::io::Result<()> {
-        while !bytes.is_empty() {
+        let vectored = socket.is_write_vectored();
+        // The first segment not yet written whole, and how much of it is.
+        let mut index = 0;
+        let mut offset = 0;
+        loop {
+            while index < segments.len() && offset == segments[index].len() {
+                index += 1;
+                offset = 0;
+            }
+            if index == segments.len() {
+                return Ok(());
+            }
+            let mut slices = [IoSlice::new(&[]); MAX_IOVECS];
+            let mut count = 0;
+            if vectored {
+                for (n, segment) in segments[index..].iter().enumerate() {
+                    if count == MAX_IOVECS {
+                        break;
+                    }
+                    let from = if n == 0 { offset } else { 0 };
+                    if from < segment.len() {
+                        slices[count] = IoSlice::new(&segment[from..]);
+                        count += 1;
+                    }
+                }
+            } else {
+                slices[0] = IoSlice::new(&segments[index][offset..]);
+                count = 1;
+            }
+            let write = socket.write_vectored(&slices[..count]);
             let written = match self.timeout {
-                None => socket.write(bytes).await?,
-                Some(timeout) => match tokio::time::timeout(timeout, socket.write(bytes)).await {
+                None => write.await?,
+                Some(timeout) => match tokio::time::timeout(timeout, write).await {
                     Ok(written) => written?,
                     Err(_) => {
                         tracing::info!(peer = %self.peer, ?timeout, "client did not read for the write timeout, closing");
@@ -665,9 +703,20 @@ impl WriteDeadline {
             if written == 0 {
                 return Err(std::io::ErrorKind::WriteZero.into());
             }
-            bytes = &bytes[written..];
+            // Past what was written, which may end inside a segment.
+            let mut left = written;
+            while left > 0 && index < segments.len() {
+                let rest = segments[index].len() - offset;
+                if left < rest {
+                    offset += left;
+                    left = 0;
+                } else {
+                    left -= rest;
+                    index += 1;
+                    offset = 0;
+                }
+            }
         }
-        Ok(())
     }
 
     /// Flushes what a TLS stream still buffers, under the same timeout.
@@ -700,17 +749,22 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     deadline: WriteDeadline,
 ) {
     let mut ready = Vec::with_capacity(WRITER_QUEUE);
+    let mut segments: Vec<Bytes> = Vec::new();
     while outbound.recv_many(&mut ready, WRITER_QUEUE).await > 0 {
         let mut deliveries = 0;
+        segments.clear();
         for chunk in ready.drain(..) {
             deliveries += chunk.deliveries;
-            if let Err(error) = deadline.write_all(&mut socket, &chunk.bytes).await {
-                if error.kind() == std::io::ErrorKind::TimedOut {
-                    metrics.count_write_timeout();
-                }
-                return;
-            }
+            segments.extend(chunk.segments);
         }
+        // Every chunk taken, written in as few syscalls as the socket allows.
+        if let Err(error) = deadline.write_all(&mut socket, &segments).await {
+            if error.kind() == std::io::ErrorKind::TimedOut {
+                metrics.count_write_timeout();
+            }
+            return;
+        }
+        segments.clear();
         if let Err(error) = deadline.flush(&mut socket).await {
             if error.kind() == std::io::ErrorKind::TimedOut {
                 metrics.count_write_timeout();

@@ -72,7 +72,7 @@ impl Connection {
                         routing_key: short(&deliver.routing_key),
                     })),
                 );
-                out.content(
+                out.content_shared(
                     channel_id,
                     &deliver.properties,
                     &body,
@@ -115,7 +115,7 @@ impl Connection {
                         routing_key: short(&returned.routing_key),
                     })),
                 );
-                out.content(
+                out.content_shared(
                     channel_id,
                     &returned.properties,
                     &body,
@@ -293,7 +293,7 @@ impl Connection {
                         message_count: ok.message_count,
                     })),
                 );
-                out.content(
+                out.content_shared(
                     channel_id,
                     &ok.properties,
                     &body,
