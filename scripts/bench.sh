@@ -63,7 +63,7 @@ BENCH_RATE_SECONDS="${BENCH_RATE_SECONDS:-5}"
 BENCH_LOADGEN_ARGS="${BENCH_LOADGEN_ARGS:-}"
 BENCH_COMPRESSION_BODY="${BENCH_COMPRESSION_BODY:-compressible}"
 BENCH_RESULTS="${BENCH_RESULTS:-$ROOT/target/bench/results.jsonl}"
-LOADGEN="$ROOT/target/release/spillway-loadgen"
+LOADGEN="${LOADGEN:-$ROOT/target/release/spillway-loadgen}"
 export SPILLWAY_BIN="${SPILLWAY_BIN:-$ROOT/target/release/spillway}"
 
 LOADGEN_PID=""
