@@ -19,7 +19,8 @@
 #                    with broker.message_compression_enabled, which runs only this case) and
 #                    RabbitMQ (no compression); see docs/compression.md.
 # (d, the 2 GiB backlog, is `make bench-flow-to-disk`.) For every run the table shows msg/s,
-# the broker's CPU per message (user + system time of every broker process, from /proc,
+# the max backlog (the most messages published and not yet consumed at once, sampled by the
+# loadgen every 5 ms: whether the queue stays short), the broker's CPU per message (user + system time of every broker process, from /proc,
 # over the messages published), end-to-end p50/p99, the broker's peak RSS during the run
 # (sampled every 100 ms, summed over its processes) and lost messages. Every broker runs on
 # free loopback ports in a temp dir and is stopped on exit (trap), also on failure or Ctrl-C.
@@ -62,7 +63,7 @@ BENCH_RATE_SECONDS="${BENCH_RATE_SECONDS:-5}"
 BENCH_LOADGEN_ARGS="${BENCH_LOADGEN_ARGS:-}"
 BENCH_COMPRESSION_BODY="${BENCH_COMPRESSION_BODY:-compressible}"
 BENCH_RESULTS="${BENCH_RESULTS:-$ROOT/target/bench/results.jsonl}"
-LOADGEN="$ROOT/target/release/spillway-loadgen"
+LOADGEN="${LOADGEN:-$ROOT/target/release/spillway-loadgen}"
 export SPILLWAY_BIN="${SPILLWAY_BIN:-$ROOT/target/release/spillway}"
 
 LOADGEN_PID=""
@@ -202,7 +203,7 @@ run_scenario() {
     label="$(scenario_label "$scenario")"
     if [ -z "$out" ] || [ "$rc" -ge 2 ] || ! printf '%s' "$out" | grep -q '"errors":\[\]'; then
         log "$target / $scenario: run failed (exit $rc): $out"
-        ROWS+=("$target|$label|FAILED|-|-|-|-|-|-")
+        ROWS+=("$target|$label|FAILED|-|-|-|-|-|-|-")
         FAILED=1
         return
     fi
@@ -211,7 +212,7 @@ run_scenario() {
     published="$(json_get "$out" published)"
     cpu_us="$(awk -v t="$ticks" -v hz="$(getconf CLK_TCK)" -v n="${published:-0}" \
         'BEGIN { if (n > 0) printf "%.1f", t * 1e6 / hz / n; else print "-" }')"
-    ROWS+=("$target|$label|$(json_get "$out" publish_rate)|$(json_get "$out" consume_rate)|$cpu_us|$(json_get "$out" latency_p50_ms)|$(json_get "$out" latency_p99_ms)|$rss_mib|$(json_get "$out" lost)")
+    ROWS+=("$target|$label|$(json_get "$out" publish_rate)|$(json_get "$out" consume_rate)|$(json_get "$out" max_backlog)|$cpu_us|$(json_get "$out" latency_p50_ms)|$(json_get "$out" latency_p99_ms)|$rss_mib|$(json_get "$out" lost)")
 }
 
 # resident_bytes TARGET: message bytes the broker holds in memory now: Spillway's
@@ -407,14 +408,14 @@ done
 echo
 printf 'spillway-loadgen --client %s, %s B messages unless said; %s transient, %s persistent\n' \
     "$BENCH_CLIENT" "$BENCH_SIZE" "$BENCH_COUNT" "$BENCH_PERSISTENT_COUNT"
-fmt='%-20s | %-20s | %10s | %10s | %8s | %8s | %8s | %8s | %6s\n'
+fmt='%-20s | %-20s | %10s | %10s | %11s | %8s | %8s | %8s | %8s | %6s\n'
 # shellcheck disable=SC2059
-printf "$fmt" target scenario "publish/s" "consume/s" "CPU µs" "p50 ms" "p99 ms" "RSS MiB" lost
-printf '%s\n' "---------------------+----------------------+------------+------------+----------+----------+----------+----------+-------"
+printf "$fmt" target scenario "publish/s" "consume/s" "max backlog" "CPU µs" "p50 ms" "p99 ms" "RSS MiB" lost
+printf '%s\n' "---------------------+----------------------+------------+------------+-------------+----------+----------+----------+----------+-------"
 for row in "${ROWS[@]}"; do
-    IFS='|' read -r t sc pr cr cpu p50 p99 rss lost <<<"$row"
+    IFS='|' read -r t sc pr cr backlog cpu p50 p99 rss lost <<<"$row"
     # shellcheck disable=SC2059
-    printf "$fmt" "$t" "$sc" "$pr" "$cr" "$cpu" "$p50" "$p99" "$rss" "$lost"
+    printf "$fmt" "$t" "$sc" "$pr" "$cr" "$backlog" "$cpu" "$p50" "$p99" "$rss" "$lost"
 done
 if [ "${#IDLE_ROWS[@]}" -gt 0 ]; then
     echo

@@ -56,6 +56,9 @@ pub struct EngineConfig {
     /// Transactions: their size limit, unroutable mandatory messages in
     /// them, and the default timeouts (`broker.max_transaction_bytes`, ...).
     pub transactions: crate::broker::TxConfig,
+    /// Publisher pacing (`broker.publisher_pacing_window`,
+    /// `broker.publisher_pacing_stall`; docs/flow-control.md).
+    pub pacing: crate::broker::PacingConfig,
     /// The largest message body (`gateway.max_message_size`): a compressed
     /// body that declares more is not decoded (management's peek).
     pub max_message_size: u64,
@@ -101,6 +104,7 @@ impl Default for EngineConfig {
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
             seed_users: vec![SeedUser::guest()],
             transactions: crate::broker::TxConfig::default(),
+            pacing: crate::broker::PacingConfig::default(),
         }
     }
 }
@@ -231,6 +235,7 @@ impl Engine {
             default_max_deliveries: config.default_max_deliveries,
             limits: config.limits,
             transactions: config.transactions.clone(),
+            pacing: config.pacing,
         });
         let mut access = AccessControl::from_definitions(
             std::mem::take(&mut definitions.users),

@@ -51,7 +51,10 @@ mod stats;
 mod tests;
 
 pub use admin::EngineAdminService;
-pub use broker::{TxConfig, TxTimeouts, DEFAULT_MAX_TRANSACTION_BYTES};
+pub use broker::{
+    PacingConfig, PacingStats, TxConfig, TxTimeouts, DEFAULT_MAX_TRANSACTION_BYTES,
+    DEFAULT_PACING_STALL, DEFAULT_PACING_WINDOW,
+};
 pub use engine::{
     Engine, EngineConfig, EngineError, SeedUser, DEFAULT_CONSUMER_TIMEOUT, DEFAULT_LEASE_TTL,
     DEFAULT_SESSION_CREDIT_BYTES,

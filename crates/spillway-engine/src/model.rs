@@ -309,6 +309,9 @@ pub struct Queue {
     /// Last declared, read with basic.get, or left by its last consumer
     /// (milliseconds since the Unix epoch), for `x-expires`.
     pub last_used: u64,
+    /// Publisher pacing: the credit its publishers spend and its deliveries
+    /// earn back (`broker/pacing.rs`).
+    pub pacing: crate::broker::QueuePacing,
 }
 
 /// RabbitMQ's queue length limits (`x-max-length`, `x-max-length-bytes`,
@@ -458,6 +461,7 @@ impl Queue {
             recovering: false,
             expiry_check_at: 0,
             last_used: 0,
+            pacing: crate::broker::QueuePacing::default(),
         }
     }
 
@@ -766,4 +770,7 @@ pub struct SessionState {
     /// (`MST-1101`) blocks these producers only, so transient traffic goes
     /// on.
     pub has_published_persistent: bool,
+    /// Its last publish (or commit) spent the last of this queue's pacing
+    /// credit: the session waits on it before its next command.
+    pub paced_on: Option<String>,
 }

@@ -43,6 +43,7 @@ pub(crate) async fn run_session(
         deferred: VecDeque::new(),
         synced_reply: None,
         access: None,
+        paced_on: None,
     };
     loop {
         if let Some(queued) = session.deferred.pop_front() {
@@ -94,6 +95,9 @@ struct Session {
     synced_reply: Option<SyncedReply>,
     /// The user's permissions in the session's vhost, once opened.
     access: Option<SessionAccess>,
+    /// The queue whose publisher pacing credit the last command spent:
+    /// waited on before the next command (`broker/pacing.rs`).
+    paced_on: Option<String>,
 }
 
 /// How long a basic.get waits for delivery credit before it is answered
@@ -133,8 +137,16 @@ impl Session {
     /// Applies one command. Waits (holding up this session's later
     /// commands, and so its socket) only where memory is at stake: a publish
     /// while the store is behind on spilled payloads, a basic.get whose
-    /// message is being read back.
+    /// message is being read back; and after a publish (or commit) that
+    /// spent a queue's publisher pacing credit.
     async fn apply(&mut self, command: SessionCommand, commands: &mut CommandReceiver) {
+        self.apply_command(command, commands).await;
+        if let Some(queue) = self.paced_on.take() {
+            self.wait_for_pacing(queue, commands).await;
+        }
+    }
+
+    async fn apply_command(&mut self, command: SessionCommand, commands: &mut CommandReceiver) {
         let Some(command) = command.command else {
             return;
         };
@@ -300,16 +312,89 @@ impl Session {
                 woken = &mut room => return woken.is_ok(),
                 queued = commands.recv_queued() => {
                     let Some(queued) = queued else { return false };
-                    if matches!(queued.command().command, Some(Command::DeliveriesWritten(_))) {
-                        let (command, _bytes) = queued.into_parts();
-                        if let Some(command) = command.command {
-                            self.apply_now(command);
+                    self.take_while_waiting(queued, false);
+                }
+            }
+        }
+    }
+
+    /// A command that arrived while this session waits: the gateway's
+    /// report of deliveries written is applied at once (it is not the
+    /// client's, and it is what frees delivery credit); with `settles`,
+    /// so are acks, nacks and rejects as long as nothing was deferred
+    /// before them (a paced publisher's consumers must go on acking, and
+    /// the client's order is kept). Anything else waits in `deferred`.
+    fn take_while_waiting(&mut self, queued: QueuedCommand, settles: bool) {
+        let now = match queued.command().command {
+            Some(Command::DeliveriesWritten(_)) => true,
+            Some(Command::Ack(_) | Command::Nack(_)) => settles && self.deferred.is_empty(),
+            _ => false,
+        };
+        if !now {
+            self.deferred.push_back(queued);
+            return;
+        }
+        let (command, _bytes) = queued.into_parts();
+        if let Some(command) = command.command {
+            self.apply_now(command);
+        }
+    }
+
+    /// Publisher pacing: the last publish (or commit) spent the last of
+    /// `queue`'s credit. Waits until its deliveries earned enough back, it
+    /// lost its consumers, or it delivered nothing for a stall period (then
+    /// pacing is suspended for it). Meanwhile confirms go out, and acks and
+    /// delivery reports are applied (`take_while_waiting`), so a connection
+    /// that publishes and consumes goes on acking.
+    async fn wait_for_pacing(&mut self, queue: String, commands: &mut CommandReceiver) {
+        let started = std::time::Instant::now();
+        let mut waited = false;
+        let mut stalled = false;
+        'wait: loop {
+            let wait = self.shared.broker.lock().pacing_wait(self.id, &queue);
+            let Some(wait) = wait else { break };
+            waited = true;
+            let mut room = wait.room;
+            let timer = tokio::time::sleep(wait.stall);
+            tokio::pin!(timer);
+            loop {
+                tokio::select! {
+                    // Woken (or the queue went): look again.
+                    _ = &mut room => continue 'wait,
+                    () = &mut timer => {
+                        let gone = self
+                            .shared
+                            .broker
+                            .lock()
+                            .pacing_stalled(self.id, &queue, wait.deliveries);
+                        if gone {
+                            stalled = true;
+                            break 'wait;
                         }
-                    } else {
-                        self.deferred.push_back(queued);
+                        // It delivered, slowly: wait on.
+                        continue 'wait;
+                    }
+                    Some((channel, seq, ack)) = self.confirms.next(), if !self.confirms.is_empty() => {
+                        self.send(Event::Confirm(pb::Confirm { channel, seq, ack }));
+                    }
+                    queued = commands.recv_queued() => {
+                        // The gateway is gone: the session ends next.
+                        let Some(queued) = queued else { break 'wait };
+                        self.take_while_waiting(queued, true);
                     }
                 }
             }
+        }
+        if waited {
+            let elapsed = started.elapsed();
+            self.shared.broker.lock().pacing_waited(elapsed);
+            tracing::debug!(
+                session = self.id,
+                queue = %queue,
+                waited_us = elapsed.as_micros() as u64,
+                stalled,
+                "publisher paced"
+            );
         }
     }
 
@@ -434,6 +519,7 @@ impl Session {
                     exchange = %cmd.exchange, routing_key = %cmd.routing_key);
                 spillway_proto::trace::set_parent(&span, &std::mem::take(&mut cmd.trace_context));
                 let outcome = span.in_scope(|| broker.publish(id, cmd));
+                self.paced_on = broker.take_paced(id);
                 match outcome {
                     Ok(PublishOutcome::Done) if seq > 0 => {
                         self.send(Event::Confirm(pb::Confirm {
@@ -507,6 +593,7 @@ impl Session {
                 let result = broker
                     .tx_commit(id, cmd.channel)
                     .map(|()| reply::Result::Ok(pb::Empty {}));
+                self.paced_on = broker.take_paced(id);
                 self.reply_when_written(
                     cmd.request_id,
                     result,

@@ -84,6 +84,11 @@ impl Engine {
         stats
     }
 
+    /// Publisher pacing's counts since the engine started.
+    pub fn pacing_stats(&self) -> crate::PacingStats {
+        self.shared.broker.lock().pacing_stats()
+    }
+
     /// Open client connections per vhost (every vhost, 0 included).
     pub fn vhost_connections(&self) -> Vec<(String, u64)> {
         let broker = self.shared.broker.lock();
@@ -253,6 +258,32 @@ impl Collector for QueueCollector {
                 let family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
                 ConstGauge::new(value).encode(family)?;
             }
+        }
+        {
+            let pacing = engine.pacing_stats();
+            let counters = [
+                (
+                    "spillway_publisher_pacing_waits",
+                    "Publishes (or commits) after which the session waited for a queue's publisher pacing credit",
+                    pacing.waits,
+                ),
+                (
+                    "spillway_publisher_pacing_stalls",
+                    "Times a queue delivered nothing for a stall period while a publisher waited on it, so that its pacing was suspended until its next delivery",
+                    pacing.stalls,
+                ),
+            ];
+            for (name, help, value) in counters {
+                let family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+                ConstCounter::new(value).encode(family)?;
+            }
+            let family = encoder.encode_descriptor(
+                "spillway_publisher_pacing_seconds",
+                "Time sessions spent waiting for publisher pacing credit",
+                None,
+                MetricType::Counter,
+            )?;
+            ConstCounter::new(pacing.waited_micros as f64 / 1e6).encode(family)?;
         }
         {
             let mut family = encoder.encode_descriptor(

@@ -695,3 +695,218 @@ async fn an_idle_transaction_closes_its_connection_with_506() {
     assert_eq!(engine.open_transactions(), 0);
     assert!(matches!(client.get("q").await, reply::Result::GetEmpty(_)));
 }
+
+/// An engine with publisher pacing at `window` messages and `stall`.
+async fn paced_engine(window: u32, stall: Duration) -> Engine {
+    let config = EngineConfig {
+        pacing: crate::PacingConfig { window, stall },
+        ..EngineConfig::default()
+    };
+    Engine::start(Arc::new(MemoryStore::new()), config)
+        .await
+        .expect("the engine starts on a memory store")
+}
+
+impl Client {
+    async fn prefetch(&mut self, count: u32) {
+        let qos = self
+            .request(|request_id| {
+                Command::Qos(pb::Qos {
+                    request_id,
+                    channel: 1,
+                    prefetch_count: count,
+                    global: false,
+                })
+            })
+            .await;
+        assert!(matches!(qos, reply::Result::Ok(_)), "{qos:?}");
+    }
+
+    async fn ack(&self, delivery_tag: u64) {
+        self.send(Command::Ack(pb::Ack {
+            channel: 1,
+            delivery_tag,
+            multiple: false,
+        }))
+        .await;
+    }
+
+    /// Sends a queue.declare and says whether its reply came within `wait`:
+    /// every command sent before it has been applied by then. A reply that
+    /// comes later is left for [`Client::answered`].
+    async fn answered_within(&mut self, queue: &str, wait: Duration) -> Option<u64> {
+        let request_id = self.next_request;
+        self.next_request += 1;
+        self.send(Command::QueueDeclare(pb::QueueDeclare {
+            request_id,
+            channel: 1,
+            queue: queue.into(),
+            ..Default::default()
+        }))
+        .await;
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            match tokio::time::timeout_at(until, self.session.events.recv()).await {
+                Err(_) => return Some(request_id),
+                Ok(event) => match event.and_then(|e| e.event) {
+                    Some(Event::Reply(reply)) if reply.request_id == request_id => return None,
+                    Some(other) => self.pending.push_back(other),
+                    None => panic!("the session ended"),
+                },
+            }
+        }
+    }
+
+    /// Waits for the reply to `request_id`.
+    async fn answered(&mut self, request_id: u64) {
+        loop {
+            match self.next_event().await {
+                Event::Reply(reply) if reply.request_id == request_id => return,
+                other => self.pending.push_back(other),
+            }
+        }
+    }
+}
+
+fn ready(engine: &Engine, queue: &str) -> u64 {
+    engine
+        .queue_stats()
+        .iter()
+        .find(|s| s.queue == queue)
+        .map_or(0, |s| s.messages)
+}
+
+const NUMBERS: [&[u8]; 30] = [
+    b"0", b"1", b"2", b"3", b"4", b"5", b"6", b"7", b"8", b"9", b"10", b"11", b"12", b"13", b"14",
+    b"15", b"16", b"17", b"18", b"19", b"20", b"21", b"22", b"23", b"24", b"25", b"26", b"27",
+    b"28", b"29",
+];
+
+/// A publisher to a queue whose consumer is slow is held once it is a
+/// window ahead (its later commands wait too), and goes on as the consumer
+/// takes messages; every message arrives, in order.
+#[tokio::test]
+async fn a_publisher_waits_for_a_slow_consumer_and_the_backlog_stays_within_the_window() {
+    let engine = paced_engine(8, Duration::from_secs(30)).await;
+    let mut consumer = Client::open(&engine).await;
+    consumer.declare("q", false, &FieldTable::default()).await;
+    consumer.prefetch(1).await;
+    consumer.consume("q").await;
+    let mut publisher = Client::open(&engine).await;
+    for body in NUMBERS {
+        publisher.publish("q", body, false, 0).await;
+    }
+    let pending = publisher
+        .answered_within("q", Duration::from_millis(300))
+        .await
+        .expect("the publisher is held: its declare waits behind its publishes");
+    // One delivered (unacked), a window's worth ready.
+    assert_eq!(ready(&engine, "q"), 8);
+    assert_eq!(engine.pacing_stats().stalls, 0);
+
+    let mut received = Vec::new();
+    while received.len() < NUMBERS.len() {
+        let delivery = consumer.deliveries(1).await.remove(0);
+        assert!(ready(&engine, "q") <= 8, "the backlog passed the window");
+        consumer.ack(delivery.delivery_tag).await;
+        received.push(delivery.body);
+    }
+    assert_eq!(received, NUMBERS.to_vec());
+    publisher.answered(pending).await;
+    let stats = engine.pacing_stats();
+    assert!(stats.waits >= 1, "{stats:?}");
+    assert_eq!(stats.stalls, 0, "{stats:?}");
+}
+
+/// A consumer that stops taking messages (its prefetch is full) holds a
+/// publisher one stall period at most: then pacing is suspended for the
+/// queue until its next delivery.
+#[tokio::test]
+async fn a_consumer_that_stopped_holds_a_publisher_one_stall_period_at_most() {
+    let engine = paced_engine(4, Duration::from_millis(100)).await;
+    let mut consumer = Client::open(&engine).await;
+    consumer.declare("q", false, &FieldTable::default()).await;
+    consumer.prefetch(1).await;
+    consumer.consume("q").await;
+    let mut publisher = Client::open(&engine).await;
+    let started = std::time::Instant::now();
+    for body in NUMBERS {
+        publisher.publish("q", body, false, 0).await;
+    }
+    assert_eq!(
+        publisher.answered_within("q", PATIENCE).await,
+        None,
+        "the publisher goes on"
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert_eq!(ready(&engine, "q"), 29);
+    let stats = engine.pacing_stats();
+    assert_eq!((stats.waits, stats.stalls), (1, 1), "{stats:?}");
+
+    // Its next delivery resumes pacing with a full window.
+    let first = consumer.deliveries(1).await.remove(0);
+    consumer.ack(first.delivery_tag).await;
+    assert_eq!(consumer.deliveries(1).await[0].body, NUMBERS[1]);
+    for body in &NUMBERS[..3] {
+        publisher.publish("q", body, false, 0).await;
+    }
+    assert_eq!(
+        publisher.answered_within("q", PATIENCE).await,
+        None,
+        "three of a window of four"
+    );
+}
+
+/// A session that publishes and consumes goes on acking while it is paced:
+/// the ack is applied, the delivery it allows earns credit back, and the
+/// session goes on well before any stall.
+#[tokio::test]
+async fn acks_on_a_paced_connection_are_applied_while_it_waits() {
+    let engine = paced_engine(4, Duration::from_secs(30)).await;
+    let mut client = Client::open(&engine).await;
+    client.declare("q", false, &FieldTable::default()).await;
+    client.prefetch(1).await;
+    client.consume("q").await;
+    // One delivered, four spend the window: the session waits.
+    for body in &NUMBERS[..5] {
+        client.publish("q", body, false, 0).await;
+    }
+    let first = client.deliveries(1).await.remove(0);
+    client.ack(first.delivery_tag).await;
+    assert_eq!(
+        client.answered_within("q", Duration::from_secs(5)).await,
+        None,
+        "the ack was applied while the session was paced"
+    );
+    assert_eq!(client.deliveries(1).await[0].body, NUMBERS[1]);
+    assert_eq!(engine.pacing_stats().stalls, 0);
+}
+
+/// Window 0: no pacing, as before; nor does a queue without consumers ever
+/// pace.
+#[tokio::test]
+async fn no_pacing_with_window_zero_or_without_consumers() {
+    let engine = paced_engine(0, Duration::from_secs(30)).await;
+    let mut consumer = Client::open(&engine).await;
+    consumer.declare("q", false, &FieldTable::default()).await;
+    consumer.prefetch(1).await;
+    consumer.consume("q").await;
+    let mut publisher = Client::open(&engine).await;
+    for body in NUMBERS {
+        publisher.publish("q", body, false, 0).await;
+    }
+    assert_eq!(publisher.answered_within("q", PATIENCE).await, None);
+    assert_eq!(engine.pacing_stats(), crate::PacingStats::default());
+
+    let engine = paced_engine(2, Duration::from_secs(30)).await;
+    let mut publisher = Client::open(&engine).await;
+    publisher
+        .declare("idle", false, &FieldTable::default())
+        .await;
+    for body in NUMBERS {
+        publisher.publish("idle", body, false, 0).await;
+    }
+    assert_eq!(publisher.answered_within("idle", PATIENCE).await, None);
+    assert_eq!(ready(&engine, "idle"), 30);
+    assert_eq!(engine.pacing_stats(), crate::PacingStats::default());
+}

@@ -1044,6 +1044,9 @@ struct Summary {
     queue_args: Vec<String>,
     publish_rate: f64,
     consume_rate: f64,
+    /// The most messages published and not yet consumed at once, sampled
+    /// every 5 ms (0 without both producers and consumers).
+    max_backlog: u64,
     /// Payload megabytes (10^6 bytes) per second: consumed if consuming, else published.
     mb_per_s: f64,
     latency_p50_ms: Option<f64>,
@@ -1201,6 +1204,25 @@ async fn run(args: Args, stop_publishing: watch::Receiver<bool>) -> Result<(Summ
         consumers = spawn_consumers(&shared).await;
     }
 
+    // The backlog (published and not yet consumed) at its highest, sampled
+    // every 5 ms from the counters the clients keep anyway: whether the
+    // queues stay short at steady state.
+    let max_backlog = Arc::new(AtomicU64::new(0));
+    let backlog_sampler = (publishing && consuming).then(|| {
+        let (sh, max) = (shared.clone(), max_backlog.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(5));
+            loop {
+                tick.tick().await;
+                let backlog = sh
+                    .published
+                    .load(Ordering::Relaxed)
+                    .saturating_sub(sh.consumed.load(Ordering::Relaxed));
+                max.fetch_max(backlog, Ordering::Relaxed);
+            }
+        })
+    });
+
     let mut producers = Vec::new();
     if publishing {
         let handles: Vec<_> = (0..args.producers)
@@ -1280,6 +1302,9 @@ async fn run(args: Args, stop_publishing: watch::Receiver<bool>) -> Result<(Summ
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let _ = stop_tx.send(true);
+        if let Some(sampler) = &backlog_sampler {
+            sampler.abort();
+        }
         for h in consumers {
             let o = h.await.context("consumer task panicked")?;
             consume_start = match (consume_start, o.subscribed) {
@@ -1375,6 +1400,7 @@ async fn run(args: Args, stop_publishing: watch::Receiver<bool>) -> Result<(Summ
         queue_args: args.queue_args.clone(),
         publish_rate: rate(published, publish_elapsed),
         consume_rate: rate(verdict.consumed, consume_elapsed),
+        max_backlog: max_backlog.load(Ordering::Relaxed),
         mb_per_s: round(mb_per_s, 3),
         latency_p50_ms: ms(verdict.latency_us.quantile(0.50)),
         latency_p99_ms: ms(verdict.latency_us.quantile(0.99)),

@@ -328,6 +328,7 @@ async fn start_engine(storage: Arc<dyn StorageApi>, settings: &Settings) -> anyh
         consumer_timeout: Some(settings.broker.consumer_timeout).filter(|t| !t.is_zero()),
         default_max_deliveries: settings.broker.default_maximum_delivery_count,
         limits: settings.broker.limits(),
+        pacing: settings.broker.pacing(),
         writer_limits: spillway_engine::WriterLimits {
             max_writes: settings.engine.store_writer_max_writes,
             max_bytes: settings.engine.store_writer_max_bytes,

@@ -446,6 +446,15 @@ pub struct BrokerSettings {
     pub default_transaction_idle_warn: Duration,
     #[serde(deserialize_with = "durations::millis_or_text")]
     pub default_transaction_idle_close: Duration,
+    /// Publisher pacing (docs/flow-control.md#publisher-pacing): messages a
+    /// queue with consumers may get ahead of its deliveries before its
+    /// publishers wait for it; 0 turns pacing off.
+    pub publisher_pacing_window: u32,
+    /// How long a queue may deliver nothing while a publisher waits on it
+    /// before pacing is suspended for it (until its next delivery): `100ms`,
+    /// or plain milliseconds.
+    #[serde(deserialize_with = "durations::millis_or_text")]
+    pub publisher_pacing_stall: Duration,
 }
 
 impl BrokerSettings {
@@ -459,6 +468,13 @@ impl BrokerSettings {
                 idle_warn: self.default_transaction_idle_warn,
                 idle_close: self.default_transaction_idle_close,
             },
+        }
+    }
+
+    pub fn pacing(&self) -> spillway_engine::PacingConfig {
+        spillway_engine::PacingConfig {
+            window: self.publisher_pacing_window,
+            stall: self.publisher_pacing_stall,
         }
     }
 
@@ -494,6 +510,8 @@ impl Default for BrokerSettings {
             default_transaction_idle_warn: Duration::ZERO,
             default_transaction_idle_close: Duration::ZERO,
             message_compression_enabled: false,
+            publisher_pacing_window: spillway_engine::DEFAULT_PACING_WINDOW,
+            publisher_pacing_stall: spillway_engine::DEFAULT_PACING_STALL,
         }
     }
 }
@@ -1072,6 +1090,12 @@ impl Settings {
             "at least 1 byte, or unset for 40% of the memory available",
         );
         check(
+            !self.broker.publisher_pacing_stall.is_zero(),
+            "broker.publisher_pacing_stall",
+            &Millis(self.broker.publisher_pacing_stall),
+            "more than 0",
+        );
+        check(
             self.engine.store_writer_max_writes >= 1,
             "engine.store_writer_max_writes",
             &self.engine.store_writer_max_writes,
@@ -1503,6 +1527,29 @@ mod tests {
         assert_eq!(
             settings.broker.housekeeping_interval,
             Duration::from_millis(100)
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn publisher_pacing_is_on_by_default_and_can_be_set_or_turned_off() -> anyhow::Result<()> {
+        let (_, result) = load("", &[]);
+        let pacing = result?.broker.pacing();
+        assert_eq!(pacing, spillway_engine::PacingConfig::default());
+        assert_eq!(pacing.window, spillway_engine::DEFAULT_PACING_WINDOW);
+        let (_, result) = load(
+            "[broker]\npublisher_pacing_window = 500\npublisher_pacing_stall = \"250ms\"\n",
+            &[("SPILLWAY_BROKER__PUBLISHER_PACING_WINDOW", "0")],
+        );
+        let pacing = result?.broker.pacing();
+        assert_eq!(pacing.window, 0, "the environment wins");
+        assert_eq!(pacing.stall, Duration::from_millis(250));
+        let (_, result) = load("[broker]\npublisher_pacing_stall = 0\n", &[]);
+        let lines: Vec<String> = problems(result).iter().map(ToString::to_string).collect();
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].starts_with("`broker.publisher_pacing_stall` = "),
+            "{lines:?}"
         );
         Ok(())
     }

@@ -253,6 +253,7 @@ impl Broker {
             id,
             (super::now_ms(), None),
             out.ops,
+            false,
         );
         out.pending.extend(enqueued.dead_letters);
         // After the new record's write, in the same batch.

@@ -45,6 +45,7 @@ impl Broker {
             ));
         }
         let prefetch = channel.consumer_prefetch;
+        let pacing = self.pacing;
         let vhost = self.vhost_mut(&vhost_name)?;
         let queue = find_queue_mut(vhost, &cmd.queue, &vhost_name)?;
         check_exclusive(queue, session, &vhost_name)?;
@@ -58,6 +59,10 @@ impl Broker {
             ));
         }
         queue.exclusive_consumer = cmd.exclusive;
+        if queue.consumers.is_empty() {
+            // Pacing starts with a full window, whatever the queue holds.
+            queue.pacing.reset(&pacing);
+        }
         queue.consumers.push(ConsumerRef {
             session,
             channel: cmd.channel,
@@ -109,6 +114,8 @@ impl Broker {
             if entry.consumers.is_empty() {
                 entry.exclusive_consumer = false;
                 unused = true;
+                // No consumers, no pacing: its publishers go on.
+                entry.pacing.wake_all();
             }
         }
         if unused {
@@ -328,6 +335,7 @@ impl Broker {
             flow_active,
             unacked_pressure,
             expiry,
+            pacing,
             ..
         } = self;
         let flow_active = *flow_active;
@@ -421,6 +429,7 @@ impl Broker {
                 body_size: message.body.size(),
             };
             entry.delivery_count = entry.delivery_count.saturating_add(1);
+            queue.pacing.delivered(!entry.redelivered, pacing);
             if no_ack {
                 let stores = queue.stores_messages();
                 discard(
@@ -450,6 +459,7 @@ impl Broker {
             }
             let _ = session.events.send(event(Event::Deliver(deliver)));
         }
+        queue.pacing.wake_if_room(pacing);
         // The new head's expiry, if it has one, is on the timer.
         if let Some(when) = super::expiry::next_check(queue) {
             expiry.schedule(vhost_name, queue, when);

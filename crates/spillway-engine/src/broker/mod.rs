@@ -15,7 +15,9 @@
 //! - `arguments`: what `x-*` queue arguments mean and when two agree;
 //! - `expiry`: message TTL (`expiration`, `x-message-ttl`) and queue TTL
 //!   (`x-expires`), on one timer;
-//! - `tx`: transactions (tx.select/commit/rollback) and their timeouts.
+//! - `tx`: transactions (tx.select/commit/rollback) and their timeouts;
+//! - `pacing`: publisher pacing, a queue's publishers held to the rate it
+//!   delivers at.
 //!
 //! Flow to disk (`crate::flow`) and producer flow control
 //! (`crate::producer_flow`) are `impl Broker` blocks of their own.
@@ -25,6 +27,7 @@ mod dead_letter;
 mod definitions;
 mod dispatch;
 mod expiry;
+mod pacing;
 mod publish;
 mod settle;
 mod timeouts;
@@ -48,6 +51,9 @@ pub use dead_letter::DeadLetterJob;
 pub(crate) use definitions::still_recovering;
 pub use dispatch::GetOutcome;
 pub(crate) use expiry::now_ms;
+pub use pacing::{
+    PacingConfig, PacingStats, PacingWait, QueuePacing, DEFAULT_PACING_STALL, DEFAULT_PACING_WINDOW,
+};
 pub use publish::PublishOutcome;
 pub use tx::{Transaction, TxConfig, TxTimeouts, DEFAULT_MAX_TRANSACTION_BYTES};
 
@@ -92,6 +98,9 @@ pub struct Broker {
     pub(crate) expiry: expiry::ExpiryTimers,
     /// Transactions: settings, timeouts, the channels with one open.
     pub(crate) tx: tx::TxState,
+    /// Publisher pacing (`pacing.rs`): its settings and counts.
+    pub(crate) pacing: PacingConfig,
+    pacing_stats: PacingStats,
 }
 
 /// What the broker needs from the engine around it.
@@ -111,6 +120,8 @@ pub struct BrokerContext {
     /// `broker.max_transaction_bytes`, `broker.close_when_no_route` and the
     /// default transaction timeouts.
     pub transactions: TxConfig,
+    /// `broker.publisher_pacing_window` and `broker.publisher_pacing_stall`.
+    pub pacing: PacingConfig,
 }
 
 impl Broker {
@@ -139,6 +150,8 @@ impl Broker {
             recovery: crate::recovery::Recovery::none(),
             expiry: expiry::ExpiryTimers::default(),
             tx: tx::TxState::new(context.transactions),
+            pacing: context.pacing,
+            pacing_stats: PacingStats::default(),
         }
     }
 
@@ -187,6 +200,7 @@ impl Broker {
                 flow_blocked: None,
                 has_published: false,
                 has_published_persistent: false,
+                paced_on: None,
             },
         );
         tracing::debug!(session = id, vhost = %open.vhost, user = %open.user, "session opened");

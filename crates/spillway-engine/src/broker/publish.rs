@@ -99,7 +99,11 @@ impl Broker {
             id,
             (now, message_ttl),
             &mut ops,
+            true,
         );
+        if let Some(index) = enqueued.paced {
+            self.note_paced(session, &targets[index]);
+        }
         let rejected = enqueued.rejected;
         let stored_now = message.stored_seq() != 0;
         let outcome = if rejected && confirm_seq > 0 {
@@ -163,6 +167,9 @@ pub(super) struct Enqueued {
     pub dead_letters: Vec<DeadLetterJob>,
     /// A queue holds it with a TTL of 0: deliver it at once or expire it.
     pub zero_ttl: bool,
+    /// With `pace`: the index in the targets of a queue whose publisher
+    /// pacing credit this message spent the last of.
+    pub paced: Option<usize>,
 }
 
 impl Broker {
@@ -171,6 +178,10 @@ impl Broker {
     /// path for publishes and dead letters. `(now, message_ttl)`: when it is
     /// enqueued (ms since the epoch) and its `expiration`, from which (and
     /// each queue's `x-message-ttl`) its expiry in each queue is fixed.
+    /// `pace`: a publisher's message, which spends the publisher pacing
+    /// credit of the queues with consumers (`pacing.rs`); dead letters do
+    /// not.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn enqueue_routed(
         &mut self,
         vhost_name: &str,
@@ -179,10 +190,12 @@ impl Broker {
         id: u64,
         (now, message_ttl): (u64, Option<u64>),
         ops: &mut Vec<WriteOp>,
+        pace: bool,
     ) -> Enqueued {
         let mut enqueued = Enqueued::default();
         let mut holders = 0u32;
         let shared = targets.len() > 1;
+        let pace = pace && self.pacing.window > 0;
         let Self {
             vhosts,
             shared_refs,
@@ -192,7 +205,7 @@ impl Broker {
         let Some(vhost) = vhosts.get_mut(vhost_name) else {
             return enqueued;
         };
-        for name in targets {
+        for (index, name) in targets.iter().enumerate() {
             let Some(queue) = vhost.queues.get_mut(name) else {
                 continue;
             };
@@ -235,6 +248,9 @@ impl Broker {
             entry.shared = shared;
             entry.expires_at = expires_at;
             holders += 1;
+            if pace && !queue.consumers.is_empty() && queue.pacing.spend() {
+                enqueued.paced.get_or_insert(index);
+            }
             let dropped = queue.enqueue(entry);
             if expires_at != 0 {
                 expiry.schedule(vhost_name, queue, expires_at.saturating_add(1));

@@ -402,7 +402,12 @@ impl Broker {
                 id,
                 (now, held.message_ttl),
                 &mut ops,
+                true,
             );
+            if let Some(index) = enqueued.paced {
+                // Paced at commit: the session waits after commit-ok.
+                self.note_paced(session, &held.targets[index]);
+            }
             dead_letters.extend(enqueued.dead_letters);
             if enqueued.zero_ttl {
                 zero_ttl.extend(held.targets.iter().cloned());
