@@ -19,23 +19,24 @@ const DIRTY_DECAY_MS: isize = 1000;
 /// (`muzzy_decay_ms` 0: pages merely marked free with `MADV_FREE` would
 /// still count in the RSS), and a background thread does it even while the
 /// process allocates nothing. Set before anything else runs; a failure is
-/// logged by the caller's logger and changes only how soon memory returns.
+/// printed and changes only how soon memory goes back.
 pub fn configure() {
-    let arena_count = arenas::narenas::read().unwrap_or(0);
-    let mut settings: Vec<(String, isize)> = vec![
-        ("arenas.dirty_decay_ms\0".to_string(), DIRTY_DECAY_MS),
-        ("arenas.muzzy_decay_ms\0".to_string(), 0),
-    ];
-    for arena in 0..arena_count {
-        settings.push((format!("arena.{arena}.dirty_decay_ms\0"), DIRTY_DECAY_MS));
-        settings.push((format!("arena.{arena}.muzzy_decay_ms\0"), 0));
+    // The default for arenas made from now on…
+    for (name, value) in [
+        (&b"arenas.dirty_decay_ms\0"[..], DIRTY_DECAY_MS),
+        (&b"arenas.muzzy_decay_ms\0"[..], 0),
+    ] {
+        if let Err(error) = name.name().write(value) {
+            eprintln!("jemalloc default decay not set: {error}");
+        }
     }
-    for (name, value) in &settings {
-        if let Err(error) = name.as_bytes().name().write(*value) {
-            eprintln!(
-                "jemalloc setting {} not applied: {error}",
-                name.trim_end_matches('\0')
-            );
+    // …and the arenas that exist already. Arenas not made yet refuse
+    // (EFAULT), and get the default above when they are.
+    let arena_count = arenas::narenas::read().unwrap_or(0);
+    for arena in 0..arena_count {
+        for (setting, value) in [("dirty", DIRTY_DECAY_MS), ("muzzy", 0)] {
+            let name = format!("arena.{arena}.{setting}_decay_ms\0");
+            let _ = name.as_bytes().name().write(value);
         }
     }
     if let Err(error) = background_thread::write(true) {
