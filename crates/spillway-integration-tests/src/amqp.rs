@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use lapin::message::BasicGetMessage;
-use lapin::options::{BasicGetOptions, QueueDeclareOptions};
+use lapin::options::{
+    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
+};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Connection};
 
@@ -138,5 +140,40 @@ pub fn routing_keys(death: &FieldTable) -> Vec<String> {
 pub async fn close(ch: Channel, conn: Connection) -> anyhow::Result<()> {
     ch.close(200, s("bye")).await?;
     conn.close(200, s("bye")).await?;
+    Ok(())
+}
+
+/// Publishes `count` messages of `size` bytes (at least 8), each carrying
+/// its sequence number big-endian in its first 8 bytes, with confirms on
+/// `channel`, as fast as lapin writes them; returns once every one is
+/// confirmed. The caller keeps the connection: lapin closes a connection
+/// whose last handle is dropped.
+pub async fn publish_numbered(
+    channel: Channel,
+    queue: String,
+    count: u64,
+    size: usize,
+) -> anyhow::Result<()> {
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    let mut confirms = Vec::new();
+    for seq in 0..count {
+        let mut body = vec![0u8; size.max(8)];
+        body[..8].copy_from_slice(&seq.to_be_bytes());
+        let confirm = channel
+            .basic_publish(
+                "".into(),
+                queue.as_str().into(),
+                BasicPublishOptions::default(),
+                &body,
+                BasicProperties::default(),
+            )
+            .await?;
+        confirms.push(confirm);
+    }
+    for confirm in confirms {
+        anyhow::ensure!(confirm.await?.is_ack(), "publish nacked");
+    }
     Ok(())
 }

@@ -69,28 +69,7 @@ async fn declare(
 /// when all are confirmed. The caller keeps the connection: lapin closes a
 /// connection whose last handle is dropped.
 async fn publish_numbered(channel: Channel, queue: String, count: u64) -> anyhow::Result<()> {
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await?;
-    let mut confirms = Vec::new();
-    for seq in 0..count {
-        let mut body = vec![0u8; SIZE];
-        body[..8].copy_from_slice(&seq.to_be_bytes());
-        let confirm = channel
-            .basic_publish(
-                "".into(),
-                queue.as_str().into(),
-                BasicPublishOptions::default(),
-                &body,
-                BasicProperties::default(),
-            )
-            .await?;
-        confirms.push(confirm);
-    }
-    for confirm in confirms {
-        anyhow::ensure!(confirm.await?.is_ack(), "publish nacked");
-    }
-    Ok(())
+    spillway_integration_tests::amqp::publish_numbered(channel, queue, count, SIZE).await
 }
 
 /// Waits up to `deadline` for a blocked (`true`) or unblocked (`false`)

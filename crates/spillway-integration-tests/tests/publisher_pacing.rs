@@ -14,12 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
-    ConfirmSelectOptions, QueueDeclareOptions,
-};
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
-use lapin::{BasicProperties, Channel, Connection};
+use lapin::{Channel, Connection};
 use spillway_integration_tests::{both_wirings, eventually, Sandbox, Wiring};
 
 both_wirings!(
@@ -57,28 +54,7 @@ async fn declare(connection: &Connection, queue: &str) -> anyhow::Result<()> {
 /// Publishes `count` numbered messages with confirms, as fast as lapin
 /// writes them, and waits for every confirm.
 async fn publish_numbered(channel: Channel, queue: String, count: u64) -> anyhow::Result<()> {
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await?;
-    let mut confirms = Vec::new();
-    for seq in 0..count {
-        let mut body = vec![0u8; SIZE];
-        body[..8].copy_from_slice(&seq.to_be_bytes());
-        let confirm = channel
-            .basic_publish(
-                "".into(),
-                queue.as_str().into(),
-                BasicPublishOptions::default(),
-                &body,
-                BasicProperties::default(),
-            )
-            .await?;
-        confirms.push(confirm);
-    }
-    for confirm in confirms {
-        anyhow::ensure!(confirm.await?.is_ack(), "publish nacked");
-    }
-    Ok(())
+    spillway_integration_tests::amqp::publish_numbered(channel, queue, count, SIZE).await
 }
 
 /// A consumer on `channel` with prefetch [`PREFETCH`] that checks the order
