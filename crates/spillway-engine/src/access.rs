@@ -10,7 +10,7 @@
 //! themselves are made per session command by [`SessionAccess`], which
 //! caches each name's answer until permissions change.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};

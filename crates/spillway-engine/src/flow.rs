@@ -19,7 +19,7 @@
 //! record until it has landed and readers look there first, and its bytes
 //! count as in flight meanwhile.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use spillway_proto::cluster::BATCH_BYTES;

@@ -2,7 +2,8 @@
 //! (one per client connection) hold channels, consumers and unacknowledged
 //! deliveries. Everything here is plain data guarded by the broker lock.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use foldhash::{HashMap, HashMapExt};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;

@@ -30,7 +30,8 @@
 //! their sockets); the other writes (acks, spills, definitions) are bounded
 //! by what the publishes brought in.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+use foldhash::{HashMap, HashMapExt};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

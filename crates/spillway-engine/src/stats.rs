@@ -3,7 +3,7 @@
 //! collector built on them (with the engine's refusals by limit). Nothing here changes the broker or is kept between scrapes, so a
 //! deleted queue is simply absent from the next scrape.
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::sync::{Arc, Weak};
 
 use spillway_telemetry::prometheus_client::collector::Collector;

@@ -20,7 +20,15 @@ const DIRTY_DECAY_MS: isize = 1000;
 /// still count in the RSS), and a background thread does it even while the
 /// process allocates nothing. Set before anything else runs; a failure is
 /// printed and changes only how soon memory goes back.
+///
+/// An operator's `MALLOC_CONF` wins: when it is set, nothing is changed
+/// here, so that jemalloc's own options (`narenas`, the decays, `prof` with
+/// the `profiling` feature, docs/performance.md) can be tried without a
+/// rebuild.
 pub fn configure() {
+    if std::env::var_os("MALLOC_CONF").is_some() {
+        return;
+    }
     // The default for arenas made from now on…
     for (name, value) in [
         (&b"arenas.dirty_decay_ms\0"[..], DIRTY_DECAY_MS),

@@ -33,7 +33,7 @@ mod settle;
 mod timeouts;
 mod tx;
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::sync::Arc;
 
 use spillway_proto::amqp::reply_code;

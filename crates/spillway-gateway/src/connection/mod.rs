@@ -20,7 +20,7 @@ mod render;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::net::SocketAddr;
 
 use amq_protocol::protocol::{channel as chan, connection as conn, AMQPClass};

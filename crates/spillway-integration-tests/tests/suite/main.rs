@@ -1,0 +1,33 @@
+//! The end-to-end suite: real clients over real sockets against both
+//! wirings, one module per feature. The modules live in one test binary, not
+//! one each: every binary links the whole broker (about 115 MB), so 24 of
+//! them made the link step most of an incremental build.
+//!
+//! `tests/traces.rs` stays a binary of its own: it installs a global tracing
+//! subscriber, which would collect the spans of every other module's
+//! in-process broker.
+
+mod amqp_methods;
+mod amqps;
+mod background_recovery;
+mod cluster_tls;
+mod compression;
+mod configuration;
+mod consumer_timeout;
+mod crash_recovery;
+mod dead_letters;
+mod expiry;
+mod flow_to_disk;
+mod hostile_clients;
+mod internal_auth;
+mod limits;
+mod loadgen_clients;
+mod malformed_input;
+mod management;
+mod metrics;
+mod producer_flow_control;
+mod publisher_pacing;
+mod storage_faults;
+mod transactions;
+mod update_secret;
+mod users_and_permissions;
