@@ -19,8 +19,8 @@
 //! and channels, 406 PRECONDITION_FAILED for queues and consumers), are
 //! logged, and are counted in `spillway_limit_refusals_total`.
 
-use std::collections::BTreeSet;
 use foldhash::{HashMap, HashMapExt};
+use std::collections::BTreeSet;
 
 use spillway_proto::amqp::reply_code;
 use spillway_proto::engine::{self as pb, AmqpError};

@@ -2,8 +2,8 @@
 //! (one per client connection) hold channels, consumers and unacknowledged
 //! deliveries. Everything here is plain data guarded by the broker lock.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use foldhash::{HashMap, HashMapExt};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;

@@ -30,8 +30,8 @@
 //! their sockets); the other writes (acks, spills, definitions) are bounded
 //! by what the publishes brought in.
 
-use std::collections::VecDeque;
 use foldhash::{HashMap, HashMapExt};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,7 +39,6 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use prost::Message as _;
 use spillway_proto::backoff::Backoff;
-use spillway_proto::cluster::BATCH_BYTES;
 use spillway_proto::storage::{write_op, Durability, MessageRecord, WriteBatch, WriteOp};
 use spillway_proto::trace::SpanContext;
 use spillway_proto::{ServiceError, StorageApi};
@@ -50,6 +49,14 @@ use crate::budget::MemoryBudget;
 
 /// Requests drained into one storage batch at most.
 const MAX_REQUESTS_PER_BATCH: usize = 4096;
+
+/// Encoded bytes one storage batch stops at, below the gRPC bound
+/// (`BATCH_BYTES`, 16 MiB). A batch is memory twice over while it is
+/// written (its ops here, RocksDB's own batch on the storage node), and 4
+/// MiB already shares one fsync among thousands of messages: a 16 MiB
+/// batch was 20 MiB of RocksDB's `WriteBatch` alone at the peak of case
+/// d's heap profile (docs/performance.md).
+const STORE_BATCH_BYTES: u64 = 4 << 20;
 
 /// Sequence numbers start above [`crate::model::STORED_EARLIER`].
 const FIRST_SEQ: u64 = 2;
@@ -471,16 +478,17 @@ async fn run_writer(
 }
 
 /// The requests of the next storage batch, taken from the front of
-/// `carried`. A batch stays within one gRPC message to a remote storage node:
-/// it stops before the request that would take its ops past `BATCH_BYTES`
-/// (one request larger than that goes alone). A request is never split, so
+/// `carried`. It stops before the request that would take its ops past
+/// [`STORE_BATCH_BYTES`] (one request larger than that goes alone, and the
+/// largest, `BATCH_BYTES`, still fits one gRPC message to a remote storage
+/// node). A request is never split, so
 /// its ops land together or not at all. A stop request ends its batch.
 fn next_batch(carried: &mut VecDeque<WriteRequest>) -> Vec<WriteRequest> {
     let mut batch = Vec::new();
     let mut total = 0u64;
     while let Some(request) = carried.front() {
         if let WriteRequest::Write { bytes, .. } = request {
-            if !batch.is_empty() && total + bytes > BATCH_BYTES as u64 {
+            if !batch.is_empty() && total + bytes > STORE_BATCH_BYTES {
                 break;
             }
             total += bytes;
@@ -757,13 +765,15 @@ mod tests {
     #[test]
     fn a_batch_stops_at_its_byte_budget_and_never_splits_a_request() {
         let mb = 1 << 20;
-        // 10 + 10 MiB is over 16 MiB: one each; a 20 MiB request alone.
+        // 10 + 10 MiB is over the 4 MiB budget: one each; a 20 MiB request alone.
         let mut carried: VecDeque<_> =
             [write_of(10 * mb), write_of(10 * mb), write_of(20 * mb)].into();
         assert_eq!(batch_sizes(&mut carried), [1, 1, 1]);
-        // Small requests share a batch up to the budget.
+        // Small requests share a batch up to the budget: three of a little
+        // over 1 MiB fit into 4 MiB, four do not.
+        assert_eq!(STORE_BATCH_BYTES, 4 * mb as u64);
         let mut carried: VecDeque<_> = (0..20).map(|_| write_of(mb)).collect();
-        assert_eq!(batch_sizes(&mut carried), [15, 5]);
+        assert_eq!(batch_sizes(&mut carried), [3, 3, 3, 3, 3, 3, 2]);
         // Nothing after a stop goes into its batch.
         let (stopped, _wait) = oneshot::channel();
         let mut carried: VecDeque<_> =

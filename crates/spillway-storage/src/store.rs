@@ -403,7 +403,10 @@ impl RocksStore {
 
     /// Applies every op atomically, as durably as the batch asks.
     pub fn write_batch(&self, batch: &WriteBatch) -> Result<(), StoreError> {
-        let mut rocks_batch = rocksdb::WriteBatch::default();
+        // Sized once: grown by doubling, a batch's buffer is up to twice
+        // its contents (and three times while it is copied to grow).
+        let mut rocks_batch =
+            rocksdb::WriteBatch::with_capacity_bytes(batch.encoded_len() + 16 * batch.ops.len());
         for op in batch.ops.iter().filter_map(|op| op.op.as_ref()) {
             apply(&mut rocks_batch, op);
         }
@@ -438,7 +441,12 @@ impl RocksStore {
     pub fn read_messages(&self, ids: &[u64]) -> Result<Vec<MessageRecord>, StoreError> {
         let keys: Vec<[u8; 9]> = ids.iter().map(|id| keys::message_key(*id)).collect();
         let mut records = Vec::with_capacity(ids.len());
-        for (key, value) in keys.iter().zip(self.db.multi_get(&keys)) {
+        // A payload is read back once (then acked and deleted): its blocks
+        // are not worth the block cache, which keeps the index and filter
+        // blocks every read needs.
+        let mut options = rocksdb::ReadOptions::default();
+        options.fill_cache(false);
+        for (key, value) in keys.iter().zip(self.db.multi_get_opt(&keys, &options)) {
             let Some(value) = value? else {
                 continue;
             };

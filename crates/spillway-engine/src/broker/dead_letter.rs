@@ -14,8 +14,8 @@
 //! loader task calls [`Broker::dead_letter_loaded`]); until then the store
 //! keeps its old record.
 
-use std::collections::VecDeque;
 use foldhash::HashMap;
+use std::collections::VecDeque;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use amq_protocol::protocol::basic::{gen_properties, parse_properties, AMQPProperties};

@@ -26,8 +26,8 @@
 //! `idle` from its last one. Warnings (`CHN-1007`, `CHN-1008`) repeat once
 //! per warn period; a close sends the connection `connection.close` 506.
 
-use std::collections::BTreeSet;
 use foldhash::{HashMap, HashMapExt};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
