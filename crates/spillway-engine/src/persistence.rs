@@ -229,7 +229,7 @@ impl StoreWriter {
             return self.state.completed.load(Ordering::Acquire);
         }
         let seq = self.state.next_seq.fetch_add(1, Ordering::AcqRel);
-        let bytes = ops.iter().map(|op| op.encoded_len() as u64).sum::<u64>();
+        let bytes = held_bytes(&ops);
         {
             let mut pending = self.state.pending.lock();
             for op in &ops {
@@ -477,6 +477,17 @@ async fn run_writer(
     }
 }
 
+/// What a write's ops hold in memory until they land, as the queue's bound
+/// counts it: their encoded bytes (the names, keys and bodies they carry)
+/// plus each op's own record. A delete is 12 bytes encoded and a few
+/// hundred as a `WriteOp`, so counting encoded bytes alone let the acks of
+/// a fast consumer queue 100 MiB and more behind a 64 MiB bound (case d,
+/// docs/performance.md).
+fn held_bytes(ops: &[WriteOp]) -> u64 {
+    let encoded = ops.iter().map(|op| op.encoded_len() as u64).sum::<u64>();
+    encoded + (ops.len() * std::mem::size_of::<WriteOp>()) as u64
+}
+
 /// The requests of the next storage batch, taken from the front of
 /// `carried`. It stops before the request that would take its ops past
 /// [`STORE_BATCH_BYTES`] (one request larger than that goes alone, and the
@@ -720,6 +731,33 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_byte_bound_counts_what_queued_deletes_hold() {
+        let store = Arc::new(Failing {
+            error: Mutex::new(Some(ServiceError::Unavailable("down".into()))),
+            written: Mutex::new(Vec::new()),
+        });
+        let budget = Arc::new(MemoryBudget::new(1 << 30));
+        // The records of 1,000 deletes, which encode to about 12 KiB.
+        let record = std::mem::size_of::<WriteOp>() as u64;
+        let limits = WriterLimits {
+            max_writes: 1_000_000,
+            max_bytes: 1_000 * record,
+        };
+        let writer = StoreWriter::start(store.clone(), budget, 1, limits);
+        let deletes = |from: u64| (from..from + 100).flat_map(delete).collect::<Vec<_>>();
+        for round in 0..9 {
+            writer.submit(deletes(round * 100), Durability::Logged, None);
+        }
+        assert!(!writer.is_full(), "900 deletes are below the bound");
+        writer.submit(deletes(900), Durability::Logged, None);
+        assert!(writer.is_full(), "1,000 deletes hold the bound");
+        store.error.lock().take();
+        tokio::time::timeout(Duration::from_secs(5), writer.wait_for_room())
+            .await
+            .expect("room again once the store answers");
+    }
+
+    #[tokio::test]
     async fn stopping_gives_up_on_a_failed_store() {
         let (_store, writer) = writer(Some(ServiceError::DataLoss("corrupt".into())));
         writer.submit(delete(1), Durability::Synced, None);
@@ -745,7 +783,7 @@ mod tests {
         }];
         WriteRequest::Write {
             seq: 0,
-            bytes: ops.iter().map(|op| op.encoded_len() as u64).sum(),
+            bytes: held_bytes(&ops),
             ops,
             durability: Durability::Synced,
             spilled_bytes: 0,
