@@ -485,7 +485,7 @@ async fn run_writer(
 /// docs/performance.md).
 fn held_bytes(ops: &[WriteOp]) -> u64 {
     let encoded = ops.iter().map(|op| op.encoded_len() as u64).sum::<u64>();
-    encoded + (ops.len() * std::mem::size_of::<WriteOp>()) as u64
+    encoded + std::mem::size_of_val(ops) as u64
 }
 
 /// The requests of the next storage batch, taken from the front of
