@@ -458,6 +458,7 @@ async fn run_writer(
                     }
                 }
             }
+            shrink_when_mostly_empty(&mut pending);
         }
         state.budget.remove_in_flight(spilled);
         let outcome = if landed {
@@ -587,6 +588,20 @@ fn fail_batch(
     }
 }
 
+/// Entries the map of records in flight keeps room for however empty it is.
+const PENDING_KEPT_CAPACITY: usize = 1024;
+
+/// Gives back the table of the map of records in flight once it holds a
+/// small part of what it has room for: a burst of spills (a fill past the
+/// threshold) grows it to tens of MiB, and a hash map never shrinks by
+/// itself. Rehashing what is left costs less than the writes that emptied it.
+fn shrink_when_mostly_empty(pending: &mut HashMap<u64, (u64, MessageRecord)>) {
+    let room = pending.len().max(PENDING_KEPT_CAPACITY / 4) * 4;
+    if pending.capacity() > room {
+        pending.shrink_to(pending.len() * 2);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -708,18 +723,23 @@ mod tests {
         assert_eq!(outcome, Ok(()));
     }
 
-    #[tokio::test]
-    async fn the_queue_reports_full_at_its_bound() {
+    /// A writer with `limits` whose store is down until its error is taken.
+    fn stuck_writer(limits: WriterLimits) -> (Arc<Failing>, StoreWriter) {
         let store = Arc::new(Failing {
             error: Mutex::new(Some(ServiceError::Unavailable("down".into()))),
             written: Mutex::new(Vec::new()),
         });
         let budget = Arc::new(MemoryBudget::new(1 << 30));
-        let limits = WriterLimits {
+        let writer = StoreWriter::start(store.clone(), budget, 1, limits);
+        (store, writer)
+    }
+
+    #[tokio::test]
+    async fn the_queue_reports_full_at_its_bound() {
+        let (store, writer) = stuck_writer(WriterLimits {
             max_writes: 3,
             max_bytes: 1 << 20,
-        };
-        let writer = StoreWriter::start(store.clone(), budget, 1, limits);
+        });
         for id in 0..3 {
             writer.submit(delete(id), Durability::Logged, None);
         }
@@ -732,18 +752,12 @@ mod tests {
 
     #[tokio::test]
     async fn the_byte_bound_counts_what_queued_deletes_hold() {
-        let store = Arc::new(Failing {
-            error: Mutex::new(Some(ServiceError::Unavailable("down".into()))),
-            written: Mutex::new(Vec::new()),
-        });
-        let budget = Arc::new(MemoryBudget::new(1 << 30));
         // The records of 1,000 deletes, which encode to about 12 KiB.
         let record = std::mem::size_of::<WriteOp>() as u64;
-        let limits = WriterLimits {
+        let (store, writer) = stuck_writer(WriterLimits {
             max_writes: 1_000_000,
             max_bytes: 1_000 * record,
-        };
-        let writer = StoreWriter::start(store.clone(), budget, 1, limits);
+        });
         let deletes = |from: u64| (from..from + 100).flat_map(delete).collect::<Vec<_>>();
         for round in 0..9 {
             writer.submit(deletes(round * 100), Durability::Logged, None);
@@ -755,6 +769,40 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), writer.wait_for_room())
             .await
             .expect("room again once the store answers");
+    }
+
+    #[tokio::test]
+    async fn the_map_of_records_in_flight_gives_its_room_back_once_written() {
+        let (store, writer) = stuck_writer(WriterLimits::default());
+        let put = |id: u64| WriteOp {
+            op: Some(write_op::Op::PutMessage(MessageRecord {
+                id,
+                ..Default::default()
+            })),
+        };
+        let mut last = 0;
+        for chunk in 0..100u64 {
+            let ops = (chunk * 1_000..(chunk + 1) * 1_000).map(put).collect();
+            last = writer.submit(ops, Durability::Logged, None);
+        }
+        let grown = writer.state.pending.lock().capacity();
+        assert!(grown >= 100_000, "holds the 100,000 records: {grown}");
+        assert!(
+            writer.pending_record(99_999).is_some(),
+            "readable in flight"
+        );
+        store.error.lock().take();
+        tokio::time::timeout(Duration::from_secs(10), writer.wait_written(last))
+            .await
+            .expect("landed")
+            .expect("written");
+        let pending = writer.state.pending.lock();
+        assert!(pending.is_empty());
+        assert!(
+            pending.capacity() <= PENDING_KEPT_CAPACITY * 2,
+            "room given back: {} entries",
+            pending.capacity()
+        );
     }
 
     #[tokio::test]
