@@ -122,6 +122,14 @@ impl MemoryBudget {
     }
 }
 
+/// The capacity to give a collection of `len` entries in `capacity` slots
+/// back to: twice what it holds, once it holds less than a quarter of its
+/// room and its room is above `floor`. A drained backlog would otherwise
+/// keep its allocation for good. `None` when shrinking is not worth it.
+pub(crate) fn shrunk_capacity(len: usize, capacity: usize, floor: usize) -> Option<usize> {
+    (capacity > floor && capacity > len.saturating_mul(4)).then(|| len * 2)
+}
+
 /// The default flow-to-disk threshold: 40% of the memory this process may
 /// use — its cgroup's limit when one is set (a container), else the
 /// machine's physical memory. 1 GiB when neither can be read.

@@ -26,6 +26,7 @@ use spillway_proto::cluster::BATCH_BYTES;
 use spillway_proto::storage::{self as store, write_op, Durability, MessageRecord, WriteOp};
 
 use crate::broker::Broker;
+use crate::budget::shrunk_capacity;
 use crate::model::{Message, Queue, QueuedMessage};
 
 /// Messages asked of the store in one read.
@@ -91,8 +92,8 @@ impl Broker {
         // back: a spilled backlog of millions would hold it for good.
         for queue in self.vhosts.values_mut().flat_map(|v| v.queues.values_mut()) {
             let (len, capacity) = (queue.messages.len(), queue.messages.capacity());
-            if capacity > SHRINK_ABOVE_ENTRIES && capacity > len * 4 {
-                queue.messages.shrink_to(len * 2);
+            if let Some(shrunk) = shrunk_capacity(len, capacity, SHRINK_ABOVE_ENTRIES) {
+                queue.messages.shrink_to(shrunk);
             }
         }
         let (entries, unacked) = self.bookkeeping();

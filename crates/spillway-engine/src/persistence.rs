@@ -45,7 +45,7 @@ use spillway_proto::{ServiceError, StorageApi};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tracing::Instrument;
 
-use crate::budget::MemoryBudget;
+use crate::budget::{shrunk_capacity, MemoryBudget};
 
 /// Requests drained into one storage batch at most.
 const MAX_REQUESTS_PER_BATCH: usize = 4096;
@@ -596,9 +596,9 @@ const PENDING_KEPT_CAPACITY: usize = 1024;
 /// threshold) grows it to tens of MiB, and a hash map never shrinks by
 /// itself. Rehashing what is left costs less than the writes that emptied it.
 fn shrink_when_mostly_empty(pending: &mut HashMap<u64, (u64, MessageRecord)>) {
-    let room = pending.len().max(PENDING_KEPT_CAPACITY / 4) * 4;
-    if pending.capacity() > room {
-        pending.shrink_to(pending.len() * 2);
+    if let Some(shrunk) = shrunk_capacity(pending.len(), pending.capacity(), PENDING_KEPT_CAPACITY)
+    {
+        pending.shrink_to(shrunk);
     }
 }
 
