@@ -236,6 +236,7 @@ impl Engine {
             limits: config.limits,
             transactions: config.transactions.clone(),
             pacing: config.pacing,
+            housekeeping_interval: config.housekeeping_interval,
         });
         let mut access = AccessControl::from_definitions(
             std::mem::take(&mut definitions.users),

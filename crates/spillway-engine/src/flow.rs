@@ -21,6 +21,7 @@
 
 use foldhash::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use spillway_proto::cluster::BATCH_BYTES;
 use spillway_proto::storage::{self as store, write_op, Durability, MessageRecord, WriteOp};
@@ -148,6 +149,8 @@ impl Broker {
             vhosts,
             persist,
             sessions,
+            budget,
+            unacked_grace,
             ..
         } = self;
         for queue in vhosts.values_mut().flat_map(|v| v.queues.values_mut()) {
@@ -163,13 +166,28 @@ impl Broker {
         }
         // Delivered, unacknowledged payloads count in the budget too, and
         // are needed again only if requeued: a consumer that never acks a
-        // spilled backlog must not bring it all back into memory.
+        // spilled backlog must not bring it all back into memory. But a
+        // delivery acked within the grace period is never written (it would
+        // be deleted at once), and one pass writes no more of them than the
+        // spill window has room for: a fast consumer taking a resident
+        // backlog must not turn it into a burst of writes whose copies
+        // nothing bounds.
+        let delivered_before = Instant::now().checked_sub(*unacked_grace);
+        let mut room = budget
+            .spill_window()
+            .saturating_sub(budget.in_flight_bytes() + spill.bytes);
         for unacked in sessions
             .values_mut()
             .flat_map(|s| s.channels.values_mut())
             .flat_map(|c| c.unacked.values_mut())
         {
-            evict_unacked(&mut unacked.message, &mut spill);
+            if room == 0 {
+                break;
+            }
+            if delivered_before.is_none_or(|before| unacked.delivered_at > before) {
+                continue;
+            }
+            room = room.saturating_sub(evict_unacked(&mut unacked.message, &mut spill));
             if spill.bytes >= SPILL_CHUNK_BYTES {
                 submit_spill(persist, &mut spill);
             }
@@ -535,10 +553,13 @@ pub(crate) fn release_stored_payload(entry: &mut QueuedMessage) {
 
 /// Moves a delivered, unacknowledged message's payload to the store,
 /// writing its record first unless the store has (or is getting) one.
-fn evict_unacked(entry: &mut QueuedMessage, spill: &mut Spill) {
+/// Returns the bytes that adds to the spill.
+fn evict_unacked(entry: &mut QueuedMessage, spill: &mut Spill) -> u64 {
+    let before = spill.bytes;
     if let Some(message) = entry.message.take() {
         write_unless_stored(message, entry.id, spill);
     }
+    spill.bytes - before
 }
 
 fn submit_spill(persist: &crate::persistence::StoreWriter, spill: &mut Spill) {

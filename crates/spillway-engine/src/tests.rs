@@ -910,3 +910,81 @@ async fn no_pacing_with_window_zero_or_without_consumers() {
     assert_eq!(ready(&engine, "idle"), 30);
     assert_eq!(engine.pacing_stats(), crate::PacingStats::default());
 }
+
+static KIB_BODY: [u8; 1024] = [7; 1024];
+
+/// An engine whose flow-to-disk threshold is `threshold` bytes, with
+/// housekeeping every `interval`.
+async fn engine_with_threshold(store: &MemoryStore, threshold: u64, interval: Duration) -> Engine {
+    let config = EngineConfig {
+        flow_to_disk_threshold: threshold,
+        housekeeping_interval: interval,
+        ..EngineConfig::default()
+    };
+    Engine::start(Arc::new(store.clone()), config)
+        .await
+        .expect("the engine starts on a memory store")
+}
+
+/// Under flow to disk, a delivered, unacknowledged payload stays in memory
+/// for half a housekeeping interval: a consumer that acks within that never
+/// makes the broker write what it is about to delete. Held longer, the
+/// payload moves to the store and leaves the budget.
+#[tokio::test]
+async fn unacked_payloads_move_to_the_store_only_after_half_a_housekeeping_interval() {
+    use spillway_proto::StorageApi;
+    const MESSAGES: usize = 8;
+    for (interval, moved) in [
+        (Duration::from_secs(600), false),
+        (Duration::from_millis(2), true),
+    ] {
+        let store = MemoryStore::new();
+        let engine = engine_with_threshold(&store, 4096, interval).await;
+        let mut client = Client::open(&engine).await;
+        client.declare("q", false, &FieldTable::default()).await;
+        client.consume("q").await;
+        // Each is delivered at once (no prefetch) and stays unacked; the
+        // fifth takes resident bytes over the threshold.
+        for _ in 0..MESSAGES {
+            client.publish("q", &KIB_BODY, false, 0).await;
+        }
+        let deliveries = client.deliveries(MESSAGES).await;
+        assert!(deliveries.iter().all(|d| d.body.as_ref() == KIB_BODY));
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        if moved {
+            // Every payload leaves memory; the store has each record.
+            while engine.flow_status().resident_bytes > 0 {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "unacked payloads stayed resident: {:?}",
+                    engine.flow_status()
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let status = store.status(true).await.expect("memory store status");
+            assert_eq!(status.message_records, MESSAGES as u64);
+        } else {
+            // Setting the threshold runs housekeeping at once; it has run
+            // since the deliveries once it counts them, and moved none.
+            engine.set_flow_to_disk_threshold(4096);
+            while !(engine.flow_status().active
+                && engine.flow_status().bookkeeping_bytes
+                    >= MESSAGES as u64 * crate::budget::UNACKED_ENTRY_BYTES)
+            {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "housekeeping did not run: {:?}",
+                    engine.flow_status()
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let status = engine.flow_status();
+            assert!(
+                status.resident_bytes >= (MESSAGES * KIB_BODY.len()) as u64,
+                "payloads left memory within the grace period: {status:?}"
+            );
+            let stored = store.status(true).await.expect("memory store status");
+            assert_eq!(stored.message_records, 0, "payloads were written");
+        }
+    }
+}

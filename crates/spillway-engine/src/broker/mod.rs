@@ -75,6 +75,10 @@ pub struct Broker {
     /// Unacknowledged deliveries are past their share of the memory budget:
     /// channels holding many get no more until they ack (`crate::flow`).
     pub(crate) unacked_pressure: bool,
+    /// How long a delivery may stay unacknowledged before housekeeping
+    /// moves its payload to the store (`crate::flow`): half the
+    /// housekeeping interval.
+    pub(crate) unacked_grace: std::time::Duration,
     /// Holders of each message routed to more than one queue; a message
     /// held by one queue is not listed.
     pub(crate) shared_refs: HashMap<u64, u32>,
@@ -122,6 +126,9 @@ pub struct BrokerContext {
     pub transactions: TxConfig,
     /// `broker.publisher_pacing_window` and `broker.publisher_pacing_stall`.
     pub pacing: PacingConfig,
+    /// `broker.housekeeping_interval`: an unacknowledged delivery's payload
+    /// stays in memory for half of it before flow to disk may move it.
+    pub housekeeping_interval: std::time::Duration,
 }
 
 impl Broker {
@@ -138,6 +145,7 @@ impl Broker {
             budget: context.budget,
             flow_active: false,
             unacked_pressure: false,
+            unacked_grace: context.housekeeping_interval / 2,
             shared_refs: HashMap::new(),
             loads: context.loads,
             store_overfull: false,
