@@ -450,12 +450,12 @@ impl RocksStore {
     pub fn read_messages(&self, ids: &[u64]) -> Result<Vec<MessageRecord>, StoreError> {
         let keys: Vec<[u8; 9]> = ids.iter().map(|id| keys::message_key(*id)).collect();
         let mut records = Vec::with_capacity(ids.len());
-        // A payload is read back once (then acked and deleted): its blocks
-        // are not worth the block cache, which keeps the index and filter
-        // blocks every read needs.
-        let mut options = rocksdb::ReadOptions::default();
-        options.fill_cache(false);
-        for (key, value) in keys.iter().zip(self.db.multi_get_opt(&keys, &options)) {
+        // The blocks read fill the block cache: `fill_cache(false)` would
+        // also keep out the index blocks of the table files read, and every
+        // batch would read, checksum and decompress them again. Index and
+        // filter blocks sit in the cache's high-priority pool, so the data
+        // blocks of payloads read once push out only each other.
+        for (key, value) in keys.iter().zip(self.db.multi_get(&keys)) {
             let Some(value) = value? else {
                 continue;
             };
