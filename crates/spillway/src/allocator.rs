@@ -12,8 +12,12 @@ use tikv_jemalloc_ctl::{arenas, background_thread, epoch, stats, Access, AsName}
 
 /// How long freed pages stay with jemalloc before going back to the system.
 /// Its default is 10 s, during which the churn of a backlog draining from
-/// disk (payloads read back, delivered, freed) stays in the RSS.
-const DIRTY_DECAY_MS: isize = 1000;
+/// disk (payloads read back, delivered, freed) stays in the RSS. At 1 s the
+/// pages kept above what is live were 65–96 MiB at the peak of a 2 GiB
+/// backlog's fill; at 300 ms 50–65 MiB, for no measurable CPU
+/// (docs/performance.md, case d). At 0 every reuse faults pages in again:
+/// half as much broker CPU again.
+const DIRTY_DECAY_MS: isize = 300;
 
 /// Freed pages go back to the system after [`DIRTY_DECAY_MS`], straight
 /// (`muzzy_decay_ms` 0: pages merely marked free with `MADV_FREE` would
