@@ -944,7 +944,7 @@ async fn unacked_payloads_move_to_the_store_only_after_half_a_housekeeping_inter
         client.declare("q", false, &FieldTable::default()).await;
         client.consume("q").await;
         // Each is delivered at once (no prefetch) and stays unacked; the
-        // fifth takes resident bytes over the threshold.
+        // fourth takes resident bytes over the threshold.
         for _ in 0..MESSAGES {
             client.publish("q", &KIB_BODY, false, 0).await;
         }
