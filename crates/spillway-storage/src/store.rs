@@ -42,9 +42,10 @@ pub const BLOCK_CACHE_BYTES: usize = 16 << 20;
 /// 4 KiB). Payloads are read back in id order, hundreds at a time, so a
 /// larger block costs nothing per message, and it keeps the index small:
 /// with 4 KiB blocks a 2 GiB backlog of 1 KiB messages has about 11 MB of
-/// index, more than the block cache kept, and every read-back batch
-/// re-read, checksummed and decompressed index blocks of hundreds of KB
-/// (docs/performance.md, case d).
+/// index, more than the block cache's high-priority half (where index and
+/// filter blocks live) holds, so read-back batches re-read, checksummed
+/// and decompressed index blocks of hundreds of KB (docs/performance.md,
+/// case d).
 pub const DATA_BLOCK_BYTES: usize = 32 << 10;
 
 /// RocksDB's memory, in bytes ([`RocksStore::memory`]).
