@@ -8,7 +8,7 @@
 //! - [`connection`]: the handshake and the connection/channel state machines
 //!   (no I/O);
 //! - [`server`]: the TCP listeners (plain and TLS) and the per-connection
-//!   I/O loop;
+//!   I/O loop, with `read_room` sizing its reads;
 //! - [`tls`]: the AMQPS server configuration from PEM files, and the client
 //!   certificate's CN for SASL EXTERNAL;
 //! - [`heartbeat`]: when a silent client counts as gone;
@@ -26,6 +26,7 @@ pub mod connection;
 pub mod heartbeat;
 pub mod limits;
 pub mod metrics;
+mod read_room;
 pub mod server;
 pub mod tls;
 

@@ -41,6 +41,7 @@ use crate::connection::{
 use crate::heartbeat::SilenceClock;
 use crate::limits::ConnectionSlots;
 use crate::metrics::GatewayMetrics;
+use crate::read_room::{MeasuredRead, ReadRoom};
 use crate::GatewayConfig;
 use spillway_telemetry::RefusalLog;
 
@@ -404,7 +405,7 @@ async fn serve_connection<S: ClientStream>(
     // Until tune-ok, frames are held to the spec's minimum frame-max (as
     // RabbitMQ does): a peer that has not logged in gets no large buffers.
     let mut frames = FramedRead::new(
-        read_half,
+        MeasuredRead::new(read_half),
         FrameDecoder {
             frame_max: MIN_FRAME_MAX as usize,
         },
@@ -518,8 +519,12 @@ async fn serve_connection<S: ClientStream>(
     let mut silence = SilenceClock::new(heartbeat, tokio::time::Instant::now());
     let mut pending_commands: Vec<SessionCommand> = Vec::new();
 
+    let mut read_room = ReadRoom::default();
+
     let closing: Option<ConnectionError> = loop {
         let paused = connection.reading_paused();
+        let last_read = frames.get_mut().take_last();
+        read_room.prepare(last_read, frames.read_buffer_mut());
         // A client that was told it is blocked, or that we do not read, may
         // be silent for as long as that lasts.
         silence.set_suspended(

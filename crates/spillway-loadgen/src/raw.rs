@@ -41,7 +41,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
 use tokio_util::codec::Decoder;
 
-use crate::message::{encode_into, now_ns, Header};
+use crate::message::{encode_append, encode_into, now_ns, Header, HEADER_LEN};
 use crate::verify::BitSet;
 use crate::{Acks, Budget, ConsumerOutcome, Pacer, ProducerOutcome, Shared, ACK_FLUSH};
 
@@ -544,7 +544,8 @@ async fn publish(
     let args = &shared.args;
     let prefix = publish_prefix(queue, args.persistent, args.size)?;
     let chunk = frame_max.saturating_sub(8).max(1);
-    let mut body = Vec::with_capacity(args.size);
+    let body_len = args.size.max(HEADER_LEN);
+    let mut body = Vec::new();
     let mut batch: Vec<u8> = Vec::with_capacity(WRITE_BATCH + prefix.len() + args.size + 64);
     let window_size = args.confirm_window.max(1) as u64;
     let tx_every = args.tx_every.unwrap_or(0);
@@ -590,22 +591,28 @@ async fn publish(
                 }
             }
             let seq = out.next_seq;
-            encode_into(
-                &mut body,
-                args.size,
-                Header {
-                    producer: out.id,
-                    seq,
-                    sent_ns: now_ns(),
-                },
-            );
+            let header = Header {
+                producer: out.id,
+                seq,
+                sent_ns: now_ns(),
+            };
             batch.extend_from_slice(&prefix);
-            for part in body.chunks(chunk) {
+            if body_len <= chunk {
+                // One body frame: the body is made in place, not copied.
                 batch.put_u8(FRAME_BODY);
                 batch.put_u16(CHANNEL);
-                batch.put_u32(part.len() as u32);
-                batch.extend_from_slice(part);
+                batch.put_u32(body_len as u32);
+                encode_append(&mut batch, args.size, header);
                 batch.put_u8(FRAME_END);
+            } else {
+                encode_into(&mut body, args.size, header);
+                for part in body.chunks(chunk) {
+                    batch.put_u8(FRAME_BODY);
+                    batch.put_u16(CHANNEL);
+                    batch.put_u32(part.len() as u32);
+                    batch.extend_from_slice(part);
+                    batch.put_u8(FRAME_END);
+                }
             }
             out.next_seq += 1;
             out.published += 1;
@@ -677,7 +684,47 @@ struct Incoming {
     tag: u64,
     redelivered: bool,
     size: usize,
-    body: BytesMut,
+    body: IncomingBody,
+}
+
+/// A delivery's body as its frames arrive: a body in one frame is that
+/// frame's payload, not a copy of it.
+#[derive(Default)]
+enum IncomingBody {
+    #[default]
+    Empty,
+    Whole(Bytes),
+    Parts(BytesMut),
+}
+
+impl IncomingBody {
+    fn append(&mut self, payload: Bytes) {
+        *self = match std::mem::take(self) {
+            IncomingBody::Empty => IncomingBody::Whole(payload),
+            IncomingBody::Whole(first) => {
+                let mut parts = BytesMut::with_capacity(first.len() + payload.len());
+                parts.extend_from_slice(&first);
+                parts.extend_from_slice(&payload);
+                IncomingBody::Parts(parts)
+            }
+            IncomingBody::Parts(mut parts) => {
+                parts.extend_from_slice(&payload);
+                IncomingBody::Parts(parts)
+            }
+        };
+    }
+
+    fn len(&self) -> usize {
+        self.bytes().len()
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            IncomingBody::Empty => &[],
+            IncomingBody::Whole(bytes) => bytes,
+            IncomingBody::Parts(parts) => parts,
+        }
+    }
 }
 
 /// One consumer connection: consumes `queues` until the run stops.
@@ -780,7 +827,7 @@ async fn consume(
                 }
                 FRAME_BODY => match incoming.as_mut() {
                     Some(d) => {
-                        d.body.extend_from_slice(&frame.payload);
+                        d.body.append(frame.payload);
                         if d.body.len() >= d.size {
                             incoming.take()
                         } else {
@@ -792,7 +839,8 @@ async fn consume(
                 _ => None,
             };
             let Some(d) = delivered else { continue };
-            out.tally.record(&d.body, size, d.redelivered, now_ns());
+            out.tally
+                .record(d.body.bytes(), size, d.redelivered, now_ns());
             out.last = Some(Instant::now());
             shared.consumed.fetch_add(1, Ordering::Relaxed);
             if let Some(tag) = acks.delivered(d.tag) {
@@ -833,7 +881,7 @@ fn on_method(payload: &Bytes) -> Result<Option<Incoming>> {
             tag: u64::from_be_bytes(tag),
             redelivered: p[tag_end + 8] & 1 == 1,
             size: usize::MAX,
-            body: BytesMut::new(),
+            body: IncomingBody::Empty,
         }));
     }
     let method = parse_method(p).map_err(|e| anyhow!("unreadable method: {e:?}"))?;

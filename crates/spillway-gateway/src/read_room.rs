@@ -1,0 +1,170 @@
+//! How much room a connection's read buffer offers the socket.
+//!
+//! `FramedRead` starts with 8 KiB and otherwise grows only to hold one
+//! frame, so a client streaming 16 KiB publishes was read two or three
+//! syscalls a message, each one waking the connection task. [`ReadRoom`]
+//! doubles the room while reads fill it (the socket had more waiting) up to
+//! [`MAX_READ_ROOM`], and halves it back while reads use less than a quarter
+//! of it: an idle connection keeps the small buffer it had.
+//!
+//! The buffer is the connection's own and bounded: frames are parsed out of
+//! it and publish bodies copied out (`connection/publish.rs`), so a larger
+//! read does not pin memory past the turn that handles it.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, ReadBuf};
+
+/// The room a connection starts with and shrinks back to (`FramedRead`'s
+/// own initial capacity).
+pub const MIN_READ_ROOM: usize = 8 * 1024;
+/// The most room one read is offered.
+pub const MAX_READ_ROOM: usize = 64 * 1024;
+
+/// The read half of a connection, remembering how its last read went.
+pub struct MeasuredRead<R> {
+    inner: R,
+    last: Option<LastRead>,
+}
+
+/// One read: the room it was offered and what it filled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LastRead {
+    room: usize,
+    read: usize,
+}
+
+impl<R> MeasuredRead<R> {
+    pub fn new(inner: R) -> Self {
+        Self { inner, last: None }
+    }
+
+    /// The read since the last call, if one completed.
+    pub fn take_last(&mut self) -> Option<LastRead> {
+        self.last.take()
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for MeasuredRead<R> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let room = buf.remaining();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = polled {
+            let read = buf.filled().len() - before;
+            self.last = Some(LastRead { room, read });
+        }
+        polled
+    }
+}
+
+/// The room to offer the next read, adapted to how full reads come back.
+#[derive(Debug)]
+pub struct ReadRoom {
+    size: usize,
+}
+
+impl Default for ReadRoom {
+    fn default() -> Self {
+        Self {
+            size: MIN_READ_ROOM,
+        }
+    }
+}
+
+impl ReadRoom {
+    /// Learns from the read since the last call, then makes sure `buffer`
+    /// offers the next read at least a quarter of the room (growing it to
+    /// the full room when it does not).
+    pub fn prepare(&mut self, last: Option<LastRead>, buffer: &mut BytesMut) {
+        if let Some(last) = last {
+            self.learn(last);
+        }
+        if buffer.capacity() - buffer.len() < self.size / 4 {
+            buffer.reserve(self.size);
+        }
+    }
+
+    fn learn(&mut self, last: LastRead) {
+        if last.read == 0 {
+            return;
+        }
+        if last.read >= last.room {
+            self.size = (self.size * 2).min(MAX_READ_ROOM);
+        } else if last.read < self.size / 4 {
+            self.size = (self.size / 2).max(MIN_READ_ROOM);
+        }
+        debug_assert!((MIN_READ_ROOM..=MAX_READ_ROOM).contains(&self.size));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[test]
+    fn room_grows_while_reads_fill_it_and_shrinks_when_they_do_not() {
+        let mut room = ReadRoom::default();
+        for _ in 0..10 {
+            let size = room.size;
+            room.learn(LastRead {
+                room: size,
+                read: size,
+            });
+        }
+        assert_eq!(room.size, MAX_READ_ROOM);
+        // A read that used half the room: the size holds.
+        room.learn(LastRead {
+            room: MAX_READ_ROOM,
+            read: MAX_READ_ROOM / 2,
+        });
+        assert_eq!(room.size, MAX_READ_ROOM);
+        for _ in 0..10 {
+            room.learn(LastRead {
+                room: room.size,
+                read: 100,
+            });
+        }
+        assert_eq!(room.size, MIN_READ_ROOM);
+        // End of stream teaches nothing.
+        room.learn(LastRead {
+            room: 8192,
+            read: 0,
+        });
+        assert_eq!(room.size, MIN_READ_ROOM);
+    }
+
+    #[tokio::test]
+    async fn a_streaming_peer_is_read_in_larger_reads() {
+        let (mut client, server) = tokio::io::duplex(1 << 20);
+        let payload = vec![7u8; 512 * 1024];
+        client.write_all(&payload).await.unwrap();
+        drop(client);
+        let mut reader = MeasuredRead::new(server);
+        let mut room = ReadRoom::default();
+        let mut buffer = BytesMut::new();
+        let mut reads = Vec::new();
+        loop {
+            room.prepare(reader.take_last(), &mut buffer);
+            let n = reader.read_buf(&mut buffer).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            reads.push(n);
+            buffer.clear();
+        }
+        assert_eq!(reads.iter().sum::<usize>(), payload.len());
+        assert_eq!(reads[0], MIN_READ_ROOM);
+        assert!(
+            reads.contains(&MAX_READ_ROOM),
+            "reads never reached the largest room: {reads:?}"
+        );
+    }
+}
