@@ -9,7 +9,7 @@
 #   persistent    c. 1 KiB persistent, durable queue, confirms, manual ack   BENCH_COUNT / 5
 #   tx            t. as c, but in transactions: tx.commit every 100 publishes (each
 #                    waited for) instead of confirms                      BENCH_COUNT / 5
-#   large         e. 16 KiB transient, auto-ack                       BENCH_COUNT / 10
+#   large         e. 16 KiB transient, auto-ack                       BENCH_COUNT / 3
 #   fixed-rate    f. 10,000 msg/s for BENCH_RATE_SECONDS (5), latency is the figure
 #   fanout16      g. 16 producers / 16 consumers over 16 queues, auto-ack  BENCH_COUNT in all
 #   compressible  i. 16 KiB compressible bodies (loadgen --body compressible), persistent,
@@ -166,7 +166,7 @@ run_scenario() {
             args=(--count "$BENCH_PERSISTENT_COUNT" --persistent --tx-every 100 --prefetch 100 --queue bench-tx) ;;
         large)
             size=16384
-            args=(--count "$((BENCH_COUNT / 10))" --auto-ack --queue bench-large) ;;
+            args=(--count "$((BENCH_COUNT / 3))" --auto-ack --queue bench-large) ;;
         fixed-rate)
             args=(--count "$((10000 * BENCH_RATE_SECONDS))" --rate 10000 --prefetch 100 --queue bench-rate) ;;
         fanout16)
