@@ -47,13 +47,29 @@ impl Engine {
     /// deliveries and the queues' ready messages.
     pub fn queue_stats(&self) -> Vec<QueueStats> {
         let broker = self.shared.broker.lock();
+        // Every unacknowledged delivery is looked at under the broker's
+        // lock, so the walk is kept cheap: a channel's deliveries mostly
+        // come from one queue, and a run of them is counted with one
+        // lookup rather than one hash per delivery (a consumer with no
+        // prefetch can hold hundreds of thousands).
         let mut unacked: HashMap<(&str, &str), u64> = HashMap::new();
         for session in broker.sessions.values() {
             for channel in session.channels.values() {
+                let mut run: Option<(&str, u64)> = None;
                 for delivery in channel.unacked.values() {
-                    *unacked
-                        .entry((session.vhost.as_str(), delivery.queue.as_str()))
-                        .or_default() += 1;
+                    match &mut run {
+                        Some((queue, count)) if *queue == delivery.queue.as_str() => *count += 1,
+                        _ => {
+                            if let Some((queue, count)) = run.take() {
+                                *unacked.entry((session.vhost.as_str(), queue)).or_default() +=
+                                    count;
+                            }
+                            run = Some((delivery.queue.as_str(), 1));
+                        }
+                    }
+                }
+                if let Some((queue, count)) = run {
+                    *unacked.entry((session.vhost.as_str(), queue)).or_default() += count;
                 }
             }
         }

@@ -988,3 +988,38 @@ async fn unacked_payloads_move_to_the_store_only_after_half_a_housekeeping_inter
         }
     }
 }
+
+#[tokio::test]
+async fn unacked_counts_follow_each_queue_when_one_channel_consumes_several() {
+    let store = MemoryStore::new();
+    let engine = engine_on(&store).await;
+    let mut client = Client::open(&engine).await;
+    client.declare("left", false, &FieldTable::default()).await;
+    client.declare("right", false, &FieldTable::default()).await;
+    client.consume("left").await;
+    client.consume("right").await;
+    // Interleaved on the channel: runs of one queue, then the other, and back.
+    for (queue, body) in [
+        ("left", &b"l1"[..]),
+        ("left", b"l2"),
+        ("right", b"r1"),
+        ("left", b"l3"),
+        ("right", b"r2"),
+        ("right", b"r3"),
+        ("right", b"r4"),
+    ] {
+        client.publish(queue, body, false, 0).await;
+    }
+    let delivered = client.deliveries(7).await;
+    assert_eq!(delivered.len(), 7);
+    client.declare("left", false, &FieldTable::default()).await;
+    let stats = engine.queue_stats();
+    let unacked = |name: &str| {
+        stats
+            .iter()
+            .find(|s| s.queue == name)
+            .map(|s| s.unacked)
+            .expect("the queue's stats")
+    };
+    assert_eq!((unacked("left"), unacked("right")), (3, 4));
+}
