@@ -102,6 +102,15 @@ impl MemoryBudget {
         (self.threshold() / 8).clamp(1 << 20, 64 << 20)
     }
 
+    /// The part of the threshold kept free of queued payloads for those on
+    /// their way to the store: the spill window, but never more than an
+    /// eighth of the threshold (a tiny threshold's window is larger than
+    /// that). Queues share what is left, so resident payloads and those in
+    /// flight together stay under the threshold while a fast fill spills.
+    pub fn spill_reserve(&self) -> u64 {
+        self.spill_window().min(self.threshold() / 8)
+    }
+
     pub(crate) fn add_resident(&self, bytes: u64) {
         self.resident.fetch_add(bytes, Ordering::Relaxed);
     }
@@ -195,5 +204,12 @@ mod tests {
         assert_eq!(MemoryBudget::new(1 << 20).spill_window(), 1 << 20);
         assert_eq!(MemoryBudget::new(256 << 20).spill_window(), 32 << 20);
         assert_eq!(MemoryBudget::new(16 << 30).spill_window(), 64 << 20);
+    }
+
+    #[test]
+    fn the_spill_reserve_is_the_window_but_at_most_an_eighth_of_the_threshold() {
+        assert_eq!(MemoryBudget::new(1 << 20).spill_reserve(), 128 << 10);
+        assert_eq!(MemoryBudget::new(256 << 20).spill_reserve(), 32 << 20);
+        assert_eq!(MemoryBudget::new(16 << 30).spill_reserve(), 64 << 20);
     }
 }

@@ -141,9 +141,10 @@ impl Broker {
             .map(queue_weight)
             .sum::<u64>()
             .max(1);
-        // The bookkeeping stays in memory whatever flows to disk: payloads
-        // share what is left of the threshold.
-        let threshold = threshold.saturating_sub(entries + unacked);
+        // The bookkeeping stays in memory whatever flows to disk, and
+        // payloads on their way to the store are still resident until their
+        // write lands: queued payloads share what is left of the threshold.
+        let threshold = threshold.saturating_sub(entries + unacked + self.budget.spill_reserve());
         let mut spill = Spill::default();
         let Self {
             vhosts,
