@@ -181,6 +181,13 @@ impl RawConnection {
             "product".into(),
             AMQPValue::LongString("spillway-loadgen (raw)".into()),
         );
+        // A broker tells only clients that ask when it blocks their
+        // publishes; without this, blocked time would not be reported.
+        let mut capabilities = FieldTable::default();
+        for capability in ["connection.blocked", "publisher_confirms"] {
+            capabilities.insert(capability.into(), AMQPValue::Boolean(true));
+        }
+        properties.insert("capabilities".into(), AMQPValue::FieldTable(capabilities));
         let user = &authority.userinfo;
         conn.send(
             0,
