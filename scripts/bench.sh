@@ -18,7 +18,14 @@
 #                    (the spillway-* targets), with it (target spillway-compressed: all-in-one
 #                    with broker.message_compression_enabled, which runs only this case) and
 #                    RabbitMQ (no compression); see docs/compression.md.
-# (d, the 2 GiB backlog, is `make bench-flow-to-disk`.) For every run the table shows msg/s,
+#   backlog       d. a backlog of BENCH_BACKLOG_BYTES (2 GiB) of 1 KiB transient messages,
+#                    published with confirms into 2 durable queues with no consumer, then
+#                    drained, with the flow-to-disk threshold (Spillway) and the memory
+#                    watermark (RabbitMQ) at BENCH_BACKLOG_THRESHOLD (256 MiB): run by
+#                    scripts/bench-flow-to-disk.sh (`make bench-flow-to-disk` runs it alone)
+#                    through the same client, for spillway-all-in-one (with the loadgen's
+#                    prefetch, then with none: --prefetch 0) and rabbitmq, in a table of its own
+# For every other run the table shows msg/s,
 # the max backlog (the most messages published and not yet consumed at once, sampled by the
 # loadgen every 5 ms: whether the queue stays short), the broker's CPU per message (user + system time of every broker process, from /proc,
 # over the messages published), end-to-end p50/p99, the broker's peak RSS during the run
@@ -33,7 +40,9 @@
 #   BENCH_RATE_SECONDS=5          length of the fixed-rate run
 #   BENCH_IDLE=10000              queues and idle connections of case h
 #   BENCH_TARGETS="spillway-all-in-one spillway-separate spillway-compressed rabbitmq"
-#   BENCH_SCENARIOS="transient confirm-ack persistent tx large fixed-rate fanout16 compressible idle"
+#   BENCH_SCENARIOS="transient confirm-ack persistent tx large fixed-rate fanout16 compressible idle backlog"
+#   BENCH_BACKLOG_BYTES=2GiB      case d's backlog
+#   BENCH_BACKLOG_THRESHOLD=256MiB  case d's flow-to-disk threshold and RabbitMQ watermark
 #   BENCH_COMPRESSION_THRESHOLD=8KiB  connection.message_compression_threshold_size of target
 #                                 spillway-compressed (bodies longer than it are compressed)
 #   BENCH_COMPRESSION_BODY=compressible  case i's bodies: compressible, or random (the cost
@@ -56,7 +65,9 @@ BENCH_COUNT="${BENCH_COUNT:-300000}"
 BENCH_PERSISTENT_COUNT="${BENCH_PERSISTENT_COUNT:-$((BENCH_COUNT / 5 > 0 ? BENCH_COUNT / 5 : 1))}"
 BENCH_SIZE="${BENCH_SIZE:-1024}"
 BENCH_TARGETS="${BENCH_TARGETS:-spillway-all-in-one spillway-separate spillway-compressed rabbitmq}"
-BENCH_SCENARIOS="${BENCH_SCENARIOS:-transient confirm-ack persistent tx large fixed-rate fanout16 compressible idle}"
+BENCH_SCENARIOS="${BENCH_SCENARIOS:-transient confirm-ack persistent tx large fixed-rate fanout16 compressible idle backlog}"
+BENCH_BACKLOG_BYTES="${BENCH_BACKLOG_BYTES:-2GiB}"
+BENCH_BACKLOG_THRESHOLD="${BENCH_BACKLOG_THRESHOLD:-256MiB}"
 BENCH_IDLE="${BENCH_IDLE:-10000}"
 BENCH_CLIENT="${BENCH_CLIENT:-raw}"
 BENCH_RATE_SECONDS="${BENCH_RATE_SECONDS:-5}"
@@ -78,6 +89,7 @@ FAILED=0
 ROWS=()
 IDLE_ROWS=()
 COMPRESSION_ROWS=()
+BACKLOG_ROWS=()
 
 log() { echo "[bench] $*" >&2; }
 
@@ -354,7 +366,7 @@ bench_target() {
     if ! "$start"; then
         log "$target could not start"
         for s in $BENCH_SCENARIOS; do
-            [ "$s" = idle ] || ROWS+=("$target|$(scenario_label "$s")|NOT STARTED|-|-|-|-|-|-")
+            [ "$s" = idle ] || [ "$s" = backlog ] || ROWS+=("$target|$(scenario_label "$s")|NOT STARTED|-|-|-|-|-|-")
         done
         FAILED=1
         "$stop"
@@ -364,6 +376,7 @@ bench_target() {
     for s in $BENCH_SCENARIOS; do
         case "$s" in
             idle) [ "$target" = spillway-compressed ] || idle=1 ;;
+            backlog) ;; # run_backlog, after every target
             compressible) run_compressible "$target" ;;
             # With compression on, only the case it is for.
             *) [ "$target" = spillway-compressed ] || run_scenario "$target" "$s" ;;
@@ -392,6 +405,49 @@ start_spillway_compressed() {
     SPILLWAY_BROKER__MESSAGE_COMPRESSION_ENABLED=true \
         SPILLWAY_CONNECTION__MESSAGE_COMPRESSION_THRESHOLD_SIZE="${BENCH_COMPRESSION_THRESHOLD:-8KiB}" \
         start_spillway_all_in_one
+}
+
+# run_backlog: case d, through scripts/bench-flow-to-disk.sh (a fresh broker per run, its own
+# temp dir and traps): Spillway all-in-one with the loadgen's prefetch and RabbitMQ, then
+# Spillway with no prefetch (the consumers take every delivery the broker sends unacked).
+# Appends a row per run to BACKLOG_ROWS.
+run_backlog() {
+    local ftd_targets="" pass targets extra results line
+    case " $BENCH_TARGETS " in *" spillway-all-in-one "*) ftd_targets=spill ;; esac
+    case " $BENCH_TARGETS " in *" rabbitmq "*) ftd_targets="$ftd_targets rabbitmq" ;; esac
+    [ -n "$ftd_targets" ] || { log "backlog: neither spillway-all-in-one nor rabbitmq is a target"; return; }
+    for pass in prefetch no-prefetch; do
+        targets="$ftd_targets"; extra=""
+        if [ "$pass" = no-prefetch ]; then
+            case " $ftd_targets " in *" spill "*) targets=spill ;; *) continue ;; esac
+            extra="--prefetch 0"
+        fi
+        results="$SPW_WORKDIR/backlog-$pass.jsonl"
+        log "backlog ($pass): scripts/bench-flow-to-disk.sh for $targets"
+        if ! BENCH_SKIP_BUILD=1 BENCH_FTD_SIZES=1024 BENCH_FTD_TARGETS="$targets" \
+            BENCH_FTD_BYTES="$BENCH_BACKLOG_BYTES" BENCH_FTD_THRESHOLD="$BENCH_BACKLOG_THRESHOLD" \
+            BENCH_FTD_RABBITMQ_WATERMARK="$BENCH_BACKLOG_THRESHOLD" BENCH_FTD_RESULTS="$results" \
+            BENCH_FTD_LOADGEN_ARGS="--client $BENCH_CLIENT $extra $BENCH_LOADGEN_ARGS" \
+            "$ROOT/scripts/bench-flow-to-disk.sh" >"$SPW_WORKDIR/backlog-$pass.out"; then
+            log "backlog ($pass): a run failed; its output:"
+            cat "$SPW_WORKDIR/backlog-$pass.out" >&2
+            FAILED=1
+        fi
+        [ -f "$results" ] || continue
+        while IFS= read -r line; do
+            BACKLOG_ROWS+=("$(jq -r --arg pass "$pass" '
+                def f: if . == null then "-" else tostring end;
+                def mib: if . == null then "-" else (. / 1048576 | floor | tostring) end;
+                [(if .target == "spill" then "spillway-all-in-one" else .target end),
+                 (if $pass == "prefetch" then "prefetch 100" else "no prefetch" end),
+                 (.publish_msg_s | f), ((.loadgen_publish.blocked_ms // 0) / 1000 | floor | tostring),
+                 (.drain_msg_s | f),
+                 (if .broker_cpu_s == null then "-" else (.broker_cpu_s * 1e6 / .messages * 10 | floor / 10 | tostring) end),
+                 (.peak_rss_publish_bytes | mib), (.peak_rss_drain_bytes | mib), (.lost | f),
+                 (if .ok then "" else "FAILED" end)] | join("|")' <<<"$line")")
+            cat >>"$BENCH_RESULTS" <<<"$line"
+        done < <(grep '"kind":"run"' "$results")
+    done
 }
 
 for target in $BENCH_TARGETS; do
@@ -443,6 +499,22 @@ if [ "${#COMPRESSION_ROWS[@]}" -gt 0 ]; then
         IFS='|' read -r t pr cr cpu res disk rss lost <<<"$row"
         # shellcheck disable=SC2059
         printf "$cfmt" "$t" "$pr" "$cr" "$cpu" "$res" "$disk" "$rss" "$lost"
+    done
+fi
+case " $BENCH_SCENARIOS " in *" backlog "*) run_backlog ;; esac
+if [ "${#BACKLOG_ROWS[@]}" -gt 0 ]; then
+    echo
+    printf 'd. a %s backlog of 1 KiB transient messages into 2 durable queues, threshold (RabbitMQ: watermark) %s:\n' "$BENCH_BACKLOG_BYTES" "$BENCH_BACKLOG_THRESHOLD"
+    printf '   filled with confirms and no consumer, then drained; blocked = seconds publishers were held by\n'
+    printf '   connection.blocked, CPU over fill and drain, RSS = peak of the broker process in each phase\n'
+    dfmt='%-20s | %-13s | %10s | %9s | %10s | %8s | %12s | %13s | %6s %s\n'
+    # shellcheck disable=SC2059
+    printf "$dfmt" target consumer "fill/s" "blocked s" "drain/s" "CPU µs" "RSS fill MiB" "RSS drain MiB" lost ""
+    printf '%s\n' "---------------------+---------------+------------+-----------+------------+----------+--------------+---------------+-------"
+    for row in "${BACKLOG_ROWS[@]}"; do
+        IFS='|' read -r t c pr blocked dr cpu rf rd lost failed <<<"$row"
+        # shellcheck disable=SC2059
+        printf "$dfmt" "$t" "$c" "$pr" "$blocked" "$dr" "$cpu" "$rf" "$rd" "$lost" "$failed"
     done
 fi
 echo "raw results: $BENCH_RESULTS"
