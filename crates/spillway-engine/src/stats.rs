@@ -54,22 +54,22 @@ impl Engine {
         // prefetch can hold hundreds of thousands).
         let mut unacked: HashMap<(&str, &str), u64> = HashMap::new();
         for session in broker.sessions.values() {
+            let vhost = session.vhost.as_str();
             for channel in session.channels.values() {
                 let mut run: Option<(&str, u64)> = None;
                 for delivery in channel.unacked.values() {
+                    let queue = delivery.queue.as_str();
                     match &mut run {
-                        Some((queue, count)) if *queue == delivery.queue.as_str() => *count += 1,
+                        Some((current, count)) if *current == queue => *count += 1,
                         _ => {
-                            if let Some((queue, count)) = run.take() {
-                                *unacked.entry((session.vhost.as_str(), queue)).or_default() +=
-                                    count;
+                            if let Some(finished) = run.replace((queue, 1)) {
+                                add_run(&mut unacked, vhost, finished);
                             }
-                            run = Some((delivery.queue.as_str(), 1));
                         }
                     }
                 }
-                if let Some((queue, count)) = run {
-                    *unacked.entry((session.vhost.as_str(), queue)).or_default() += count;
+                if let Some(finished) = run {
+                    add_run(&mut unacked, vhost, finished);
                 }
             }
         }
@@ -353,6 +353,15 @@ impl Collector for QueueCollector {
         }
         Ok(())
     }
+}
+
+/// Adds a run of `count` unacknowledged deliveries from `queue` of `vhost`.
+fn add_run<'a>(
+    unacked: &mut HashMap<(&'a str, &'a str), u64>,
+    vhost: &'a str,
+    (queue, count): (&'a str, u64),
+) {
+    *unacked.entry((vhost, queue)).or_default() += count;
 }
 
 #[cfg(test)]
