@@ -81,25 +81,85 @@ pub type QuotaStream = Pin<Box<dyn Stream<Item = Result<QuotaState, ServiceError
 #[derive(Clone)]
 pub struct RemoteStorage {
     client: crate::storage::storage_client::StorageClient<ClusterChannel>,
+    /// The same channel, for `Write`: see [`SharedWriteBatch`].
+    writes: tonic::client::Grpc<ClusterChannel>,
 }
 
 impl RemoteStorage {
     /// `cluster`: the secret sent with every call and the message limit.
     pub fn connect_lazy(addr: &str, cluster: &ClusterClient) -> Result<Self, ServiceError> {
         let channel = lazy_channel(addr, cluster)?;
-        let client = crate::storage::storage_client::StorageClient::new(channel)
+        let client = crate::storage::storage_client::StorageClient::new(channel.clone())
             .max_decoding_message_size(cluster.max_message_bytes)
             .max_encoding_message_size(cluster.max_message_bytes);
-        Ok(Self { client })
+        let writes = tonic::client::Grpc::new(channel)
+            .max_decoding_message_size(cluster.max_message_bytes)
+            .max_encoding_message_size(cluster.max_message_bytes);
+        Ok(Self { client, writes })
+    }
+}
+
+/// The path of `Storage/Write`, as the generated client has it.
+const WRITE_PATH: &str = "/spillway.storage.v1.Storage/Write";
+
+/// A `WriteBatch` that encodes straight from the writer's `Arc`.
+///
+/// The generated client takes its request by value, and the engine's
+/// writer keeps every batch until it lands (to retry it, then to clear its
+/// pending records), so sending through it deep-cloned each batch: every
+/// vhost, queue, exchange and routing-key `String` of every op, on every
+/// persistent message's path. This wrapper encodes the shared batch in
+/// place; decoding (never done on this side) copies on write.
+#[derive(Clone, Debug, Default)]
+struct SharedWriteBatch(Arc<WriteBatch>);
+
+impl prost::Message for SharedWriteBatch {
+    fn encode_raw(&self, buf: &mut impl bytes::BufMut) {
+        self.0.encode_raw(buf)
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: prost::encoding::WireType,
+        buf: &mut impl bytes::Buf,
+        ctx: prost::encoding::DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        Arc::make_mut(&mut self.0).merge_field(tag, wire_type, buf, ctx)
+    }
+
+    fn encoded_len(&self) -> usize {
+        self.0.encoded_len()
+    }
+
+    fn clear(&mut self) {
+        *self = Self::default();
     }
 }
 
 #[async_trait]
 impl StorageApi for RemoteStorage {
     async fn write(&self, batch: Arc<WriteBatch>) -> Result<(), ServiceError> {
-        let mut request = tonic::Request::new(Arc::unwrap_or_clone(batch));
+        let mut request = tonic::Request::new(SharedWriteBatch(batch));
         crate::trace::inject_metadata(request.metadata_mut());
-        self.client.clone().write(request).await?;
+        request
+            .extensions_mut()
+            .insert(tonic::codegen::GrpcMethod::new(
+                "spillway.storage.v1.Storage",
+                "Write",
+            ));
+        let mut grpc = self.writes.clone();
+        grpc.ready()
+            .await
+            .map_err(|err| tonic::Status::unknown(format!("storage node not ready: {err}")))?;
+        let codec =
+            tonic_prost::ProstCodec::<SharedWriteBatch, crate::storage::WriteAck>::default();
+        grpc.unary(
+            request,
+            tonic::codegen::http::uri::PathAndQuery::from_static(WRITE_PATH),
+            codec,
+        )
+        .await?;
         Ok(())
     }
 
@@ -463,6 +523,32 @@ pub(crate) fn lazy_channel(
 mod tests {
     use super::*;
     use crate::engine::Deliver;
+
+    #[test]
+    fn a_shared_write_batch_is_the_same_bytes_as_the_batch_and_decodes_back() {
+        use crate::storage::{write_op, WriteOp};
+        use prost::Message as _;
+        let batch = WriteBatch {
+            ops: vec![WriteOp {
+                op: Some(write_op::Op::PutMessage(MessageRecord {
+                    id: 7,
+                    exchange: "amq.direct".into(),
+                    routing_key: "jobs".into(),
+                    body: vec![1; 100].into(),
+                    persistent: true,
+                    ..Default::default()
+                })),
+            }],
+            durability: 1,
+            epoch: 3,
+        };
+        let shared = SharedWriteBatch(Arc::new(batch.clone()));
+        let bytes = shared.encode_to_vec();
+        assert_eq!(bytes, batch.encode_to_vec());
+        assert_eq!(shared.encoded_len(), bytes.len());
+        let decoded = SharedWriteBatch::decode(bytes.as_slice()).map(|shared| shared.0);
+        assert_eq!(decoded.ok().as_deref(), Some(&batch));
+    }
 
     fn delivery(body: usize) -> SessionEvent {
         SessionEvent {
