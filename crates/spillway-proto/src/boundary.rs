@@ -504,6 +504,7 @@ pub(crate) fn lazy_channel(
         .map_err(|err| ServiceError::InvalidArgument(format!("bad address {addr}: {err}")))?
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true)
+        .max_frame_size(crate::cluster::HTTP2_MAX_FRAME_BYTES)
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_while_idle(true);
     if let Some(tls) = &cluster.tls {

@@ -24,6 +24,13 @@ pub const SECRET_METADATA_KEY: &str = "spillway-cluster-secret";
 /// The shortest secret accepted, in bytes.
 pub const MIN_SECRET_LEN: usize = 16;
 
+/// The largest HTTP/2 frame the internal gRPC servers and clients accept.
+/// HTTP/2's default, 16 KiB, cut every stream message larger than that
+/// (a batch of commands or events, a storage write) into frames of 16 KiB,
+/// each a turn of the peer's frame loop; flow control (the windows, not
+/// this) bounds what a peer may have in flight.
+pub const HTTP2_MAX_FRAME_BYTES: u32 = 1 << 20;
+
 /// Batches that carry several messages (a session's events, a storage write
 /// batch, a read-ahead, a peek) stop growing at this many encoded bytes; one
 /// item larger than this still goes, alone.

@@ -392,7 +392,8 @@ async fn start_engine(storage: Arc<dyn StorageApi>, settings: &Settings) -> anyh
 fn internal_server(
     tls: Option<&spillway_proto::cluster::ClusterTls>,
 ) -> anyhow::Result<tonic::transport::Server> {
-    let builder = tonic::transport::Server::builder();
+    let builder = tonic::transport::Server::builder()
+        .max_frame_size(spillway_proto::cluster::HTTP2_MAX_FRAME_BYTES);
     let Some(tls) = tls else {
         return Ok(builder);
     };
