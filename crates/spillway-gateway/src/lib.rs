@@ -21,12 +21,13 @@
 //! in the all-in-one broker, over gRPC when the gateway runs alone.
 
 pub mod auth;
+pub mod body_loans;
 pub mod codec;
 pub mod connection;
 pub mod heartbeat;
 pub mod limits;
 pub mod metrics;
-mod read_room;
+pub mod read_room;
 pub mod server;
 pub mod tls;
 

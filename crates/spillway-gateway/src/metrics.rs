@@ -28,6 +28,7 @@ pub struct GatewayMetrics {
     write_timeouts: Counter,
     unfinished_content: Gauge,
     unfinished_content_closes: Counter,
+    lent_read_bytes: Gauge,
     refusals: LimitRefusals,
     tls_handshake_failures: TlsFailures,
     login_refusals: LoginRefusals,
@@ -46,6 +47,12 @@ pub const CHANNEL_MAX: &str = "channel_max";
 impl GatewayMetrics {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The gauge of read-buffer bytes lent bodies keep alive
+    /// ([`crate::body_loans::BodyLoans`] keeps it).
+    pub fn lent_read_bytes(&self) -> Gauge {
+        self.lent_read_bytes.clone()
     }
 
     /// Adds these metrics to `metrics` (once per process).
@@ -116,6 +123,11 @@ impl GatewayMetrics {
             "spillway_unfinished_content_closes",
             "Connections closed (506) for holding more than gateway.max_unfinished_content of partly received bodies",
             self.unfinished_content_closes.clone(),
+        );
+        metrics.register(
+            "spillway_lent_read_buffer_bytes",
+            "Bytes of connections' read buffers kept alive by message bodies handed on without a copy, over all connections (at most 32 MiB; docs/limits.md)",
+            self.lent_read_bytes.clone(),
         );
         metrics.register(
             "spillway_tls_handshake_failures",

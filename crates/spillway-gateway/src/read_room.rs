@@ -8,8 +8,10 @@
 //! of it: an idle connection keeps the small buffer it had.
 //!
 //! The buffer is the connection's own and bounded: frames are parsed out of
-//! it and publish bodies copied out (`connection/publish.rs`), so a larger
-//! read does not pin memory past the turn that handles it.
+//! it, and publish bodies are copied out (`connection/publish.rs`) unless
+//! lent ([`crate::body_loans`]). To lend a body, the gateway must know the
+//! allocation it sits in: [`ReadRoom::prepare`] makes every allocation of
+//! the buffer itself, exactly sized, and numbers it ([`ReadChunk`]).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -64,16 +66,38 @@ impl<R: AsyncRead + Unpin> AsyncRead for MeasuredRead<R> {
     }
 }
 
-/// The room to offer the next read, adapted to how full reads come back.
+/// One allocation of a connection's read buffer, made by [`ReadRoom`]:
+/// what a body lent from it keeps alive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadChunk {
+    /// Numbers the connection's allocations, from 1.
+    pub id: u64,
+    /// Its size.
+    pub bytes: usize,
+}
+
+/// The room to offer the next read, adapted to how full reads come back,
+/// and the buffer's current allocation.
 #[derive(Debug)]
 pub struct ReadRoom {
     size: usize,
+    chunk: Option<(ReadChunk, Span)>,
+    allocations: u64,
+}
+
+/// Where an allocation ends: a buffer whose view still ends there is in it.
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    start: usize,
+    end: usize,
 }
 
 impl Default for ReadRoom {
     fn default() -> Self {
         Self {
             size: MIN_READ_ROOM,
+            chunk: None,
+            allocations: 0,
         }
     }
 }
@@ -82,13 +106,47 @@ impl ReadRoom {
     /// Learns from the read since the last call, then makes sure `buffer`
     /// offers the next read at least a quarter of the room (growing it to
     /// the full room when it does not).
+    ///
+    /// Room is made in the allocation the buffer has when nothing else
+    /// holds it, else in a new one of exactly what is kept plus the room.
+    /// A buffer in an allocation made elsewhere (the decoder growing it for
+    /// a frame) moves to one of ours, so that the next bodies can be lent.
     pub fn prepare(&mut self, last: Option<LastRead>, buffer: &mut BytesMut) {
         if let Some(last) = last {
             self.learn(last);
         }
-        if buffer.capacity() - buffer.len() < self.size / 4 {
-            buffer.reserve(self.size);
+        let ours = self.chunk_of(buffer).is_some();
+        if ours && buffer.capacity() - buffer.len() >= self.size / 4 {
+            return;
         }
+        if ours && buffer.try_reclaim(self.size) {
+            return;
+        }
+        let mut fresh = BytesMut::with_capacity(buffer.len() + self.size);
+        fresh.extend_from_slice(buffer);
+        *buffer = fresh;
+        self.allocations += 1;
+        let start = buffer.as_ptr() as usize;
+        let chunk = ReadChunk {
+            id: self.allocations,
+            bytes: buffer.capacity(),
+        };
+        self.chunk = Some((
+            chunk,
+            Span {
+                start,
+                end: start + buffer.capacity(),
+            },
+        ));
+    }
+
+    /// The allocation `buffer` is in, if [`ReadRoom::prepare`] made it. A
+    /// frame just split off the buffer is in the same one.
+    pub fn chunk_of(&self, buffer: &BytesMut) -> Option<ReadChunk> {
+        let (chunk, span) = self.chunk?;
+        let start = buffer.as_ptr() as usize;
+        let end = start + buffer.capacity();
+        (start >= span.start && end == span.end).then_some(chunk)
     }
 
     fn learn(&mut self, last: LastRead) {
@@ -167,5 +225,38 @@ mod tests {
             reads.contains(&MAX_READ_ROOM),
             "reads never reached the largest room: {reads:?}"
         );
+    }
+
+    #[test]
+    fn the_buffer_is_known_to_be_in_its_allocation_until_it_moves() {
+        let mut room = ReadRoom::default();
+        let mut buffer = BytesMut::new();
+        assert_eq!(room.chunk_of(&buffer), None, "not an allocation of ours");
+        room.prepare(None, &mut buffer);
+        let first = room.chunk_of(&buffer).expect("prepared");
+        assert_eq!(first.bytes, MIN_READ_ROOM);
+        buffer.extend_from_slice(&[5u8; 7000]);
+        // A frame split off is in the same allocation, and so is the rest.
+        let frame = buffer.split_to(4000).freeze();
+        assert_eq!(room.chunk_of(&buffer), Some(first));
+        // With the frame alive the room cannot be reclaimed: a new
+        // allocation, holding what was left, exactly sized.
+        room.prepare(None, &mut buffer);
+        let second = room.chunk_of(&buffer).expect("prepared");
+        assert_ne!(second.id, first.id);
+        assert_eq!(second.bytes, 3000 + MIN_READ_ROOM);
+        assert_eq!(&buffer[..], &[5u8; 3000][..]);
+        drop(frame);
+        // Unshared, the room is made in place: the same allocation.
+        buffer.clear();
+        buffer.extend_from_slice(&[6u8; 9000]);
+        let _ = buffer.split_to(9000);
+        room.prepare(None, &mut buffer);
+        assert_eq!(room.chunk_of(&buffer), Some(second));
+        // A buffer grown elsewhere is not ours until prepared again.
+        buffer.reserve(1 << 20);
+        assert_eq!(room.chunk_of(&buffer), None);
+        room.prepare(None, &mut buffer);
+        assert_eq!(room.chunk_of(&buffer).map(|c| c.id), Some(3));
     }
 }

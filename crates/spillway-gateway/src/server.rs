@@ -34,6 +34,7 @@ use tokio_util::codec::{Decoder, FramedRead};
 use tokio_util::task::TaskTracker;
 
 use crate::auth::AuthError;
+use crate::body_loans::{BodyLoans, MAX_LENT_READ_BYTES};
 use crate::codec::{FrameDecoder, FrameError, FrameWriter, MIN_FRAME_MAX, PROTOCOL_HEADER};
 use crate::connection::{
     write_connection_close, Connection, ConnectionError, Handshake, HandshakeStep, Next,
@@ -147,6 +148,7 @@ impl AmqpServer {
             engine,
             slots: ConnectionSlots::new(config.max_connections),
             config,
+            body_loans: BodyLoans::new(MAX_LENT_READ_BYTES, metrics.lent_read_bytes()),
             metrics,
             login_refusals: Arc::new(RefusalLog::default()),
         };
@@ -262,6 +264,8 @@ struct ConnectionContext {
     slots: ConnectionSlots,
     /// Rate-limits the log lines of refused logins.
     login_refusals: Arc<RefusalLog>,
+    /// Read-buffer bytes lent as message bodies, over every connection.
+    body_loans: Arc<BodyLoans>,
 }
 
 async fn accept_loop(
@@ -380,6 +384,7 @@ async fn serve_connection<S: ClientStream>(
         metrics,
         slots,
         login_refusals,
+        body_loans,
     } = context;
     // One deadline from accept to open-ok, whatever the client does or
     // fails to do meanwhile (RabbitMQ's handshake_timeout).
@@ -496,6 +501,7 @@ async fn serve_connection<S: ClientStream>(
     let commands = session.commands;
     let mut events = session.events;
     let mut connection = Connection::new(config.clone(), negotiated, peer);
+    connection.lend_bodies(body_loans);
     if commands.send(connection.open_session()).await.is_err() {
         return Ok(());
     }
@@ -540,13 +546,17 @@ async fn serve_connection<S: ClientStream>(
                 Some(Err(error)) => Err(frame_error(error)),
                 Some(Ok(frame)) => {
                     silence.heard(tokio::time::Instant::now());
+                    connection.set_read_chunk(read_room.chunk_of(frames.read_buffer()));
                     let mut step = connection.on_frame(frame, &mut out, &mut pending_commands);
                     for _ in 1..FRAMES_PER_TURN {
                         if !matches!(step, Ok(Next::Continue)) || connection.reading_paused() {
                             break;
                         }
                         step = match buffered_frame(&mut frames) {
-                            Ok(Some(frame)) => connection.on_frame(frame, &mut out, &mut pending_commands),
+                            Ok(Some(frame)) => {
+                                connection.set_read_chunk(read_room.chunk_of(frames.read_buffer()));
+                                connection.on_frame(frame, &mut out, &mut pending_commands)
+                            }
                             Ok(None) => break,
                             Err(error) => Err(frame_error(error)),
                         };

@@ -146,6 +146,11 @@ pub struct Connection {
     overdraft_left: u64,
     /// Bytes held by partly received message bodies, over all channels.
     unfinished: UnfinishedContent,
+    /// Lends one-frame bodies out of the read buffer (none by default).
+    lender: crate::body_loans::BodyLender,
+    /// The read-buffer allocation the frame being handled was split from,
+    /// when known ([`Connection::set_read_chunk`]).
+    read_chunk: Option<crate::read_room::ReadChunk>,
 }
 
 impl Connection {
@@ -166,7 +171,21 @@ impl Connection {
             flow_blocked: None,
             overdraft_left: 0,
             unfinished: UnfinishedContent::default(),
+            lender: crate::body_loans::BodyLender::default(),
+            read_chunk: None,
         }
+    }
+
+    /// Lends bodies that come in one frame instead of copying them, within
+    /// the gateway-wide limit of `loans` ([`crate::body_loans`]).
+    pub fn lend_bodies(&mut self, loans: std::sync::Arc<crate::body_loans::BodyLoans>) {
+        self.lender = crate::body_loans::BodyLender::new(loans);
+    }
+
+    /// The read-buffer allocation the next frames handled were split from;
+    /// `None` when not known (their bodies are copied).
+    pub fn set_read_chunk(&mut self, chunk: Option<crate::read_room::ReadChunk>) {
+        self.read_chunk = chunk;
     }
 
     /// Bytes held by partly received message bodies, over all channels.

@@ -61,6 +61,8 @@ impl UnfinishedContent {
 /// A body being received, counted in its connection's [`UnfinishedContent`]
 /// by what it has allocated.
 struct PendingBody {
+    /// A whole body lent from the read buffer instead of copied.
+    lent: Option<Bytes>,
     bytes: Vec<u8>,
     counted: u64,
     unfinished: UnfinishedContent,
@@ -69,6 +71,7 @@ struct PendingBody {
 impl PendingBody {
     fn new(unfinished: UnfinishedContent) -> Self {
         Self {
+            lent: None,
             bytes: Vec::new(),
             counted: 0,
             unfinished,
@@ -76,7 +79,10 @@ impl PendingBody {
     }
 
     fn len(&self) -> usize {
-        self.bytes.len()
+        match &self.lent {
+            Some(lent) => lent.len(),
+            None => self.bytes.len(),
+        }
     }
 
     /// Appends one frame's payload. The buffer doubles as frames arrive but
@@ -95,6 +101,9 @@ impl PendingBody {
 
     /// The body, no longer counted as unfinished.
     fn finish(&mut self) -> Bytes {
+        if let Some(lent) = self.lent.take() {
+            return lent;
+        }
         let bytes = std::mem::take(&mut self.bytes);
         self.recount();
         Bytes::from(bytes)
@@ -196,6 +205,19 @@ impl Connection {
         commands: &mut Vec<SessionCommand>,
     ) -> Result<(), ConnectionError> {
         let channel_id = frame.channel;
+        // A body in one frame may be lent rather than copied: it is whole,
+        // so it is never counted as unfinished.
+        let whole = match self.content_channel(channel_id)? {
+            None => return Ok(()),
+            Some(channel) => matches!(
+                &channel.publish,
+                Some(PendingPublish { header: Some(header), body, .. })
+                    if body.len() == 0 && frame.payload.len() as u64 == header.body_size
+            ),
+        };
+        let lent = whole
+            .then(|| self.lender.lend(&frame.payload, self.read_chunk))
+            .flatten();
         let Some(channel) = self.content_channel(channel_id)? else {
             return Ok(());
         };
@@ -216,7 +238,10 @@ impl Connection {
                 format!("content body on channel {channel_id} longer than its header's size"),
             ));
         }
-        body.append(&frame.payload, header.body_size);
+        match lent {
+            Some(lent) => body.lent = Some(lent),
+            None => body.append(&frame.payload, header.body_size),
+        }
         let complete = body.len() as u64 == header.body_size;
         let unfinished = self.unfinished.bytes();
         // One message of the largest size always fits.

@@ -576,3 +576,58 @@ fn compression_shrinks_large_publishes_and_deliveries_come_out_as_published() {
         "no body was written"
     );
 }
+
+#[test]
+fn a_body_in_one_frame_is_lent_and_charged_until_the_message_is_dropped() {
+    use crate::body_loans::{BodyLoans, MIN_LENT_BODY};
+    use crate::read_room::ReadChunk;
+
+    let (mut connection, mut out) = open_connection(GatewayConfig::default());
+    let loans = BodyLoans::new(1 << 20, Default::default());
+    connection.lend_bodies(loans.clone());
+    let chunk = ReadChunk {
+        id: 1,
+        bytes: 300_000,
+    };
+    let size = 2 * MIN_LENT_BODY;
+    let publish_with = |connection: &mut Connection, out: &mut FrameWriter, bodies: &[usize]| {
+        let mut commands = Vec::new();
+        let mut frames = start_publish(1, size as u64);
+        frames.extend(bodies.iter().map(|len| body_frame(1, *len)));
+        for frame in frames {
+            assert_eq!(
+                connection.on_frame(frame, out, &mut commands),
+                Ok(Next::Continue)
+            );
+        }
+        let [SessionCommand {
+            command: Some(Command::Publish(publish)),
+        }] = commands.as_slice()
+        else {
+            panic!("expected one publish, got {commands:?}");
+        };
+        assert_eq!(&publish.body[..], &vec![1u8; size][..]);
+        commands
+    };
+
+    // Where the frame came from is not known: copied.
+    let copied = publish_with(&mut connection, &mut out, &[size]);
+    assert_eq!(loans.lent_bytes(), 0);
+    // From a known allocation, in one frame: lent, the allocation charged once.
+    connection.set_read_chunk(Some(chunk));
+    let lent = publish_with(&mut connection, &mut out, &[size]);
+    let also_lent = publish_with(&mut connection, &mut out, &[size]);
+    assert_eq!(loans.lent_bytes(), chunk.bytes);
+    // In two frames: copied.
+    let split = publish_with(&mut connection, &mut out, &[size / 2, size / 2]);
+    assert_eq!(loans.lent_bytes(), chunk.bytes);
+    drop((copied, split, lent));
+    assert_eq!(
+        loans.lent_bytes(),
+        chunk.bytes,
+        "a lent body is still alive"
+    );
+    drop(also_lent);
+    assert_eq!(loans.lent_bytes(), 0);
+    assert_eq!(connection.unfinished_content(), 0);
+}

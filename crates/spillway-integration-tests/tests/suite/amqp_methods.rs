@@ -9,7 +9,7 @@ use futures::StreamExt;
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ExchangeKind};
-use spillway_integration_tests::{both_wirings, eventually, publish, Sandbox};
+use spillway_integration_tests::{both_wirings, eventually, publish, Component, Sandbox, Wiring};
 
 both_wirings!(
     timeout_secs = 60;
@@ -27,6 +27,7 @@ both_wirings!(
     deleting_a_queue_cancels_its_consumers,
     recover_requeues_unacked,
     large_messages_span_frames,
+    bodies_read_together_come_out_intact_queued_or_delivered,
     persistent_messages_survive_restart,
     max_length_drops_the_oldest,
     overflow_reject_publish_nacks,
@@ -810,6 +811,104 @@ async fn large_messages_span_frames(sb: &mut Sandbox) -> anyhow::Result<()> {
     publish(&ch, "", "large", &body, BasicProperties::default()).await?;
     publish(&ch, "", "large", b"", BasicProperties::default()).await?;
     assert_eq!(bodies_via_get(&ch, "large").await?, vec![body, Vec::new()]);
+    Ok(())
+}
+
+/// Bodies of one frame are handed on as slices of the gateway's read buffer
+/// (`body_loans.rs`): a burst of them, several per read, must come out
+/// byte for byte, whether they wait in a queue while the buffer is read
+/// into again or go straight to a consumer.
+async fn bodies_read_together_come_out_intact_queued_or_delivered(
+    sb: &mut Sandbox,
+) -> anyhow::Result<()> {
+    const SIZES: [usize; 7] = [4096, 5000, 16384, 100, 65536, 20000, 4095];
+    let body = |i: usize| -> Vec<u8> {
+        (0..SIZES[i % SIZES.len()])
+            .map(|j| ((i * 7 + j) % 251) as u8)
+            .collect()
+    };
+    let burst = |ch: Channel, range: std::ops::Range<usize>| async move {
+        // Not waiting between publishes: lapin writes them back to back.
+        for i in range {
+            ch.basic_publish(
+                s(""),
+                s("lent"),
+                BasicPublishOptions::default(),
+                &body(i),
+                BasicProperties::default(),
+            )
+            .await?;
+        }
+        anyhow::Ok(())
+    };
+    let conn = sb.connect().await?;
+    let ch = channel(&conn).await?;
+    declare(&ch, "lent").await?;
+
+    burst(ch.clone(), 0..300).await?;
+    eventually(Duration::from_secs(10), || {
+        let ch = ch.clone();
+        async move {
+            let declared = ch
+                .queue_declare(
+                    s("lent"),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await?;
+            anyhow::ensure!(
+                declared.message_count() == 300,
+                "{} queued",
+                declared.message_count()
+            );
+            Ok(())
+        }
+    })
+    .await?;
+    let lent = || sb.metric(Component::Gateway, "spillway_lent_read_buffer_bytes");
+    if sb.wiring() == Wiring::InProcess {
+        // Queued in the same process, the lent bodies keep read buffers.
+        let held = lent().await?;
+        assert!(held > 0.0, "no body was lent");
+        assert!(held <= (32 << 20) as f64, "{held} bytes lent");
+    }
+    let queued = bodies_via_get(&ch, "lent").await?;
+    assert_eq!(queued.len(), 300);
+    for (i, got) in queued.iter().enumerate() {
+        assert!(got == &body(i), "queued message {i} differs");
+    }
+
+    let consuming = channel(&conn).await?;
+    let mut consumer = consuming
+        .basic_consume(
+            s("lent"),
+            s("c"),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let publisher = channel(&conn).await?;
+    let sending = tokio::spawn(burst(publisher, 300..600));
+    let delivered = take(&mut consumer, 300).await?;
+    sending.await??;
+    for (n, delivery) in delivered.iter().enumerate() {
+        assert!(
+            delivery.data == body(300 + n),
+            "delivered message {} differs",
+            300 + n
+        );
+        delivery.ack(BasicAckOptions::default()).await?;
+    }
+    // Every message is gone: so is every loan.
+    eventually(Duration::from_secs(10), || async {
+        let held = lent().await?;
+        anyhow::ensure!(held == 0.0, "{held} bytes still lent");
+        Ok(())
+    })
+    .await?;
     Ok(())
 }
 
