@@ -8,7 +8,10 @@
 //! - [`connection`]: the handshake and the connection/channel state machines
 //!   (no I/O);
 //! - [`server`]: the TCP listeners (plain and TLS) and the per-connection
-//!   I/O loop, with `read_room` sizing its reads;
+//!   I/O loop, with [`read_room`] sizing its reads and its buffer's
+//!   allocations;
+//! - [`body_loans`]: one-frame bodies handed on as slices of the read buffer
+//!   instead of copies, within a gateway-wide bound;
 //! - [`tls`]: the AMQPS server configuration from PEM files, and the client
 //!   certificate's CN for SASL EXTERNAL;
 //! - [`heartbeat`]: when a silent client counts as gone;
