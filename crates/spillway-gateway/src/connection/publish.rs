@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use foldhash::HashMap;
 use spillway_proto::amqp::nesting::{self, NestingError};
 use spillway_proto::amqp::{reply_code, MethodId};
 use spillway_proto::body::{Body, ENCODING_IDENTITY};
@@ -139,7 +140,7 @@ impl Connection {
     ) -> Result<(), ConnectionError> {
         let channel_id = frame.channel;
         let max_message_size = self.config.max_message_size;
-        let Some(channel) = self.content_channel(channel_id)? else {
+        let Some(channel) = content_channel(&mut self.channels, channel_id)? else {
             return Ok(());
         };
         let Some(publish) = channel.publish.as_mut() else {
@@ -205,20 +206,7 @@ impl Connection {
         commands: &mut Vec<SessionCommand>,
     ) -> Result<(), ConnectionError> {
         let channel_id = frame.channel;
-        // A body in one frame may be lent rather than copied: it is whole,
-        // so it is never counted as unfinished.
-        let whole = match self.content_channel(channel_id)? {
-            None => return Ok(()),
-            Some(channel) => matches!(
-                &channel.publish,
-                Some(PendingPublish { header: Some(header), body, .. })
-                    if body.len() == 0 && frame.payload.len() as u64 == header.body_size
-            ),
-        };
-        let lent = whole
-            .then(|| self.lender.lend(&frame.payload, self.read_chunk))
-            .flatten();
-        let Some(channel) = self.content_channel(channel_id)? else {
+        let Some(channel) = content_channel(&mut self.channels, channel_id)? else {
             return Ok(());
         };
         let Some(PendingPublish {
@@ -238,7 +226,13 @@ impl Connection {
                 format!("content body on channel {channel_id} longer than its header's size"),
             ));
         }
-        match lent {
+        // A body in one frame may be lent rather than copied: it is whole,
+        // so it is never counted as unfinished.
+        let whole = body.len() == 0 && frame.payload.len() as u64 == header.body_size;
+        match whole
+            .then(|| self.lender.lend(&frame.payload, self.read_chunk))
+            .flatten()
+        {
             Some(lent) => body.lent = Some(lent),
             None => body.append(&frame.payload, header.body_size),
         }
@@ -262,22 +256,6 @@ impl Connection {
             self.finish_publish(channel_id, out, commands)?;
         }
         Ok(())
-    }
-
-    /// The channel a content frame belongs to; None when the frame is to be
-    /// discarded (the channel is closing).
-    fn content_channel(
-        &mut self,
-        channel_id: u16,
-    ) -> Result<Option<&mut Channel>, ConnectionError> {
-        match self.channels.get_mut(&channel_id) {
-            None => Err(ConnectionError::new(
-                reply_code::CHANNEL_ERROR,
-                format!("content frame on channel {channel_id}, which is not open"),
-            )),
-            Some(channel) if channel.phase != ChannelPhase::Open => Ok(None),
-            Some(channel) => Ok(Some(channel)),
-        }
     }
 
     /// The whole message is in: check it and hand it to the engine.
@@ -371,5 +349,22 @@ impl Connection {
             persistent: properties.delivery_mode() == &Some(2),
         })));
         Ok(())
+    }
+}
+
+/// The channel a content frame belongs to; None when the frame is to be
+/// discarded (the channel is closing). A function of the channels alone, so
+/// that the caller may use the connection's other fields meanwhile.
+fn content_channel(
+    channels: &mut HashMap<u16, Channel>,
+    channel_id: u16,
+) -> Result<Option<&mut Channel>, ConnectionError> {
+    match channels.get_mut(&channel_id) {
+        None => Err(ConnectionError::new(
+            reply_code::CHANNEL_ERROR,
+            format!("content frame on channel {channel_id}, which is not open"),
+        )),
+        Some(channel) if channel.phase != ChannelPhase::Open => Ok(None),
+        Some(channel) => Ok(Some(channel)),
     }
 }
