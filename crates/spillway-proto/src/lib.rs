@@ -4,7 +4,8 @@
 //!
 //! The generated code is checked in under `src/generated/` so that building
 //! Spillway needs no `protoc`; `tests/generated_code_is_fresh.rs` regenerates
-//! it from `proto/` and fails on any difference.
+//! it from `proto/` and fails on any difference. The internal services use
+//! [`lean_codec::LeanCodec`]: prost's codec with small starting buffers.
 //!
 //! The prost message types double as Spillway's domain types on the message
 //! path: the in-process wiring moves them through channels as they are, the
@@ -31,6 +32,7 @@ pub mod body;
 mod boundary;
 pub mod cluster;
 pub mod command_queue;
+pub mod lean_codec;
 pub mod permissions;
 mod status;
 

@@ -8,24 +8,39 @@
 
 use std::path::{Path, PathBuf};
 
-const PROTOS: &[&str] = &[
+/// The engine's services: a gateway session is a stream each way, kept for
+/// as long as its client connection.
+const ENGINE_PROTOS: &[&str] = &[
     "spillway/engine/v1/engine.proto",
     "spillway/engine/v1/admin.proto",
-    "spillway/storage/v1/storage.proto",
     "spillway/management/v1/management.proto",
 ];
 
 fn generate_into(out_dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let proto_root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../proto");
-    let files: Vec<PathBuf> = PROTOS.iter().map(|p| proto_root.join(p)).collect();
+    let files: Vec<PathBuf> = ENGINE_PROTOS.iter().map(|p| proto_root.join(p)).collect();
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
         .bytes(".")
+        // Small starting stream buffers (`lean_codec.rs`), paid per client
+        // connection in the separate wiring.
+        .codec_path("crate::lean_codec::LeanCodec")
         // The engine's admin API carries the public API's messages.
         .extern_path(".spillway.management.v1", "crate::management")
         .out_dir(out_dir)
         .compile_protos(&files, std::slice::from_ref(&proto_root))?;
+    // The storage node's service: a few streams per engine, carrying the
+    // store's write batches; tonic's default buffers.
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .bytes(".")
+        .out_dir(out_dir)
+        .compile_protos(
+            &[proto_root.join("spillway/storage/v1/storage.proto")],
+            std::slice::from_ref(&proto_root),
+        )?;
     // The public API again, alone: its Rust code with `--output json`
     // support for spillctl, and its descriptor set for reflection.
     let management = tempfile::tempdir()?;

@@ -825,7 +825,7 @@ pub mod engine_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.Engine/Session",
             );
@@ -851,7 +851,7 @@ pub mod engine_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.Engine/Authenticate",
             );
@@ -1004,7 +1004,7 @@ pub mod engine_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = SessionSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -1049,7 +1049,7 @@ pub mod engine_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = AuthenticateSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -1234,7 +1234,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/CreateVhost",
             );
@@ -1260,7 +1260,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/ListVhosts",
             );
@@ -1284,7 +1284,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/DeleteVhost",
             );
@@ -1310,7 +1310,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/CreateExchange",
             );
@@ -1336,7 +1336,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/ListExchanges",
             );
@@ -1362,7 +1362,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/DeleteExchange",
             );
@@ -1388,7 +1388,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/CreateQueue",
             );
@@ -1414,7 +1414,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/ListQueues",
             );
@@ -1438,7 +1438,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/DeleteQueue",
             );
@@ -1464,7 +1464,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/PurgeQueue",
             );
@@ -1488,7 +1488,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/PeekMessages",
             );
@@ -1514,7 +1514,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/MoveMessages",
             );
@@ -1540,7 +1540,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/CreateBinding",
             );
@@ -1566,7 +1566,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/ListBindings",
             );
@@ -1592,7 +1592,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/DeleteBinding",
             );
@@ -1619,7 +1619,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/GetBrokerStatus",
             );
@@ -1645,7 +1645,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/ListConnections",
             );
@@ -1671,7 +1671,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/ListChannels",
             );
@@ -1697,7 +1697,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/CloseConnection",
             );
@@ -1723,7 +1723,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/SetBrokerSettings",
             );
@@ -1752,7 +1752,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/UpdateQueue",
             );
@@ -1778,7 +1778,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/SetLimits",
             );
@@ -1802,7 +1802,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/ClearLimits",
             );
@@ -1828,7 +1828,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/ListLimits",
             );
@@ -1852,7 +1852,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/ListUsers",
             );
@@ -1876,7 +1876,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/PutUser",
             );
@@ -1900,7 +1900,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/DeleteUser",
             );
@@ -1924,7 +1924,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/SetPermissions",
             );
@@ -1950,7 +1950,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/ClearPermissions",
             );
@@ -1976,7 +1976,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/ListPermissions",
             );
@@ -2004,7 +2004,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/SetTransactionTimeouts",
             );
@@ -2036,7 +2036,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = tonic_prost::ProstCodec::default();
+            let codec = crate::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/AuthenticateUser",
             );
@@ -2399,7 +2399,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = CreateVhostSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -2444,7 +2444,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListVhostsSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -2491,7 +2491,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = DeleteVhostSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -2539,7 +2539,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = CreateExchangeSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -2587,7 +2587,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListExchangesSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -2635,7 +2635,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = DeleteExchangeSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -2682,7 +2682,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = CreateQueueSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -2727,7 +2727,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListQueuesSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -2774,7 +2774,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = DeleteQueueSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -2819,7 +2819,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = PurgeQueueSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -2866,7 +2866,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = PeekMessagesSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -2913,7 +2913,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = MoveMessagesSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -2961,7 +2961,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = CreateBindingSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3008,7 +3008,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListBindingsSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3056,7 +3056,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = DeleteBindingSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3104,7 +3104,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = GetBrokerStatusSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3152,7 +3152,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListConnectionsSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3199,7 +3199,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListChannelsSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3247,7 +3247,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = CloseConnectionSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3296,7 +3296,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = SetBrokerSettingsSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3343,7 +3343,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = UpdateQueueSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3388,7 +3388,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = SetLimitsSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3435,7 +3435,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ClearLimitsSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3480,7 +3480,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListLimitsSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3525,7 +3525,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListUsersSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3570,7 +3570,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = PutUserSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3615,7 +3615,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = DeleteUserSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3663,7 +3663,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = SetPermissionsSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3711,7 +3711,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ClearPermissionsSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3759,7 +3759,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListPermissionsSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3811,7 +3811,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = SetTransactionTimeoutsSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3856,7 +3856,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = AuthenticateUserSvc(inner);
-                        let codec = tonic_prost::ProstCodec::default();
+                        let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
