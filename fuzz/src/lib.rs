@@ -1099,7 +1099,17 @@ fn method_tables(method: &AMQPClass) -> Vec<&FieldTable> {
 /// `codec::parse_method`, and the check that whatever it parsed nests within
 /// the limit.
 fn parse_method_checked(payload: &[u8]) -> Option<AMQPClass> {
-    let method = codec::parse_method(payload).ok()?;
+    // basic.publish and basic.ack are read by hand: always as amq-protocol
+    // reads them, behind the same nesting check.
+    let reference = match nesting::check_method(payload, nesting::MAX_NESTING) {
+        Ok(()) => amq_protocol::protocol::parse_class(payload)
+            .ok()
+            .map(|(_, class)| class),
+        Err(_) => None,
+    };
+    let method = codec::parse_method(payload).ok();
+    assert_eq!(method, reference, "parse_method differs from amq-protocol");
+    let method = method?;
     for table in method_tables(&method) {
         assert_within_nesting(&AMQPValue::FieldTable(table.clone()));
     }

@@ -591,11 +591,7 @@ fn method_id(method: &AMQPClass) -> MethodId {
 
 /// Text from the engine may exceed a short string; cut it at a char boundary.
 fn short(text: &str) -> ShortString {
-    let mut end = text.len().min(255);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    ShortString::from(&text[..end])
+    ShortString::from(crate::codec::short_str_prefix(text))
 }
 
 /// The error for a method frame amq-protocol cannot parse: a known class is

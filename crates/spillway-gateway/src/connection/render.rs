@@ -14,7 +14,7 @@ use spillway_proto::engine::{self as pb, reply, session_event::Event};
 use spillway_proto::engine::{SessionCommand, SessionEvent};
 
 use super::{short, Answer, Connection, ConnectionError};
-use crate::codec::FrameWriter;
+use crate::codec::{BasicDeliver, FrameWriter};
 
 impl Connection {
     /// Handles one engine event. `Err` closes the connection.
@@ -62,15 +62,15 @@ impl Connection {
                 // Decoded before anything is written: a body that does not
                 // decode leaves no half message behind.
                 let body = self.published_body(deliver.body())?;
-                out.method(
+                out.basic_deliver(
                     channel_id,
-                    AMQPClass::Basic(basic::AMQPMethod::Deliver(basic::Deliver {
-                        consumer_tag: short(&deliver.consumer_tag),
+                    &BasicDeliver {
+                        consumer_tag: &deliver.consumer_tag,
                         delivery_tag: deliver.delivery_tag,
                         redelivered: deliver.redelivered,
-                        exchange: short(&deliver.exchange),
-                        routing_key: short(&deliver.routing_key),
-                    })),
+                        exchange: &deliver.exchange,
+                        routing_key: &deliver.routing_key,
+                    },
                 );
                 out.content_shared(
                     channel_id,
@@ -85,19 +85,18 @@ impl Connection {
                 if !self.is_live(channel_id) {
                     return Ok(());
                 }
-                let method = if confirm.ack {
-                    basic::AMQPMethod::Ack(basic::Ack {
-                        delivery_tag: confirm.seq,
-                        multiple: false,
-                    })
+                if confirm.ack {
+                    out.basic_ack(channel_id, confirm.seq, false);
                 } else {
-                    basic::AMQPMethod::Nack(basic::Nack {
-                        delivery_tag: confirm.seq,
-                        multiple: false,
-                        requeue: false,
-                    })
-                };
-                out.method(channel_id, AMQPClass::Basic(method));
+                    out.method(
+                        channel_id,
+                        AMQPClass::Basic(basic::AMQPMethod::Nack(basic::Nack {
+                            delivery_tag: confirm.seq,
+                            multiple: false,
+                            requeue: false,
+                        })),
+                    );
+                }
                 Ok(())
             }
             Event::Returned(returned) => {
