@@ -55,10 +55,12 @@ json_get() {
         sed -n -E "s/.*\"$key\"[[:space:]]*:[[:space:]]*(\"([^\"]*)\"|([-+0-9.eE]+|true|false|null)).*/\2\3/p"
 }
 
-# port_is_free PORT: true when nothing listens on 127.0.0.1:PORT.
+# port_is_free PORT: true when no TCP socket uses PORT as its local port: not a listener,
+# and not a connection either (a connected socket's port cannot be bound to listen;
+# RabbitMQ's distribution port once failed to start that way, dist_port_already_used).
 port_is_free() {
     if command -v ss >/dev/null 2>&1; then
-        ! ss -Hltn "sport = :$1" 2>/dev/null | grep -q .
+        ! ss -Htan "sport = :$1" 2>/dev/null | grep -q .
     else
         ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
     fi
@@ -238,12 +240,14 @@ start_rabbitmq() {
     mkdir -p "$dir/home" "$dir/mnesia" "$dir/log"
     log="$dir/rabbitmq-server.log"
     node="spillway-bench-$$-$RANDOM@localhost"
+    # Below the kernel's ephemeral range (32768 and up by default), so that no outgoing
+    # connection (of a load generator, say) takes one of them between the check and the bind.
     for _ in $(seq 1 50); do
-        port="$(free_port 20000 45000)" || return 1
-        dist=$((port + 20000))
+        port="$(free_port 10000 20000)" || return 1
+        dist=$((port + 10000))
         port_is_free "$dist" && break
     done
-    epmd_port="$(free_port 45001 49000)" || return 1
+    epmd_port="$(free_port 30000 32000)" || return 1
     printf '' >"$dir/rabbitmq-env.conf"
     echo '[].' >"$dir/enabled_plugins"
     cat >"$dir/rabbitmq.conf" <<EOF
@@ -270,6 +274,9 @@ EOF
         RABBITMQ_ADVANCED_CONFIG_FILE="$dir/advanced.config"
         RABBITMQ_ENABLED_PLUGINS_FILE="$dir/enabled_plugins"
         RABBITMQ_PLUGINS_EXPAND_DIR="$dir/plugins-expand"
+        # A node that fails to start writes its crash dump here, not into the caller's
+        # directory (the repository, when make bench runs it).
+        ERL_CRASH_DUMP="$dir/erl_crash.dump"
     )
     # Our own epmd on its own port, so we never touch a shared one.
     spw_spawn "$dir/epmd.log" env "${SPW_RABBIT_ENV[@]}" epmd -port "$epmd_port"
