@@ -93,6 +93,37 @@ def test_auto_delete_queue_without_consumers_stays(conn, ch, names):
     assert queue_exists(conn, q)
 
 
+def test_auto_delete_queue_read_with_get_keeps_its_unacked_message(broker, conn, names):
+    """Only basic.consume consumers count for auto-delete: a client that takes a message
+    with basic.get and disconnects without acking finds it requeued, not deleted with the
+    queue (the official Go client's integration tests do this)."""
+    q = names.queue()
+    owner = broker.connect()
+    och = owner.channel()
+    och.queue_declare(q, durable=True, auto_delete=True)
+    och.confirm_delivery()
+    och.basic_publish("", q, b"kept", pika.BasicProperties(delivery_mode=2))
+    method, _, body = och.basic_get(q, auto_ack=False)
+    assert body == b"kept"
+    owner.close()
+
+    def requeued():
+        if not queue_exists(conn, q):
+            return "gone"
+        probe = conn.channel()
+        count = probe.queue_declare(q, passive=True).method.message_count
+        probe.close()
+        return count == 1
+
+    assert wait_until(requeued, conn=conn) is True
+    ch = conn.channel()
+    method, _, body = ch.basic_get(q, auto_ack=False)
+    assert (body, method.redelivered) == (b"kept", True)
+    ch.basic_ack(method.delivery_tag)
+    ch.close()
+    assert queue_exists(conn, q)
+
+
 def test_auto_delete_queue_deleted_when_consumer_connection_closes(broker, conn, names):
     q = names.queue()
     c2 = broker.connect()

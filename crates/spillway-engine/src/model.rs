@@ -292,6 +292,11 @@ pub struct Queue {
     /// basic.get callers waiting for the head's payload.
     pub get_waiters: Vec<oneshot::Sender<()>>,
     pub consumers: Vec<ConsumerRef>,
+    /// Set by the first basic.consume since the queue was declared or
+    /// recovered. An auto-delete queue goes only when its last consumer does,
+    /// so one that never had a consumer (read with basic.get only) stays, as
+    /// in RabbitMQ.
+    pub had_consumers: bool,
     /// Round-robin position in `consumers`.
     pub next_consumer: usize,
     /// Set once an exclusive (basic.consume exclusive) consumer holds it.
@@ -455,6 +460,7 @@ impl Queue {
             read_ahead_until: 0,
             get_waiters: Vec::new(),
             consumers: Vec::new(),
+            had_consumers: false,
             next_consumer: 0,
             exclusive_consumer: false,
             overfull: false,

@@ -682,10 +682,14 @@ impl Broker {
         }
     }
 
+    /// Deletes an auto-delete queue whose last consumer has gone (cancelled,
+    /// or its channel closed). A queue that never had a consumer is kept:
+    /// RabbitMQ's rule, so that a basic.get client that disconnects with
+    /// unacked messages finds them requeued, not deleted.
     pub(super) fn auto_delete_if_unused(&mut self, vhost_name: &str, name: &str) {
         let unused = self
             .queue_mut_opt(vhost_name, name)
-            .is_some_and(|q| q.auto_delete && q.consumers.is_empty());
+            .is_some_and(|q| q.auto_delete && q.had_consumers && q.consumers.is_empty());
         if unused {
             self.remove_queue(vhost_name, name);
         }

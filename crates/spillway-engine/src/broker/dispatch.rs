@@ -63,6 +63,7 @@ impl Broker {
             // Pacing starts with a full window, whatever the queue holds.
             queue.pacing.reset(&pacing);
         }
+        queue.had_consumers = true;
         queue.consumers.push(ConsumerRef {
             session,
             channel: cmd.channel,

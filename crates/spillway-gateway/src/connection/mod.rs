@@ -452,6 +452,16 @@ impl Connection {
             Translation::Notify(cmd) => commands.push(command(cmd)),
             Translation::Reply(reply) => out.method(channel_id, reply),
             Translation::Publish(method) => {
+                // RabbitMQ dropped `immediate` and refuses it with a
+                // connection error; accepting it silently would promise a
+                // check that is never made.
+                if method.immediate {
+                    return Err(ConnectionError::new(
+                        reply_code::NOT_IMPLEMENTED,
+                        "immediate=true",
+                    )
+                    .on(id));
+                }
                 channel.publish = Some(PendingPublish::new(method, self.unfinished.clone()))
             }
             Translation::Ignore => {}

@@ -27,6 +27,7 @@ mod management;
 mod metrics;
 mod producer_flow_control;
 mod publisher_pacing;
+mod queue_deletion;
 mod storage_faults;
 mod transactions;
 mod update_secret;
