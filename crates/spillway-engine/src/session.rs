@@ -477,7 +477,11 @@ impl Session {
                 self.reply_synced(cmd.request_id, result, before);
             }
             Command::ExchangeDelete(cmd) => {
-                self.ok(cmd.request_id, broker.delete_exchange(id, &cmd))
+                let before = self.shared.writer.last_submitted();
+                let result = broker
+                    .delete_exchange(id, &cmd)
+                    .map(|()| reply::Result::Ok(pb::Empty {}));
+                self.reply_synced(cmd.request_id, result, before);
             }
             Command::QueueDeclare(cmd) => {
                 let before = self.shared.writer.last_submitted();
@@ -494,7 +498,13 @@ impl Session {
                     .map(|()| reply::Result::Ok(pb::Empty {}));
                 self.reply_synced(cmd.request_id, result, before);
             }
-            Command::QueueUnbind(cmd) => self.ok(cmd.request_id, broker.unbind_queue(id, &cmd)),
+            Command::QueueUnbind(cmd) => {
+                let before = self.shared.writer.last_submitted();
+                let result = broker
+                    .unbind_queue(id, &cmd)
+                    .map(|()| reply::Result::Ok(pb::Empty {}));
+                self.reply_synced(cmd.request_id, result, before);
+            }
             Command::ExchangeBind(cmd) => {
                 let before = self.shared.writer.last_submitted();
                 let result = broker
@@ -503,15 +513,23 @@ impl Session {
                 self.reply_synced(cmd.request_id, result, before);
             }
             Command::ExchangeUnbind(cmd) => {
-                self.ok(cmd.request_id, broker.unbind_exchange(id, &cmd))
+                let before = self.shared.writer.last_submitted();
+                let result = broker
+                    .unbind_exchange(id, &cmd)
+                    .map(|()| reply::Result::Ok(pb::Empty {}));
+                self.reply_synced(cmd.request_id, result, before);
             }
+            // A deleted, unbound or purged durable definition stays so
+            // after a crash: the answer waits for the synced write.
             Command::QueuePurge(cmd) => {
-                let result = broker.purge_queue(id, &cmd);
-                self.reply(cmd.request_id, result.map(count_ok));
+                let before = self.shared.writer.last_submitted();
+                let result = broker.purge_queue(id, &cmd).map(count_ok);
+                self.reply_synced(cmd.request_id, result, before);
             }
             Command::QueueDelete(cmd) => {
-                let result = broker.delete_queue(id, &cmd);
-                self.reply(cmd.request_id, result.map(count_ok));
+                let before = self.shared.writer.last_submitted();
+                let result = broker.delete_queue(id, &cmd).map(count_ok);
+                self.reply_synced(cmd.request_id, result, before);
             }
             Command::Publish(mut cmd) => {
                 let (channel, seq) = (cmd.channel, cmd.confirm_seq);

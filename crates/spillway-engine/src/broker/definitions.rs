@@ -5,7 +5,7 @@
 use rand::distr::{Alphanumeric, SampleString};
 use spillway_proto::amqp::{self, reply_code};
 use spillway_proto::engine::{self as pb, session_event::Event, AmqpError};
-use spillway_proto::storage::{self as store, write_op, Durability, WriteOp};
+use spillway_proto::storage::{self as store, write_op, WriteOp};
 
 use super::arguments::{
     dead_letter_exchange_name, dead_letter_queue_name, dead_letter_target, dlq_enabled,
@@ -572,7 +572,8 @@ impl Broker {
                 &mut ops,
             );
         }
-        self.persist.submit(ops, Durability::Logged, None);
+        // Synced: a purge answered is a purge a crash does not undo.
+        self.persist.submit_synced(ops, None);
         self.check_underfull(&vhost_name, &cmd.queue);
         Ok(purged.len() as u32)
     }
