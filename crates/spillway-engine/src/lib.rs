@@ -33,6 +33,7 @@
 pub mod access;
 mod access_admin;
 mod admin;
+mod bindings;
 pub mod broker;
 pub mod budget;
 mod credit;

@@ -204,7 +204,7 @@ pub struct Exchange {
     pub auto_delete: bool,
     pub internal: bool,
     pub arguments: FieldTable,
-    pub bindings: Vec<Binding>,
+    pub bindings: crate::bindings::Bindings,
 }
 
 impl Exchange {
@@ -216,7 +216,7 @@ impl Exchange {
             auto_delete: false,
             internal: false,
             arguments: FieldTable::default(),
-            bindings: Vec::new(),
+            bindings: crate::bindings::Bindings::new(kind),
         }
     }
 

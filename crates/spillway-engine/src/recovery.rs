@@ -160,7 +160,7 @@ pub(crate) fn install_definitions(
         let Some(exchange) = vhost.exchanges.get_mut(&def.exchange) else {
             continue;
         };
-        exchange.bindings.push(Binding {
+        exchange.bindings.insert(Binding {
             destination,
             routing_key: def.routing_key,
             arguments: amqp::decode_table(&def.arguments).unwrap_or_default(),

@@ -59,17 +59,17 @@ pub fn route(
         if exchange.kind == ExchangeKind::Headers && headers.is_none() {
             headers = Some(message_headers(&cmd.properties)?);
         }
-        for binding in &exchange.bindings {
-            let matched = match exchange.kind {
-                ExchangeKind::Direct => binding.routing_key == cmd.routing_key,
-                ExchangeKind::Fanout => true,
-                ExchangeKind::Topic => topic_matches(&binding.routing_key, &cmd.routing_key),
-                ExchangeKind::Headers => headers_match(
+        // Direct and topic bindings come out of the index already matched.
+        for binding in exchange
+            .bindings
+            .candidates(exchange.kind, &cmd.routing_key)
+        {
+            if exchange.kind == ExchangeKind::Headers
+                && !headers_match(
                     &binding.arguments,
                     headers.as_ref().and_then(Option::as_ref),
-                ),
-            };
-            if !matched {
+                )
+            {
                 continue;
             }
             match &binding.destination {
@@ -103,7 +103,9 @@ fn message_headers(properties: &[u8]) -> Result<Option<FieldTable>, AmqpError> {
 }
 
 /// Does a topic binding pattern (`*` = one word, `#` = zero or more words)
-/// match a routing key? Words are separated by dots.
+/// match a routing key? Words are separated by dots. Routing uses the
+/// pattern trie of `crate::bindings`; this is the plain statement of the
+/// rule it is tested against.
 pub fn topic_matches(pattern: &str, routing_key: &str) -> bool {
     // As in RabbitMQ, an empty key has no words (but "a..b" has an empty one).
     fn words(s: &str) -> Vec<&str> {

@@ -96,7 +96,7 @@ impl Broker {
             auto_delete: cmd.auto_delete,
             internal: cmd.internal,
             arguments,
-            bindings: Vec::new(),
+            bindings: crate::bindings::Bindings::new(kind),
         };
         if exchange.durable {
             self.persist.submit_synced(
@@ -361,7 +361,7 @@ impl Broker {
             .get(binding.destination.name())
             .is_some_and(|queue| queue.stores_messages());
         if let Some(exchange) = vhost.exchanges.get_mut(&exchange_name) {
-            if !exchange.bindings.iter().any(|b| same_binding(b, &binding)) {
+            if !exchange.bindings.contains(&binding) {
                 if exchange_durable && queue_durable {
                     ops.push(op(write_op::Op::PutBinding(binding_definition(
                         vhost_name,
@@ -369,7 +369,7 @@ impl Broker {
                         &binding,
                     ))));
                 }
-                exchange.bindings.push(binding);
+                exchange.bindings.insert(binding);
             }
         }
         if !ops.is_empty() {
@@ -489,7 +489,7 @@ impl Broker {
         let exists = vhost
             .exchanges
             .get(source)
-            .is_some_and(|x| x.bindings.iter().any(|b| same_binding(b, &binding)));
+            .is_some_and(|x| x.bindings.contains(&binding));
         if exists {
             return Ok(());
         }
@@ -505,7 +505,7 @@ impl Broker {
         }
         let vhost = self.vhost_mut(&vhost_name)?;
         if let Some(exchange) = vhost.exchanges.get_mut(source) {
-            exchange.bindings.push(binding);
+            exchange.bindings.insert(binding);
         }
         Ok(())
     }
@@ -524,14 +524,9 @@ impl Broker {
         let Some(exchange) = vhost.exchanges.get_mut(source) else {
             return Ok(());
         };
-        let Some(position) = exchange
-            .bindings
-            .iter()
-            .position(|b| same_binding(b, &probe))
-        else {
+        let Some(removed) = exchange.bindings.remove(&probe) else {
             return Ok(());
         };
-        let removed = exchange.bindings.remove(position);
         let now_unused = exchange.auto_delete && exchange.bindings.is_empty();
         if durable {
             self.persist.submit_synced(
@@ -727,10 +722,6 @@ fn default_exchange_refused() -> AmqpError {
         reply_code::ACCESS_REFUSED,
         "operation not permitted on the default exchange",
     )
-}
-
-fn same_binding(a: &Binding, b: &Binding) -> bool {
-    a.destination == b.destination && a.routing_key == b.routing_key && a.arguments == b.arguments
 }
 
 fn binding_definition(vhost: &str, exchange: &str, binding: &Binding) -> store::BindingDefinition {
