@@ -16,3 +16,4 @@ echo "make-images: built spillway:local"
 # never in the image.
 deploy/cluster-secret.sh
 deploy/make-certs.sh
+deploy/admin-credentials.sh

@@ -36,6 +36,7 @@ compose_setup() {
     # (made once, kept; leaf certificates re-issued before they expire).
     "$root/deploy/cluster-secret.sh"
     "$root/deploy/make-certs.sh"
+    "$root/deploy/admin-credentials.sh"
 }
 
 compose() {

@@ -44,6 +44,22 @@ if ctl --tls-ca "$root/deploy/certs/cluster-ca.pem" status >/dev/null 2>&1; then
     die "spillctl accepted management's certificate with the wrong CA"
 fi
 echo "compose-test: spillctl --tls-ca reached management over TLS (plaintext and a wrong CA refused)"
+# Nothing is published beyond the host's loopback, and the first
+# administrator's password is the one made on this machine, not a known one.
+for published in "management 50051" "gateway 5672" "gateway 5671" "gateway2 5672" "gateway2 5671"; do
+    # shellcheck disable=SC2086
+    bound="$(compose port $published)"
+    [[ "$bound" == 127.0.0.1:* ]] || die "$published is published on '$bound', not on loopback"
+done
+admin() {
+    "$spillctl" --addr "localhost:$mport" --tls-ca "$root/deploy/certs/client-ca.pem" --user spillway "$@"
+}
+admin --password "$(tr -d '\n' <"$root/deploy/admin-password")" status >/dev/null 2>&1 \
+    || die "the administrator made by deploy/admin-credentials.sh cannot log in to management"
+if admin --password spillway status >/dev/null 2>&1; then
+    die "management accepted spillway/spillway: the administrator's password is the repository's"
+fi
+echo "compose-test: ports published on loopback only; the administrator's password is this machine's own"
 compose --profile test up --exit-code-from loadgen --no-color >>"$log" 2>&1 || rc=$?
 elapsed=$((SECONDS - start))
 loadgen="$(cid loadgen)"
