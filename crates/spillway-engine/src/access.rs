@@ -16,7 +16,9 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 use spillway_proto::engine::session_command::Command;
 use spillway_proto::permissions::InvalidPattern;
-pub use spillway_proto::permissions::{Access, Pattern, Permissions, MAX_PATTERN_LEN};
+pub use spillway_proto::permissions::{
+    Access, Pattern, Permissions, Requirement, Resource, MAX_PATTERN_LEN,
+};
 use spillway_proto::storage::{PermissionDefinition, UserDefinition};
 
 /// The longest user name and vhost name accepted (user and vhost names are AMQP short strings on the wire anyway).
@@ -25,22 +27,6 @@ pub const MAX_NAME_LEN: usize = 255;
 pub const MAX_PASSWORD_LEN: usize = 4096;
 /// How many names one session remembers the answer for, per kind of access.
 const CACHED_NAMES: usize = 1024;
-
-/// What a permission is checked on (for the refusal's words).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Resource {
-    Queue,
-    Exchange,
-}
-
-impl Resource {
-    fn as_str(self) -> &'static str {
-        match self {
-            Resource::Queue => "queue",
-            Resource::Exchange => "exchange",
-        }
-    }
-}
 
 /// Why a login was refused (the client hears only "Login was refused").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -386,11 +372,7 @@ impl SessionAccess {
                 cache.clear();
             }
         }
-        // RabbitMQ checks the default exchange under this name.
-        let checked = match (resource, name) {
-            (Resource::Exchange, "") => "amq.default",
-            _ => name,
-        };
+        let checked = spillway_proto::permissions::checked_name(resource, name);
         let slot = access as usize;
         let allowed = match self.cache[slot].get(checked) {
             Some(allowed) => *allowed,
@@ -451,6 +433,53 @@ pub fn required(command: &Command) -> [Option<(Access, Resource, &str)>; 2] {
             Some((Read, Exchange, cmd.source.as_str())),
         ],
         _ => [None, None],
+    }
+}
+
+/// What a declare's arguments need beyond [`required`]: write on where a
+/// queue dead-letters to, or on an exchange's alternate exchange
+/// (RabbitMQ's rules; see [`spillway_proto::permissions`]). Arguments that
+/// do not decode need nothing here: the declare itself refuses them.
+pub fn argument_requirements(command: &Command) -> Vec<Requirement> {
+    use spillway_proto::permissions::{alternate_exchange_requirements, dead_letter_requirements};
+    let (arguments, declared) = match command {
+        Command::QueueDeclare(cmd) if !cmd.passive => (&cmd.arguments, cmd.queue.as_str()),
+        Command::ExchangeDeclare(cmd) if !cmd.passive => (&cmd.arguments, cmd.exchange.as_str()),
+        _ => return Vec::new(),
+    };
+    if arguments.is_empty() {
+        return Vec::new();
+    }
+    let Ok(table) = spillway_proto::amqp::decode_table(arguments) else {
+        return Vec::new();
+    };
+    match command {
+        Command::QueueDeclare(_) => {
+            let queue = if declared.is_empty() {
+                "amq.gen-"
+            } else {
+                declared
+            };
+            let exchange = string_argument(&table, "x-dead-letter-exchange");
+            let qpid_dlq = crate::broker::dlq_enabled(&table) == Some(true);
+            dead_letter_requirements(queue, exchange.as_deref(), qpid_dlq)
+        }
+        _ => {
+            let alternate = string_argument(&table, "alternate-exchange");
+            alternate_exchange_requirements(declared, alternate.as_deref())
+        }
+    }
+}
+
+/// A string argument (long or short string); other types are the
+/// declare's to refuse.
+fn string_argument(table: &amq_protocol_types::FieldTable, key: &str) -> Option<String> {
+    match table.inner().get(key)? {
+        amq_protocol_types::AMQPValue::LongString(s) => {
+            Some(String::from_utf8_lossy(s.as_bytes()).into_owned())
+        }
+        amq_protocol_types::AMQPValue::ShortString(s) => Some(s.as_str().to_string()),
+        _ => None,
     }
 }
 

@@ -77,6 +77,19 @@ fn vhost<'a>(broker: &'a Broker, name: &str) -> Result<&'a VHost, ServiceError> 
         .ok_or_else(|| ServiceError::NotFound(format!("vhost '{name}' not found")))
 }
 
+/// An exclusive queue belongs to the connection that declared it:
+/// management may not read or move its messages (RabbitMQ answers 405
+/// RESOURCE_LOCKED).
+fn not_exclusive(queue: &Queue, vhost: &str) -> Result<(), ServiceError> {
+    if queue.exclusive_owner.is_none() {
+        return Ok(());
+    }
+    Err(ServiceError::FailedPrecondition(format!(
+        "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{}' in vhost '{vhost}'",
+        queue.name
+    )))
+}
+
 fn check_name(what: &str, name: &str) -> Result<(), ServiceError> {
     if name.is_empty() || name.len() > 255 {
         return Err(ServiceError::InvalidArgument(format!(
@@ -1046,6 +1059,7 @@ async fn peek_messages(
             .queues
             .get(&request.queue)
             .ok_or_else(|| not_found("queue", &request.queue, &request.vhost))?;
+        not_exclusive(queue, &request.vhost)?;
         queue.messages.iter().take(count).cloned().collect()
     };
     let missing: Vec<u64> = taken
@@ -1241,9 +1255,11 @@ fn move_round(
     let mut broker = engine.shared.broker.lock();
     let vhost = vhost(&broker, vhost_name)?;
     for name in [source, destination] {
-        if !vhost.queues.contains_key(name) {
-            return Err(not_found("queue", name, vhost_name));
-        }
+        let queue = vhost
+            .queues
+            .get(name)
+            .ok_or_else(|| not_found("queue", name, vhost_name))?;
+        not_exclusive(queue, vhost_name)?;
     }
     // Its head is not in yet: moving would take later messages first.
     if vhost.queues.get(source).is_some_and(|q| q.recovering) {

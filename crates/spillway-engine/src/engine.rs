@@ -242,8 +242,16 @@ impl Engine {
             std::mem::take(&mut definitions.users),
             std::mem::take(&mut definitions.permissions),
         );
-        if access.is_empty() {
-            seed_users(&mut access, &config.seed_users, &writer);
+        // Only a store that never held a user is seeded: one whose users
+        // were all deleted, or found corrupt, stays without (fails closed,
+        // as RabbitMQ seeds its default user on a node's first start only).
+        match (access.is_empty(), definitions.had_users) {
+            (true, false) => seed_users(&mut access, &config.seed_users, &writer),
+            (true, true) => tracing::error!(
+                "the store has no users left (deleted, or corrupt records removed): none are seeded \
+                 again; add one through management with its token (management.token)"
+            ),
+            (false, _) => {}
         }
         let recovering = recovery::install_definitions(
             &mut broker,

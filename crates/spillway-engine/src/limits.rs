@@ -282,21 +282,29 @@ impl Broker {
         }
     }
 
-    /// Before a queue is created (not at a redeclare or a passive declare):
-    /// the vhost's queue limit and the connection's.
+    /// Before a declare creates `new_queues` queues (one, or two with
+    /// Qpid's `<queue>_DLQ`; not at a redeclare or a passive declare): the
+    /// vhost's queue limit and the connection's, with every queue it
+    /// creates counted.
     pub(crate) fn admit_queue(
         &self,
         session: SessionId,
         vhost_name: &str,
         queue: &str,
+        new_queues: usize,
     ) -> OpResult<()> {
+        debug_assert!(
+            new_queues >= 1,
+            "a declare that creates no queue is not admitted"
+        );
+        let before_last = new_queues.saturating_sub(1);
         let Some(vhost) = self.vhosts.get(vhost_name) else {
             return Ok(());
         };
         if let Some(max) = self
             .limits
             .vhost_max_queues(vhost_name)
-            .reached(vhost.queues.len())
+            .reached(vhost.queues.len() + before_last)
         {
             return Err(self.limits.refuse(
                 VHOST_MAX_QUEUES,
@@ -313,7 +321,7 @@ impl Broker {
                 .values()
                 .filter(|q| q.created_by == Some(session))
                 .count();
-            if let Some(max) = limit.reached(created) {
+            if let Some(max) = limit.reached(created + before_last) {
                 return Err(self.limits.refuse(
                     MAX_QUEUES_PER_CONNECTION,
                     reply_code::PRECONDITION_FAILED,

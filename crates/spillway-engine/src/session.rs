@@ -644,13 +644,19 @@ impl Session {
             .shared
             .access_generation
             .load(std::sync::atomic::Ordering::Acquire);
-        for (kind, resource, name) in checks.into_iter().flatten() {
-            let shared = &self.shared;
+        let shared = &self.shared;
+        let mut check = |kind, resource, name: &str| {
             session_access
                 .check(kind, resource, name, generation, |user, vhost| {
                     shared.access.read().permissions(user, vhost)
                 })
-                .map_err(|text| AmqpError::new(reply_code::ACCESS_REFUSED, text))?;
+                .map_err(|text| AmqpError::new(reply_code::ACCESS_REFUSED, text))
+        };
+        for (kind, resource, name) in checks.into_iter().flatten() {
+            check(kind, resource, name)?;
+        }
+        for need in access::argument_requirements(command) {
+            check(need.access, need.resource, &need.name)?;
         }
         Ok(())
     }

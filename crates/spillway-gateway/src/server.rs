@@ -44,7 +44,7 @@ use crate::limits::ConnectionSlots;
 use crate::metrics::GatewayMetrics;
 use crate::read_room::{MeasuredRead, ReadRoom};
 use crate::GatewayConfig;
-use spillway_telemetry::RefusalLog;
+use spillway_telemetry::{LoginThrottle, RefusalLog};
 
 /// TCP keepalive on client sockets: a peer that vanished without a FIN (a
 /// cable pulled, a host gone) is found after about 60 s of silence plus six
@@ -151,6 +151,7 @@ impl AmqpServer {
             body_loans: BodyLoans::new(MAX_LENT_READ_BYTES, metrics.lent_read_bytes()),
             metrics,
             login_refusals: Arc::new(RefusalLog::default()),
+            login_throttle: Arc::new(LoginThrottle::default()),
         };
         let mut server = Self {
             amqp: None,
@@ -264,6 +265,8 @@ struct ConnectionContext {
     slots: ConnectionSlots,
     /// Rate-limits the log lines of refused logins.
     login_refusals: Arc<RefusalLog>,
+    /// Slows login attempts from an address that keeps failing.
+    login_throttle: Arc<LoginThrottle>,
     /// Read-buffer bytes lent as message bodies, over every connection.
     body_loans: Arc<BodyLoans>,
 }
@@ -384,6 +387,7 @@ async fn serve_connection<S: ClientStream>(
         metrics,
         slots,
         login_refusals,
+        login_throttle,
         body_loans,
     } = context;
     // One deadline from accept to open-ok, whatever the client does or
@@ -435,6 +439,18 @@ async fn serve_connection<S: ClientStream>(
             Some(Ok(frame)) => handshake.on_frame(frame),
         };
         if let Ok(HandshakeStep::Authenticate(request)) = step {
+            // An address that keeps failing waits its turn, within the
+            // same deadline.
+            let wait = login_throttle.wait(peer.ip(), std::time::Instant::now());
+            if !wait.is_zero() {
+                tokio::select! {
+                    _ = &mut deadline => {
+                        tracing::info!(%peer, "login throttled past the handshake timeout, closing");
+                        return Ok(());
+                    }
+                    () = tokio::time::sleep(wait) => {}
+                }
+            }
             // The engine holds the users; within the same deadline.
             let answer = tokio::select! {
                 _ = &mut deadline => {
@@ -450,10 +466,21 @@ async fn serve_connection<S: ClientStream>(
             Ok(HandshakeStep::Authenticate(_)) => {
                 debug_assert!(false, "the login was answered above");
             }
-            Ok(HandshakeStep::Open(negotiated)) => break negotiated,
+            Ok(HandshakeStep::Open(negotiated)) => {
+                login_throttle.succeeded(peer.ip());
+                break negotiated;
+            }
             Err(error) => {
                 if let Some(refusal) = handshake.take_refusal() {
                     log_login_refusal(&login_refusals, &metrics, peer, &refusal);
+                    if login_throttle.failed(peer.ip(), std::time::Instant::now()) {
+                        tracing::warn!(
+                            %peer,
+                            failures = spillway_telemetry::FREE_LOGIN_FAILURES,
+                            "logins from this address are throttled to one a second after {} failures in a row",
+                            spillway_telemetry::FREE_LOGIN_FAILURES
+                        );
+                    }
                 }
                 write_connection_close(&error, &mut out);
                 send(&mut write_half, &out.take()).await?;

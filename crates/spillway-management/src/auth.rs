@@ -30,7 +30,7 @@ use spillway_proto::permissions::Permissions;
 use spillway_proto::EngineAdminApi;
 use spillway_telemetry::prometheus_client::metrics::counter::Counter;
 use spillway_telemetry::prometheus_client::metrics::family::Family;
-use spillway_telemetry::{Metrics, RefusalLog};
+use spillway_telemetry::{LoginThrottle, Metrics, RefusalLog};
 use tonic::server::NamedService;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 use tonic::Status;
@@ -117,6 +117,15 @@ enum Refusal {
 }
 
 impl Refusal {
+    /// Wrong credentials (what a guesser sends), as opposed to none or a
+    /// malformed header.
+    fn is_a_guess(self) -> bool {
+        matches!(
+            self,
+            Refusal::InvalidToken | Refusal::InvalidCredentials | Refusal::LoopbackOnly
+        )
+    }
+
     fn reason(self) -> &'static str {
         match self {
             Refusal::Missing => "missing",
@@ -152,6 +161,8 @@ pub struct Authenticator {
     engine: Arc<dyn EngineAdminApi>,
     refusals: RefusalCounts,
     refusal_log: RefusalLog,
+    /// Slows the calls of an address whose credentials keep failing.
+    throttle: LoginThrottle,
 }
 
 impl Authenticator {
@@ -161,6 +172,7 @@ impl Authenticator {
             engine,
             refusals: RefusalCounts::default(),
             refusal_log: RefusalLog::default(),
+            throttle: LoginThrottle::default(),
         }
     }
 
@@ -179,12 +191,27 @@ impl Authenticator {
         headers: &http::HeaderMap,
         peer: Option<SocketAddr>,
     ) -> Result<Caller, Status> {
+        let address = peer.map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |p| p.ip());
+        let wait = self.throttle.wait(address, Instant::now());
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
         let mut user = String::new();
         let result = self.check(headers, peer, &mut user).await;
         match result {
-            Ok(caller) => Ok(caller),
+            Ok(caller) => {
+                self.throttle.succeeded(address);
+                Ok(caller)
+            }
             Err(Identify::Refused(refusal)) => {
                 self.log_refusal(refusal, peer, &user);
+                if refusal.is_a_guess() && self.throttle.failed(address, Instant::now()) {
+                    tracing::warn!(
+                        peer = ?peer,
+                        "management calls from this address are throttled to one a second after {} refused credentials in a row",
+                        spillway_telemetry::FREE_LOGIN_FAILURES
+                    );
+                }
                 Err(refusal.status())
             }
             Err(Identify::Failed(status)) => Err(status),

@@ -96,6 +96,11 @@ fn check(user: &StoredUser, need: Need<'_>) -> Result<(), Status> {
                 .permissions
                 .get(vhost)
                 .ok_or_else(|| no_access_to_vhost(user, vhost))?;
+            // RabbitMQ checks the default exchange as `amq.default`.
+            let name = match (kind, name) {
+                ("exchange", "") => "amq.default",
+                _ => name,
+            };
             if granted.allows(access, name) {
                 return Ok(());
             }

@@ -13,7 +13,9 @@ use std::sync::Arc;
 
 use spillway_proto::management::management_server::{Management, ManagementServer};
 use spillway_proto::management::{self as m};
-use spillway_proto::permissions::Access;
+use spillway_proto::permissions::{
+    alternate_exchange_requirements, dead_letter_requirements, Access, Requirement,
+};
 use spillway_proto::{EngineAdminApi, ServiceError, StorageApi, MANAGEMENT_DESCRIPTOR};
 use spillway_telemetry::Metrics;
 use tonic::service::Routes;
@@ -119,6 +121,43 @@ fn bind(binding: Option<&m::Binding>) -> Result<[Need<'_>; 2], Status> {
     ])
 }
 
+/// One more permission a declare's arguments need (a dead-letter or an
+/// alternate exchange), as a [`Need`].
+fn requirement<'a>(vhost: &'a str, requirement: &'a Requirement) -> Need<'a> {
+    Need::Permission {
+        vhost,
+        access: requirement.access,
+        kind: requirement.resource.as_str(),
+        name: &requirement.name,
+    }
+}
+
+/// A string argument of a management declare; other types are the
+/// engine's to refuse.
+fn string_argument<'a>(
+    arguments: &'a std::collections::HashMap<String, m::ArgumentValue>,
+    key: &str,
+) -> Option<&'a str> {
+    match arguments.get(key)?.value.as_ref()? {
+        m::argument_value::Value::StringValue(text) | m::argument_value::Value::Text(text) => {
+            Some(text)
+        }
+        _ => None,
+    }
+}
+
+/// `x-qpid-dlq-enabled` as the engine reads it: true, or the string `true`.
+fn qpid_dlq_enabled(arguments: &std::collections::HashMap<String, m::ArgumentValue>) -> bool {
+    match arguments
+        .get("x-qpid-dlq-enabled")
+        .and_then(|value| value.value.as_ref())
+    {
+        Some(m::argument_value::Value::BoolValue(enabled)) => *enabled,
+        Some(m::argument_value::Value::StringValue(text)) => text == "true",
+        _ => false,
+    }
+}
+
 /// The calls answered by the engine as they are, each with what its caller
 /// needs (`|request| [needs]`).
 macro_rules! management_impl {
@@ -136,6 +175,45 @@ macro_rules! management_impl {
                     answer(self.engine.$method($r).await)
                 }
             )*
+
+            /// Configure on the queue, and what its dead-letter arguments
+            /// need (as `queue.declare` over AMQP).
+            async fn create_queue(
+                &self,
+                request: Request<m::CreateQueueRequest>,
+            ) -> Result<Response<m::Queue>, Status> {
+                let caller = caller_of(&request)?;
+                let r = request.into_inner();
+                let extra = dead_letter_requirements(
+                    &r.name,
+                    string_argument(&r.arguments, "x-dead-letter-exchange"),
+                    qpid_dlq_enabled(&r.arguments),
+                );
+                let mut needs = vec![configure(&r.vhost, "queue", &r.name)];
+                needs.extend(extra.iter().map(|need| requirement(&r.vhost, need)));
+                authorize(&caller, &needs)?;
+                drop(needs);
+                answer(self.engine.create_queue(r).await)
+            }
+
+            /// Configure on the exchange, and what its alternate exchange
+            /// needs (as `exchange.declare` over AMQP).
+            async fn create_exchange(
+                &self,
+                request: Request<m::CreateExchangeRequest>,
+            ) -> Result<Response<m::Exchange>, Status> {
+                let caller = caller_of(&request)?;
+                let r = request.into_inner();
+                let extra = alternate_exchange_requirements(
+                    &r.name,
+                    string_argument(&r.arguments, "alternate-exchange"),
+                );
+                let mut needs = vec![configure(&r.vhost, "exchange", &r.name)];
+                needs.extend(extra.iter().map(|need| requirement(&r.vhost, need)));
+                authorize(&caller, &needs)?;
+                drop(needs);
+                answer(self.engine.create_exchange(r).await)
+            }
 
             async fn list_vhosts(
                 &self,
@@ -446,10 +524,8 @@ macro_rules! management_impl {
 management_impl! {
     create_vhost(CreateVhostRequest) -> Vhost, |r| [Need::Administrator];
     delete_vhost(DeleteVhostRequest) -> DeleteVhostResponse, |r| [Need::Administrator];
-    create_exchange(CreateExchangeRequest) -> Exchange, |r| [configure(&r.vhost, "exchange", &r.name)];
     list_exchanges(ListExchangesRequest) -> ListExchangesResponse, |r| [Need::See { vhost: &r.vhost }];
     delete_exchange(DeleteExchangeRequest) -> DeleteExchangeResponse, |r| [configure(&r.vhost, "exchange", &r.name)];
-    create_queue(CreateQueueRequest) -> Queue, |r| [configure(&r.vhost, "queue", &r.name)];
     list_queues(ListQueuesRequest) -> ListQueuesResponse, |r| [Need::See { vhost: &r.vhost }];
     delete_queue(DeleteQueueRequest) -> DeleteQueueResponse, |r| [configure(&r.vhost, "queue", &r.name)];
     purge_queue(PurgeQueueRequest) -> PurgeQueueResponse, |r| [read_queue(&r.vhost, &r.name)];

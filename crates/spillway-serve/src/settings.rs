@@ -632,8 +632,9 @@ pub struct ManagementSettings {
     /// A bearer token accepted from anywhere (`authorization: Bearer
     /// <token>`). Unset: no token is accepted.
     pub token: Option<String>,
-    /// Users accepted with HTTP basic credentials. Default: `guest`/`guest`
-    /// from loopback only, as on the AMQP port; setting `users` replaces it.
+    /// Operators accepted with HTTP basic credentials, besides the stored
+    /// users. Default: none (the stored guest, loopback only, is the
+    /// default login, and goes when it is deleted).
     pub users: Vec<spillway_management::ManagementUser>,
     /// TLS for the management API: set a certificate and key and it serves
     /// only TLS (`https://`).
@@ -656,7 +657,10 @@ impl Default for ManagementSettings {
             storage_addr: "http://127.0.0.1:50071".into(),
             engine_addr: "http://127.0.0.1:50061".into(),
             token: None,
-            users: vec![spillway_management::ManagementUser::guest()],
+            // None: the stored users (the configuration's guest seeds an
+            // empty store) are management's users, so deleting or changing
+            // the stored guest is the whole story.
+            users: Vec::new(),
             tls: TlsSettings::default(),
         }
     }

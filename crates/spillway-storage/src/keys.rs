@@ -12,6 +12,7 @@
 //! | `m` | vhost, queue, then the message id as 8 big-endian bytes | `QueueEntry` |
 //! | `p` | the message id as 8 big-endian bytes | `MessageRecord` |
 //! | `!format` | (none) | the layout version, [`FORMAT_VERSION`] as 4 big-endian bytes |
+//! | `!users` | (none) | empty: the store has held a user ([`USERS_MARKER`]) |
 //!
 //! Message ids increase, so a queue's entries iterate oldest first, and the
 //! message records of a backlog that flowed to disk lie close together.
@@ -25,6 +26,9 @@ pub const BINDING: u8 = b'b';
 pub const ENTRY: u8 = b'm';
 pub const MESSAGE: u8 = b'p';
 pub const FORMAT: &[u8] = b"!format";
+/// Written with every user and kept when users go: a store that has held a
+/// user is never seeded with the configuration's users again.
+pub const USERS_MARKER: &[u8] = b"!users";
 /// 2: messages stored once (`p`), durable queues' holds as entries (`m`).
 /// 3: a message record may hold its body compressed (`body_encoding`,
 /// `body_size`); a build that reads 2 would deliver such a body as it is

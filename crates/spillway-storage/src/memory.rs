@@ -74,6 +74,7 @@ impl MemoryStore {
             vhosts: scan::<VhostDefinition>(&map, &[keys::VHOST])?,
             users: scan::<UserDefinition>(&map, &[keys::USER])?,
             permissions: scan::<PermissionDefinition>(&map, &[keys::PERMISSION])?,
+            had_users: map.contains_key(keys::USERS_MARKER),
         })
     }
 
@@ -160,6 +161,7 @@ fn apply(map: &mut BTreeMap<Vec<u8>, Vec<u8>>, op: &write_op::Op) {
         }
         Op::PutUser(def) => {
             map.insert(keys::user_key(&def.name), def.encode_to_vec());
+            map.insert(keys::USERS_MARKER.to_vec(), Vec::new());
         }
         Op::DeleteUser(def) => {
             map.remove(&keys::user_key(&def.name));

@@ -440,13 +440,25 @@ impl RocksStore {
     }
 
     pub fn definitions(&self) -> Result<Definitions, StoreError> {
+        // Counted before the scan, which deletes the user records that do
+        // not decode: a store whose only user is corrupt still had users.
+        let user_records = self.count(&[keys::USER])?.0;
+        let users = self.scan::<UserDefinition>(&[keys::USER])?;
+        let had_users = user_records > 0 || self.db.get(keys::USERS_MARKER)?.is_some();
+        if user_records > 0 {
+            // Stores written before the marker get it now, synced.
+            let mut options = WriteOptions::default();
+            options.set_sync(true);
+            self.db.put_opt(keys::USERS_MARKER, [], &options)?;
+        }
         Ok(Definitions {
             exchanges: self.scan::<ExchangeDefinition>(&[keys::EXCHANGE])?,
             queues: self.scan::<QueueDefinition>(&[keys::QUEUE])?,
             bindings: self.scan::<BindingDefinition>(&[keys::BINDING])?,
             vhosts: self.scan::<VhostDefinition>(&[keys::VHOST])?,
-            users: self.scan::<UserDefinition>(&[keys::USER])?,
+            users,
             permissions: self.scan::<PermissionDefinition>(&[keys::PERMISSION])?,
+            had_users,
         })
     }
 
@@ -653,7 +665,10 @@ fn apply(batch: &mut rocksdb::WriteBatch, op: &write_op::Op) {
             def.encode_to_vec(),
         ),
         Op::DeleteVhost(def) => batch.delete(keys::key(keys::VHOST, &[def.name.as_bytes()])),
-        Op::PutUser(def) => batch.put(keys::user_key(&def.name), def.encode_to_vec()),
+        Op::PutUser(def) => {
+            batch.put(keys::user_key(&def.name), def.encode_to_vec());
+            batch.put(keys::USERS_MARKER, []);
+        }
         Op::DeleteUser(def) => {
             batch.delete(keys::user_key(&def.name));
             let prefix = keys::user_permissions_prefix(&def.name);
@@ -957,6 +972,45 @@ mod tests {
         store.read_messages(&[1, 2])?;
         store.entries("/", "q")?;
         assert_eq!(store.corrupt_records(), 2);
+        Ok(())
+    }
+
+    #[test]
+    fn a_store_that_had_users_says_so_when_they_are_gone_or_corrupt() -> Result<(), StoreError> {
+        let user = |name: &str| spillway_proto::storage::WriteOp {
+            op: Some(write_op::Op::PutUser(UserDefinition {
+                name: name.into(),
+                ..Default::default()
+            })),
+        };
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = RocksStore::open(dir.path())?;
+        assert!(!store.definitions()?.had_users, "a new store");
+        store.write_batch(&synced(vec![user("a")]))?;
+        assert!(store.definitions()?.had_users);
+        store.write_batch(&synced(vec![spillway_proto::storage::WriteOp {
+            op: Some(write_op::Op::DeleteUser(UserDefinition {
+                name: "a".into(),
+                ..Default::default()
+            })),
+        }]))?;
+        let definitions = store.definitions()?;
+        assert!(
+            definitions.users.is_empty() && definitions.had_users,
+            "all deleted"
+        );
+
+        // A store written before the marker, whose one user record is
+        // corrupt: the record goes, the store still had users.
+        let old = tempfile::tempdir().expect("temp dir");
+        let store = RocksStore::open(old.path())?;
+        store.db.put(keys::user_key("b"), [0xff, 0xff])?;
+        let definitions = store.definitions()?;
+        assert!(
+            definitions.users.is_empty() && definitions.had_users,
+            "corrupt"
+        );
+        assert!(store.definitions()?.had_users, "and remembered");
         Ok(())
     }
 

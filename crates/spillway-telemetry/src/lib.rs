@@ -40,7 +40,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-pub use login_refusals::{RefusalLog, REFUSAL_LOG_INTERVAL};
+pub use login_refusals::{
+    LoginThrottle, RefusalLog, FREE_LOGIN_FAILURES, REFUSAL_LOG_INTERVAL, THROTTLED_LOGIN_INTERVAL,
+};
 pub use prometheus_client;
 pub use refusals::{LimitRefusals, LIMIT_REFUSALS};
 

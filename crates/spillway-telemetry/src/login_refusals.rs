@@ -1,7 +1,12 @@
-//! Rate-limited log lines for refused logins, shared by the AMQP gateway
-//! and management: the first refusal of a peer address and user is logged,
-//! later ones within [`REFUSAL_LOG_INTERVAL`] are only counted, and the next
-//! line says how many were left out.
+//! Refused logins, shared by the AMQP gateway and management:
+//! - rate-limited log lines: the first refusal of a peer address and user is
+//!   logged, later ones within [`REFUSAL_LOG_INTERVAL`] are only counted,
+//!   and the next line says how many were left out ([`RefusalLog`]);
+//! - a throttle that slows a password guesser without locking anyone out:
+//!   after [`FREE_LOGIN_FAILURES`] failures in a row from one address, each
+//!   login attempt from it waits its turn, one per
+//!   [`THROTTLED_LOGIN_INTERVAL`] however many connections it opens
+//!   ([`LoginThrottle`]). The right password still logs in, after its wait.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -71,6 +76,96 @@ impl RefusalLog {
     }
 }
 
+/// Failed logins in a row one address may make before its attempts are
+/// throttled.
+pub const FREE_LOGIN_FAILURES: u32 = 10;
+/// A throttled address gets one login attempt per this interval.
+pub const THROTTLED_LOGIN_INTERVAL: Duration = Duration::from_secs(1);
+/// An address is forgiven its failures after this long without one.
+pub const LOGIN_FAILURE_MEMORY: Duration = Duration::from_secs(300);
+/// The most addresses [`LoginThrottle`] remembers; past it the oldest are
+/// forgotten, so a scan from many addresses cannot grow it without bound.
+const THROTTLED_ADDRESSES: usize = 4096;
+
+/// Slows login attempts from an address that keeps failing (hand-written
+/// for the same reason as [`RefusalLog`]: `governor` limits a rate from the
+/// first attempt, where this one must cost nothing until an address has
+/// failed, and must be reset by a success).
+#[derive(Debug, Default)]
+pub struct LoginThrottle {
+    addresses: Mutex<HashMap<IpAddr, Failures>>,
+}
+
+#[derive(Debug)]
+struct Failures {
+    in_a_row: u32,
+    last: Instant,
+    /// When the next throttled attempt may be checked.
+    next_turn: Instant,
+}
+
+impl LoginThrottle {
+    /// How long a login attempt from `peer` at `now` waits before its
+    /// credentials are checked: nothing until the address has failed
+    /// [`FREE_LOGIN_FAILURES`] times in a row, then its turn, one attempt
+    /// per [`THROTTLED_LOGIN_INTERVAL`] (parallel connections queue up).
+    pub fn wait(&self, peer: IpAddr, now: Instant) -> Duration {
+        let mut addresses = self.lock();
+        let Some(failures) = addresses.get_mut(&peer) else {
+            return Duration::ZERO;
+        };
+        if now.duration_since(failures.last) >= LOGIN_FAILURE_MEMORY {
+            addresses.remove(&peer);
+            return Duration::ZERO;
+        }
+        if failures.in_a_row < FREE_LOGIN_FAILURES {
+            return Duration::ZERO;
+        }
+        let turn = failures.next_turn.max(now);
+        failures.next_turn = turn + THROTTLED_LOGIN_INTERVAL;
+        turn.duration_since(now)
+    }
+
+    /// A login from `peer` was refused; true when this failure is the one
+    /// that starts throttling the address (for a log line).
+    pub fn failed(&self, peer: IpAddr, now: Instant) -> bool {
+        let mut addresses = self.lock();
+        if addresses.len() >= THROTTLED_ADDRESSES && !addresses.contains_key(&peer) {
+            addresses.retain(|_, f| now.duration_since(f.last) < LOGIN_FAILURE_MEMORY);
+            if addresses.len() >= THROTTLED_ADDRESSES {
+                // A flood from many addresses: forget the ones that failed
+                // least, rather than grow.
+                addresses.retain(|_, f| f.in_a_row >= FREE_LOGIN_FAILURES);
+                if addresses.len() >= THROTTLED_ADDRESSES {
+                    addresses.clear();
+                }
+            }
+        }
+        let failures = addresses.entry(peer).or_insert(Failures {
+            in_a_row: 0,
+            last: now,
+            next_turn: now,
+        });
+        if now.duration_since(failures.last) >= LOGIN_FAILURE_MEMORY {
+            failures.in_a_row = 0;
+        }
+        failures.in_a_row = failures.in_a_row.saturating_add(1);
+        failures.last = now;
+        failures.in_a_row == FREE_LOGIN_FAILURES
+    }
+
+    /// A login from `peer` succeeded: its failures are forgiven.
+    pub fn succeeded(&self, peer: IpAddr) {
+        self.lock().remove(&peer);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, Failures>> {
+        self.addresses
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,5 +207,46 @@ mod tests {
         }
         let held = log.windows.lock().map(|w| w.len()).unwrap_or(usize::MAX);
         assert!(held <= REFUSAL_LOG_PAIRS, "{held} pairs held");
+    }
+
+    #[test]
+    fn a_failing_address_waits_its_turn_and_a_success_forgives_it() {
+        let throttle = LoginThrottle::default();
+        let start = Instant::now();
+        for n in 1..FREE_LOGIN_FAILURES {
+            assert_eq!(throttle.wait(REMOTE, start), Duration::ZERO);
+            assert!(!throttle.failed(REMOTE, start), "failure {n}");
+        }
+        assert!(
+            throttle.failed(REMOTE, start),
+            "the last free failure starts the throttle"
+        );
+        // Three parallel attempts queue up, one interval apart; another
+        // address is not slowed.
+        let waits: Vec<Duration> = (0..3).map(|_| throttle.wait(REMOTE, start)).collect();
+        assert_eq!(
+            waits,
+            [
+                Duration::ZERO,
+                THROTTLED_LOGIN_INTERVAL,
+                THROTTLED_LOGIN_INTERVAL * 2
+            ]
+        );
+        assert_eq!(throttle.wait(LOCAL, start), Duration::ZERO);
+        // Later, the turn comes round again.
+        let later = start + THROTTLED_LOGIN_INTERVAL * 10;
+        assert_eq!(throttle.wait(REMOTE, later), Duration::ZERO);
+        assert_eq!(throttle.wait(REMOTE, later), THROTTLED_LOGIN_INTERVAL);
+        // A success forgives; so does a long quiet.
+        throttle.succeeded(REMOTE);
+        assert_eq!(throttle.wait(REMOTE, later), Duration::ZERO);
+        for _ in 0..FREE_LOGIN_FAILURES {
+            throttle.failed(REMOTE, later);
+        }
+        assert_eq!(throttle.wait(REMOTE, later), Duration::ZERO);
+        assert!(throttle.wait(REMOTE, later) > Duration::ZERO);
+        let forgiven = later + LOGIN_FAILURE_MEMORY;
+        assert_eq!(throttle.wait(REMOTE, forgiven), Duration::ZERO);
+        assert_eq!(throttle.wait(REMOTE, forgiven), Duration::ZERO);
     }
 }

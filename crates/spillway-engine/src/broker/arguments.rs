@@ -269,7 +269,7 @@ pub(super) fn dead_letter_target(
 
 /// `x-qpid-dlq-enabled`: a boolean, or the strings `true`/`false` (Qpid's
 /// clients send either). Absent: false; None: neither.
-pub(super) fn dlq_enabled(arguments: &FieldTable) -> Option<bool> {
+pub(crate) fn dlq_enabled(arguments: &FieldTable) -> Option<bool> {
     let text = match arguments.inner().get("x-qpid-dlq-enabled") {
         None => return Some(false),
         Some(AMQPValue::Boolean(b)) => return Some(*b),
@@ -284,15 +284,12 @@ pub(super) fn dlq_enabled(arguments: &FieldTable) -> Option<bool> {
     }
 }
 
-/// Qpid's dead-letter exchange of `queue`.
-pub(crate) fn dead_letter_exchange_name(queue: &str) -> String {
-    format!("{queue}_DLE")
-}
-
-/// Qpid's dead-letter queue of `queue`.
-pub(crate) fn dead_letter_queue_name(queue: &str) -> String {
-    format!("{queue}_DLQ")
-}
+/// Qpid's dead-letter exchange and queue of a queue, named in one place
+/// for the declare and its permission checks.
+pub(crate) use spillway_proto::permissions::{
+    qpid_dead_letter_exchange as dead_letter_exchange_name,
+    qpid_dead_letter_queue as dead_letter_queue_name,
+};
 
 /// The stored arguments of a recovered queue were checked when it was declared.
 pub fn recovered_dead_letter(queue: &str, arguments: &FieldTable) -> Option<DeadLetterTarget> {

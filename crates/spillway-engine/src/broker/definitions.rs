@@ -274,7 +274,17 @@ impl Broker {
         let arguments = amqp::decode_table(&cmd.arguments)?;
         let limits = queue_limits(&arguments, &name, &vhost_name)?;
         let dead_letter = dead_letter_target(&arguments, &name, &vhost_name)?;
-        self.admit_queue(session, &vhost_name, &name)?;
+        let qpid_dlq = dlq_enabled(&arguments) == Some(true);
+        let mut new_queues = 1;
+        if qpid_dlq {
+            // `<queue>_DLQ` is created, or an existing one bound: never
+            // another connection's exclusive queue.
+            match vhost.queues.get(&dead_letter_queue_name(&name)) {
+                Some(dlq) => check_exclusive(dlq, session, &vhost_name)?,
+                None => new_queues += 1,
+            }
+        }
+        self.admit_queue(session, &vhost_name, &name, new_queues)?;
         let mut queue = Queue::new(
             name.clone(),
             cmd.durable,
@@ -285,7 +295,6 @@ impl Broker {
         queue.limits = limits;
         queue.dead_letter = dead_letter;
         queue.created_by = Some(session);
-        let qpid_dlq = dlq_enabled(&queue.arguments) == Some(true);
         let durable = queue.durable;
         if queue.stores_messages() {
             self.persist.submit_synced(
@@ -302,7 +311,7 @@ impl Broker {
         vhost.queues.insert(name.clone(), queue);
         self.touch_queue(&vhost_name, &name);
         if qpid_dlq {
-            self.ensure_qpid_dlq(&vhost_name, &name, durable);
+            self.ensure_qpid_dlq(session, &vhost_name, &name, durable);
         }
         // Every queue is bound to the default exchange by its name.
         Ok(pb::QueueDeclareOk {
@@ -314,7 +323,13 @@ impl Broker {
 
     /// Qpid's `x-qpid-dlq-enabled`: `<queue>_DLE` (fanout) and `<queue>_DLQ`
     /// bound to it, durable when the queue is; what exists already is kept.
-    fn ensure_qpid_dlq(&mut self, vhost_name: &str, queue: &str, durable: bool) {
+    fn ensure_qpid_dlq(
+        &mut self,
+        session: SessionId,
+        vhost_name: &str,
+        queue: &str,
+        durable: bool,
+    ) {
         let exchange_name = dead_letter_exchange_name(queue);
         let queue_name = dead_letter_queue_name(queue);
         let mut ops = Vec::new();
@@ -336,7 +351,8 @@ impl Broker {
             vhost.exchanges.insert(exchange_name.clone(), exchange);
         }
         if !vhost.queues.contains_key(&queue_name) {
-            let dlq = Queue::new(queue_name.clone(), durable, false, None);
+            let mut dlq = Queue::new(queue_name.clone(), durable, false, None);
+            dlq.created_by = Some(session);
             if durable {
                 ops.push(op(write_op::Op::PutQueue(store::QueueDefinition {
                     vhost: vhost_name.to_string(),

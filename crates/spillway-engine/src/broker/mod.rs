@@ -46,7 +46,9 @@ use crate::flow::LoadRequest;
 use crate::model::*;
 use crate::persistence::StoreWriter;
 
-pub(crate) use arguments::{recovered_dead_letter, recovered_limits, RUNTIME_ARGUMENTS};
+pub(crate) use arguments::{
+    dlq_enabled, recovered_dead_letter, recovered_limits, RUNTIME_ARGUMENTS,
+};
 pub use dead_letter::DeadLetterJob;
 pub(crate) use definitions::still_recovering;
 pub use dispatch::GetOutcome;

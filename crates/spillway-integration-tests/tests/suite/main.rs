@@ -25,6 +25,7 @@ mod loadgen_clients;
 mod malformed_input;
 mod management;
 mod metrics;
+mod permission_escapes;
 mod producer_flow_control;
 mod publisher_pacing;
 mod queue_deletion;

@@ -334,6 +334,11 @@ pub struct Definitions {
     pub users: ::prost::alloc::vec::Vec<UserDefinition>,
     #[prost(message, repeated, tag = "6")]
     pub permissions: ::prost::alloc::vec::Vec<PermissionDefinition>,
+    /// The store has held a user record (it may hold none now: all deleted, or
+    /// found corrupt). The engine seeds the configuration's users only into a
+    /// store that never had one, so a store whose users are gone fails closed.
+    #[prost(bool, tag = "7")]
+    pub had_users: bool,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
