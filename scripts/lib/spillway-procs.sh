@@ -165,14 +165,22 @@ start_spillway_all_in_one() {
 # with SPW_SEPARATE_MANAGEMENT=1 management (-> storage). Sets SPILLWAY_STORAGE_ADDR,
 # SPILLWAY_ENGINE_ADDR, SPILLWAY_AMQP_ADDR, SPILLWAY_MGMT_ADDR (when one runs), BROKER_URL.
 start_spillway_separate() {
-    local ready storage engine amqp
-    spw_start_component storage storage || return 1
+    local ready storage engine amqp secret
+    # One cluster secret for the roles of this broker: each component has a
+    # data directory of its own here, where a role without a configured
+    # secret would make (and trust) its own.
+    spw_workdir || return 1
+    secret="$SPW_WORKDIR/cluster-secret"
+    if [ ! -s "$secret" ]; then
+        (umask 077; head -c 32 /dev/urandom | base64 | tr -d '\n' >"$secret") || return 1
+    fi
+    spw_start_component storage storage SPILLWAY_CLUSTER__SECRET_FILE="$secret" || return 1
     ready="$SPW_READY_FILE"
     storage="$(json_get "$ready" storage)"
     [ -n "$storage" ] || { spw_die "no \"storage\" address in $ready"; return 1; }
     SPILLWAY_STORAGE_ADDR="$storage"; export SPILLWAY_STORAGE_ADDR
 
-    spw_start_component engine engine \
+    spw_start_component engine engine SPILLWAY_CLUSTER__SECRET_FILE="$secret" \
         SPILLWAY_ENGINE__STORAGE_ADDR="http://$storage" || return 1
     ready="$SPW_READY_FILE"
     engine="$(json_get "$ready" engine)"
@@ -181,7 +189,7 @@ start_spillway_separate() {
     # Management may run inside the engine process; take it from whichever reports it.
     SPILLWAY_MGMT_ADDR="$(json_get "$ready" management)"
 
-    spw_start_component gateway gateway \
+    spw_start_component gateway gateway SPILLWAY_CLUSTER__SECRET_FILE="$secret" \
         SPILLWAY_GATEWAY__ENGINE_ADDR="http://$engine" || return 1
     ready="$SPW_READY_FILE"
     amqp="$(json_get "$ready" amqp)"
@@ -189,7 +197,7 @@ start_spillway_separate() {
     [ -n "$SPILLWAY_MGMT_ADDR" ] || SPILLWAY_MGMT_ADDR="$(json_get "$ready" management)"
 
     if [ "${SPW_SEPARATE_MANAGEMENT:-0}" = 1 ] && [ -z "$SPILLWAY_MGMT_ADDR" ]; then
-        spw_start_component management management \
+        spw_start_component management management SPILLWAY_CLUSTER__SECRET_FILE="$secret" \
             SPILLWAY_MANAGEMENT__STORAGE_ADDR="http://$storage" || return 1
         SPILLWAY_MGMT_ADDR="$(json_get "$SPW_READY_FILE" management)"
     fi

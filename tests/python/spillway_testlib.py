@@ -236,11 +236,15 @@ class SpillwayBroker(Broker):
             if self.wiring == "all-in-one":
                 ready = self.procs["all-in-one"].start(data)
             else:
+                # Every role gets the data directory: without a configured cluster
+                # secret they share the one the first of them makes there.
                 self.procs["storage"].start(data)
                 storage = self.procs["storage"].address("storage")
-                self.procs["engine"].start({"SPILLWAY_ENGINE__STORAGE_ADDR": f"http://{storage}"})
+                self.procs["engine"].start(
+                    {**data, "SPILLWAY_ENGINE__STORAGE_ADDR": f"http://{storage}"})
                 engine = self.procs["engine"].address("engine")
-                ready = self.procs["gateway"].start({"SPILLWAY_GATEWAY__ENGINE_ADDR": f"http://{engine}"})
+                ready = self.procs["gateway"].start(
+                    {**data, "SPILLWAY_GATEWAY__ENGINE_ADDR": f"http://{engine}"})
             host, _, port = self._ready_amqp(ready).rpartition(":")
         except Exception:
             self.kill()

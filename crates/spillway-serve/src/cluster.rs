@@ -12,7 +12,10 @@
 //!
 //! [`require_protection_off_loopback`] is the start-up rule: a process does
 //! not serve internal gRPC beyond loopback without the secret or mutual TLS
-//! (`cluster.tls`, which the servers enforce in the TLS handshake).
+//! (`cluster.tls`, which the servers enforce in the TLS handshake). On
+//! loopback, a separate role with neither does not trust every local
+//! process either: it uses [`local_cluster_secret`], a secret the roles of
+//! one machine share through their data directory.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -27,6 +30,53 @@ use spillway_telemetry::Metrics;
 use subtle::ConstantTimeEq;
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
+
+/// The file in `storage.data_dir` that holds the secret the separate roles
+/// of one machine share when no secret and no mutual TLS are configured.
+pub const LOCAL_SECRET_FILE: &str = "cluster-secret";
+
+/// The secret of `data_dir`'s [`LOCAL_SECRET_FILE`], made if missing by
+/// whichever role starts first (43 random alphanumeric characters, about
+/// 256 bits, readable by its owner only) and read by the others: without
+/// it any local user's process could open an engine session as any user,
+/// ask the engine to authenticate anyone, or read the store.
+pub fn local_cluster_secret(data_dir: &std::path::Path) -> anyhow::Result<ClusterSecret> {
+    use anyhow::Context as _;
+    use rand::distr::{Alphanumeric, SampleString};
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let path = data_dir.join(LOCAL_SECRET_FILE);
+    if !path.exists() {
+        std::fs::create_dir_all(data_dir)
+            .with_context(|| format!("creating {}", data_dir.display()))?;
+        // Written whole under another name, then linked into place: a role
+        // that starts at the same moment reads either nothing or all of it,
+        // and the first link wins.
+        let draft = data_dir.join(format!(".{LOCAL_SECRET_FILE}.{}", std::process::id()));
+        let secret = Alphanumeric.sample_string(&mut rand::rng(), 43);
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&draft)
+            .with_context(|| format!("creating {}", draft.display()))?;
+        file.write_all(secret.as_bytes())?;
+        file.sync_all()?;
+        let linked = std::fs::hard_link(&draft, &path);
+        let _ = std::fs::remove_file(&draft);
+        match linked {
+            Ok(()) => tracing::info!(path = %path.display(), "made the local cluster secret"),
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(error) => {
+                return Err(error).with_context(|| format!("creating {}", path.display()))
+            }
+        }
+    }
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("reading the local cluster secret {}", path.display()))?;
+    ClusterSecret::new(&text)
+        .with_context(|| format!("the local cluster secret {}", path.display()))
+}
 
 /// A peer whose calls are refused is logged at warn at most this often.
 pub const WARN_EVERY: Duration = Duration::from_secs(60);

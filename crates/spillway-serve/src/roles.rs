@@ -21,7 +21,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::StreamExt;
 use tonic::service::interceptor::InterceptedService;
 
-use crate::cluster::{require_protection_off_loopback, ClusterAuth};
+use crate::cluster::{local_cluster_secret, require_protection_off_loopback, ClusterAuth};
 use crate::Settings;
 
 /// Which components this process runs.
@@ -136,27 +136,15 @@ pub async fn run_with_metrics(
         stop,
         grpc_servers: Vec::new(),
     };
-    // Internal gRPC (separate roles only): the secret every client sends and
-    // every server requires, and the message limit both ends keep to.
-    let secret = settings.cluster.secret.as_ref();
     // Mutual TLS: read for the separate roles only (all-in-one has no
     // internal connection to protect).
     let cluster_tls = match role {
         Role::AllInOne => None,
         _ => settings.cluster.tls.load()?,
     };
-    let cluster = ClusterClient {
-        secret: secret.cloned(),
-        tls: cluster_tls.clone(),
-        max_message_bytes: grpc_message_limit(
-            settings.gateway.max_message_size,
-            settings.gateway.frame_max,
-        ),
-    };
-    let auth = ClusterAuth::new(secret.cloned());
     // Before anything listens: no internal gRPC beyond loopback without the
     // secret or mutual TLS.
-    let protected = secret.is_some() || cluster_tls.is_some();
+    let protected = settings.cluster.secret.is_some() || cluster_tls.is_some();
     match role {
         Role::Engine => {
             let listen = &settings.engine.listen;
@@ -169,6 +157,26 @@ pub async fn run_with_metrics(
         }
         Role::AllInOne | Role::Gateway | Role::Management => {}
     }
+    // Internal gRPC (separate roles only): the secret every client sends and
+    // every server requires, and the message limit both ends keep to. On
+    // loopback with neither a secret nor mutual TLS configured, the roles of
+    // this machine share one made in the data directory, so that no other
+    // local process is trusted.
+    let secret = match (role, &settings.cluster.secret) {
+        (Role::AllInOne, _) => None,
+        (_, Some(secret)) => Some(secret.clone()),
+        (_, None) if cluster_tls.is_some() => None,
+        (_, None) => Some(local_cluster_secret(&settings.storage.data_dir)?),
+    };
+    let cluster = ClusterClient {
+        secret: secret.clone(),
+        tls: cluster_tls.clone(),
+        max_message_bytes: grpc_message_limit(
+            settings.gateway.max_message_size,
+            settings.gateway.frame_max,
+        ),
+    };
+    let auth = ClusterAuth::new(secret);
     start_http(&mut running, role, settings, &metrics).await?;
     match role {
         Role::AllInOne => {

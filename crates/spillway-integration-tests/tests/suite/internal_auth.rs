@@ -525,3 +525,72 @@ async fn messages_larger_than_a_batch_still_flow() {
         Err(_) => panic!("timed out\n{}", sandbox.logs()),
     }
 }
+
+/// On loopback with no secret and no mutual TLS configured, a separate role
+/// still trusts no other local process: it makes (or reads) the secret in
+/// `<storage.data_dir>/cluster-secret`, readable by its owner only, and a
+/// call without it is UNAUTHENTICATED; with it, served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_configured_secret_a_separate_role_uses_the_local_one() -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("data");
+    let ready = dir.path().join("storage.ready");
+    let mut child = tokio::process::Command::new(spillway_bin()?)
+        .arg("--ready-file")
+        .arg(&ready)
+        .arg("storage")
+        .current_dir(dir.path())
+        .env("SPILLWAY_STORAGE__LISTEN", "127.0.0.1:0")
+        .env("SPILLWAY_TELEMETRY__METRICS_LISTEN", "127.0.0.1:0")
+        .env("SPILLWAY_STORAGE__DATA_DIR", &data)
+        .env_remove("SPILLWAY_CLUSTER__SECRET")
+        .env_remove("SPILLWAY_CLUSTER__SECRET_FILE")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    let outcome = async {
+        eventually(Duration::from_secs(60), || {
+            let started = match child.try_wait() {
+                Ok(Some(status)) => Err(anyhow::anyhow!("spillway storage exited with {status}")),
+                _ if ready.exists() => Ok(()),
+                _ => Err(anyhow::anyhow!("not ready yet")),
+            };
+            async move { started }
+        })
+        .await?;
+        let addresses: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&ready)?)?;
+        let addr: std::net::SocketAddr = addresses["storage"]
+            .as_str()
+            .ok_or_else(|| anyhow::anyhow!("no storage address in {addresses}"))?
+            .parse()?;
+        let file = data.join("cluster-secret");
+        let mode = std::fs::metadata(&file)?.permissions().mode() & 0o777;
+        anyhow::ensure!(mode == 0o600, "the local secret is mode {mode:o}");
+        let secret = std::fs::read_to_string(&file)?;
+        let mut storage = StorageClient::new(channel(addr).await?);
+        for credentials in [Credentials::Nothing, Credentials::Wrong] {
+            let refused = storage
+                .status(request(StatusRequest::default(), credentials))
+                .await
+                .err()
+                .map(|status| status.code());
+            anyhow::ensure!(
+                refused == Some(Code::Unauthenticated),
+                "{credentials:?}: {refused:?}"
+            );
+        }
+        storage
+            .status(request(
+                StatusRequest::default(),
+                Credentials::Secret(secret.trim()),
+            ))
+            .await?;
+        Ok(())
+    }
+    .await;
+    child.kill().await?;
+    outcome
+}
