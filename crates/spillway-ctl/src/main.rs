@@ -292,6 +292,12 @@ enum LimitsCommand {
         /// Channels open at once over all the user's connections.
         #[arg(long, value_parser = parse_limit, allow_negative_numbers = true)]
         max_channels: Option<i64>,
+        /// Exchanges declared in the vhost (built-in ones not counted).
+        #[arg(long, value_parser = parse_limit, allow_negative_numbers = true)]
+        max_exchanges: Option<i64>,
+        /// Bindings in the vhost.
+        #[arg(long, value_parser = parse_limit, allow_negative_numbers = true)]
+        max_bindings: Option<i64>,
     },
     /// Drops the overrides of --vhost (default `/`), or of --for-user: the
     /// configuration's defaults apply again.
@@ -786,6 +792,8 @@ async fn limits_command(
             max_connections,
             max_queues,
             max_channels,
+            max_exchanges,
+            max_bindings,
         } => {
             let (vhost, user) = target(user);
             let limits = client
@@ -795,6 +803,8 @@ async fn limits_command(
                     max_connections,
                     max_queues,
                     max_channels,
+                    max_exchanges,
+                    max_bindings,
                 })
                 .await
                 .map_err(failed)?
@@ -1057,9 +1067,13 @@ fn limits_table(limits: &[m::Limits]) -> String {
             "max connections",
             "max queues",
             "max channels",
+            "max exchanges",
+            "max bindings",
             "connections",
             "queues",
             "channels",
+            "exchanges",
+            "bindings",
         ],
         limits
             .iter()
@@ -1070,17 +1084,26 @@ fn limits_table(limits: &[m::Limits]) -> String {
                     show(l.max_connections, "max_connections", &l.overridden),
                     show(l.max_queues, "max_queues", &l.overridden),
                     show(l.max_channels, "max_channels", &l.overridden),
+                    show(l.max_exchanges, "max_exchanges", &l.overridden),
+                    show(l.max_bindings, "max_bindings", &l.overridden),
                     l.connections.to_string(),
-                    if l.kind == "vhost" {
-                        l.queues.to_string()
-                    } else {
-                        "-".to_string()
-                    },
+                    vhost_only(l, l.queues),
                     l.channels.to_string(),
+                    vhost_only(l, l.exchanges),
+                    vhost_only(l, l.bindings),
                 ]
             })
             .collect(),
     )
+}
+
+/// A count that only a vhost has.
+fn vhost_only(limits: &m::Limits, count: u64) -> String {
+    if limits.kind == "vhost" {
+        count.to_string()
+    } else {
+        "-".to_string()
+    }
 }
 
 fn exchange_table(exchanges: &[m::Exchange]) -> String {

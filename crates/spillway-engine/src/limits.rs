@@ -2,7 +2,9 @@
 //! every gateway's sessions (with two gateways, a vhost's or a user's limit
 //! is still one count):
 //!
-//! - per vhost, RabbitMQ's `max-connections` and `max-queues`;
+//! - per vhost, RabbitMQ's `max-connections` and `max-queues`, and the
+//!   exchanges and bindings declared in it (what one user can make every
+//!   publish and every listing walk);
 //! - per user, RabbitMQ's `max-connections` and `max-channels`;
 //! - per connection, the consumers it has and the queues it created that
 //!   still exist.
@@ -34,14 +36,18 @@ use crate::model::SessionId;
 /// The label of each limit in `spillway_limit_refusals_total`.
 pub const VHOST_MAX_CONNECTIONS: &str = "vhost_max_connections";
 pub const VHOST_MAX_QUEUES: &str = "vhost_max_queues";
+pub const VHOST_MAX_EXCHANGES: &str = "vhost_max_exchanges";
+pub const VHOST_MAX_BINDINGS: &str = "vhost_max_bindings";
 pub const USER_MAX_CONNECTIONS: &str = "user_max_connections";
 pub const USER_MAX_CHANNELS: &str = "user_max_channels";
 pub const MAX_CONSUMERS_PER_CONNECTION: &str = "max_consumers_per_connection";
 pub const MAX_QUEUES_PER_CONNECTION: &str = "max_queues_per_connection";
 
-const ENGINE_LIMITS: [&str; 6] = [
+const ENGINE_LIMITS: [&str; 8] = [
     VHOST_MAX_CONNECTIONS,
     VHOST_MAX_QUEUES,
+    VHOST_MAX_EXCHANGES,
+    VHOST_MAX_BINDINGS,
     USER_MAX_CONNECTIONS,
     USER_MAX_CHANNELS,
     MAX_CONSUMERS_PER_CONNECTION,
@@ -55,6 +61,11 @@ pub struct LimitConfig {
     pub vhost_max_connections: u32,
     /// Queues in one vhost (`broker.default_vhost_max_queues`).
     pub vhost_max_queues: u32,
+    /// Exchanges declared in one vhost, the built-in ones not counted
+    /// (`broker.default_vhost_max_exchanges`).
+    pub vhost_max_exchanges: u32,
+    /// Bindings in one vhost (`broker.default_vhost_max_bindings`).
+    pub vhost_max_bindings: u32,
     /// Connections open at once by one user (`broker.default_user_max_connections`).
     pub user_max_connections: u32,
     /// Channels open at once by one user, over all their connections
@@ -120,6 +131,8 @@ struct Overrides {
     max_connections: Option<Limit>,
     max_queues: Option<Limit>,
     max_channels: Option<Limit>,
+    max_exchanges: Option<Limit>,
+    max_bindings: Option<Limit>,
 }
 
 impl Overrides {
@@ -128,6 +141,8 @@ impl Overrides {
             ("max_connections", self.max_connections),
             ("max_queues", self.max_queues),
             ("max_channels", self.max_channels),
+            ("max_exchanges", self.max_exchanges),
+            ("max_bindings", self.max_bindings),
         ]
         .into_iter()
         .filter(|(_, limit)| limit.is_some())
@@ -178,6 +193,18 @@ impl Limits {
         self.vhost(vhost)
             .max_queues
             .unwrap_or(Limit::from_config(self.config.vhost_max_queues))
+    }
+
+    fn vhost_max_exchanges(&self, vhost: &str) -> Limit {
+        self.vhost(vhost)
+            .max_exchanges
+            .unwrap_or(Limit::from_config(self.config.vhost_max_exchanges))
+    }
+
+    fn vhost_max_bindings(&self, vhost: &str) -> Limit {
+        self.vhost(vhost)
+            .max_bindings
+            .unwrap_or(Limit::from_config(self.config.vhost_max_bindings))
     }
 
     fn user_max_connections(&self, user: &str) -> Limit {
@@ -334,6 +361,48 @@ impl Broker {
         Ok(())
     }
 
+    /// Before a declare creates an exchange: the vhost's exchange limit,
+    /// counting the exchanges clients declared (not the built-in ones).
+    pub(crate) fn admit_exchange(&self, vhost_name: &str, exchange: &str) -> OpResult<()> {
+        let limit = self.limits.vhost_max_exchanges(vhost_name);
+        let Some(vhost) = self.vhosts.get(vhost_name) else {
+            return Ok(());
+        };
+        if limit == Limit::Unlimited {
+            return Ok(());
+        }
+        match limit.reached(declared_exchanges(vhost)) {
+            Some(max) => Err(self.limits.refuse(
+                VHOST_MAX_EXCHANGES,
+                reply_code::PRECONDITION_FAILED,
+                format!(
+                    "cannot declare exchange '{exchange}': exchange limit in vhost '{vhost_name}' ({max}) is reached"
+                ),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Before a bind adds a binding (not one that exists): the vhost's
+    /// binding limit.
+    pub(crate) fn admit_binding(&self, vhost_name: &str) -> OpResult<()> {
+        let limit = self.limits.vhost_max_bindings(vhost_name);
+        let Some(vhost) = self.vhosts.get(vhost_name) else {
+            return Ok(());
+        };
+        if limit == Limit::Unlimited {
+            return Ok(());
+        }
+        match limit.reached(bindings(vhost)) {
+            Some(max) => Err(self.limits.refuse(
+                VHOST_MAX_BINDINGS,
+                reply_code::PRECONDITION_FAILED,
+                format!("cannot bind: binding limit in vhost '{vhost_name}' ({max}) is reached"),
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// At basic.consume: the connection's consumer limit (in the words of
     /// RabbitMQ's `consumer_max_per_channel`, but 406 on the channel).
     pub(crate) fn admit_consumer(&self, session: SessionId) -> OpResult<()> {
@@ -397,25 +466,31 @@ pub(crate) fn set(
     let max_connections = limit("max_connections", request.max_connections)?;
     let max_queues = limit("max_queues", request.max_queues)?;
     let max_channels = limit("max_channels", request.max_channels)?;
+    let max_exchanges = limit("max_exchanges", request.max_exchanges)?;
+    let max_bindings = limit("max_bindings", request.max_bindings)?;
     match target(&request.vhost, &request.user)? {
         Target::Vhost(vhost) => {
             vhost_exists(broker, &vhost)?;
             if max_channels.is_some() {
                 return Err(ServiceError::InvalidArgument(
-                    "max_channels is a user limit; a vhost has max_connections and max_queues"
+                    "max_channels is a user limit; a vhost has max_connections, max_queues, \
+                     max_exchanges and max_bindings"
                         .into(),
                 ));
             }
             let overrides = broker.limits.vhosts.entry(vhost.clone()).or_default();
             overrides.max_connections = max_connections.or(overrides.max_connections);
             overrides.max_queues = max_queues.or(overrides.max_queues);
-            tracing::info!(vhost = %vhost, ?max_connections, ?max_queues, "vhost limits set");
+            overrides.max_exchanges = max_exchanges.or(overrides.max_exchanges);
+            overrides.max_bindings = max_bindings.or(overrides.max_bindings);
+            tracing::info!(vhost = %vhost, ?max_connections, ?max_queues, ?max_exchanges, ?max_bindings, "vhost limits set");
             Ok(vhost_view(broker, &vhost))
         }
         Target::User(user) => {
-            if max_queues.is_some() {
+            if max_queues.is_some() || max_exchanges.is_some() || max_bindings.is_some() {
                 return Err(ServiceError::InvalidArgument(
-                    "max_queues is a vhost limit; a user has max_connections and max_channels"
+                    "max_queues, max_exchanges and max_bindings are vhost limits; a user has \
+                     max_connections and max_channels"
                         .into(),
                 ));
             }
@@ -476,6 +551,10 @@ fn vhost_view(broker: &Broker, vhost: &str) -> m::Limits {
         max_connections: Some(limits.vhost_max_connections(vhost).as_management()),
         max_queues: Some(limits.vhost_max_queues(vhost).as_management()),
         max_channels: None,
+        max_exchanges: Some(limits.vhost_max_exchanges(vhost).as_management()),
+        max_bindings: Some(limits.vhost_max_bindings(vhost).as_management()),
+        exchanges: broker.vhosts.get(vhost).map_or(0, declared_exchanges) as u64,
+        bindings: broker.vhosts.get(vhost).map_or(0, bindings) as u64,
         connections: broker
             .sessions
             .values()
@@ -492,6 +571,18 @@ fn vhost_view(broker: &Broker, vhost: &str) -> m::Limits {
     }
 }
 
+/// The exchanges clients declared in `vhost` (the built-in ones, the
+/// default exchange and `amq.*`, are not counted).
+fn declared_exchanges(vhost: &crate::model::VHost) -> usize {
+    vhost.exchanges.values().filter(|x| !x.is_builtin()).count()
+}
+
+/// The bindings between `vhost`'s exchanges and its queues or exchanges
+/// (every queue's implicit binding to the default exchange is not one).
+fn bindings(vhost: &crate::model::VHost) -> usize {
+    vhost.exchanges.values().map(|x| x.bindings.len()).sum()
+}
+
 fn user_view(broker: &Broker, user: &str) -> m::Limits {
     let limits = &broker.limits;
     let sessions = || broker.sessions.values().filter(|s| s.user == user);
@@ -501,6 +592,10 @@ fn user_view(broker: &Broker, user: &str) -> m::Limits {
         max_connections: Some(limits.user_max_connections(user).as_management()),
         max_queues: None,
         max_channels: Some(limits.user_max_channels(user).as_management()),
+        max_exchanges: None,
+        max_bindings: None,
+        exchanges: 0,
+        bindings: 0,
         connections: sessions().count() as u64,
         queues: 0,
         channels: sessions().map(|s| s.channels.len() as u64).sum(),

@@ -416,6 +416,8 @@ pub struct BrokerSettings {
     /// defaults that management can override per vhost or user.
     pub default_vhost_max_connections: u32,
     pub default_vhost_max_queues: u32,
+    pub default_vhost_max_exchanges: u32,
+    pub default_vhost_max_bindings: u32,
     pub default_user_max_connections: u32,
     pub default_user_max_channels: u32,
     pub max_consumers_per_connection: u32,
@@ -482,6 +484,8 @@ impl BrokerSettings {
         spillway_engine::LimitConfig {
             vhost_max_connections: self.default_vhost_max_connections,
             vhost_max_queues: self.default_vhost_max_queues,
+            vhost_max_exchanges: self.default_vhost_max_exchanges,
+            vhost_max_bindings: self.default_vhost_max_bindings,
             user_max_connections: self.default_user_max_connections,
             user_max_channels: self.default_user_max_channels,
             max_consumers_per_connection: self.max_consumers_per_connection,
@@ -499,6 +503,8 @@ impl Default for BrokerSettings {
             default_maximum_delivery_count: 0,
             default_vhost_max_connections: 0,
             default_vhost_max_queues: 0,
+            default_vhost_max_exchanges: 0,
+            default_vhost_max_bindings: 0,
             default_user_max_connections: 0,
             default_user_max_channels: 0,
             max_consumers_per_connection: 0,

@@ -89,6 +89,7 @@ impl Broker {
             ));
         }
         let arguments = amqp::decode_table(&cmd.arguments)?;
+        self.admit_exchange(&vhost_name, &cmd.exchange)?;
         let exchange = Exchange {
             name: cmd.exchange.clone(),
             kind,
@@ -509,6 +510,7 @@ impl Broker {
         if exists {
             return Ok(());
         }
+        self.admit_binding(&vhost_name)?;
         if durable {
             self.persist.submit_synced(
                 vec![op(write_op::Op::PutBinding(binding_definition(

@@ -3,12 +3,15 @@
 //! RabbitMQ's words, a freed slot taken again), the vhost queue limit and
 //! the per-connection queue and consumer limits (406 on the channel, the
 //! connection lives on), the negotiated channel_max and the user channel
-//! limit (530), limits set and cleared at runtime with `spillctl`, on the
+//! limit (530), the vhost exchange and binding limits (406, the built-in
+//! exchanges and existing bindings not counted), limits set and cleared at runtime with `spillctl`, on the
 //! default vhost and on one created through management, and
 //! `spillway_limit_refusals_total` counting each refusal in the process that
 //! refused it.
 
 use std::time::Duration;
+
+use anyhow::Context;
 
 use amq_protocol::frame::AMQPFrame;
 use amq_protocol::protocol::{channel, AMQPClass};
@@ -26,6 +29,7 @@ both_wirings!(
     queue_and_consumer_limits,
     channel_limits,
     heartbeat_bounds,
+    exchange_and_binding_limits,
 );
 
 /// Runs spillctl against the sandbox; its stdout, or its stderr as the error.
@@ -414,5 +418,105 @@ async fn channel_limits(wiring: Wiring) -> anyhow::Result<()> {
         refusals(&sandbox, Component::Gateway, "channel_max").await? == 1.0,
         "the channel_max refusal is not counted"
     );
+    Ok(())
+}
+
+/// One user cannot fill a vhost with exchanges or bindings past its limits:
+/// with `--max-exchanges 2 --max-bindings 2`, a third exchange and a third
+/// binding are refused with 406 in the limit's words (the built-in
+/// exchanges do not count, binding again what exists is no new binding),
+/// counted, listed by spillctl; lifted with -1, they are taken again.
+async fn exchange_and_binding_limits(wiring: Wiring) -> anyhow::Result<()> {
+    use lapin::options::{ExchangeDeclareOptions, QueueBindOptions};
+    use lapin::ExchangeKind;
+    let sandbox = Sandbox::start(wiring).await?;
+    spillctl(
+        &sandbox,
+        &[
+            "limits",
+            "set",
+            "--max-exchanges",
+            "2",
+            "--max-bindings",
+            "2",
+        ],
+    )?;
+    let connection = sandbox.connect().await?;
+    let exchange = |channel: lapin::Channel, name: &'static str| async move {
+        channel
+            .exchange_declare(
+                name.into(),
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+    };
+    let bind = |channel: lapin::Channel, key: &'static str| async move {
+        channel
+            .queue_bind(
+                "bound".into(),
+                "x1".into(),
+                key.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+    };
+    let channel = connection.create_channel().await.context("channel 1")?;
+    exchange(channel.clone(), "x1").await.context("x1")?;
+    exchange(channel.clone(), "x2").await.context("x2")?;
+    let error = refused(exchange(channel, "x3").await, "a third exchange in '/'")?;
+    ensure_refusal(
+        &error,
+        "PRECONDITION_FAILED",
+        "cannot declare exchange 'x3': exchange limit in vhost '/' (2) is reached",
+    )?;
+    let channel = connection.create_channel().await.context("channel 2")?;
+    // A redeclare is not a new exchange.
+    exchange(channel.clone(), "x1").await.context("x1 again")?;
+    channel
+        .queue_declare(
+            "bound".into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .context("bound")?;
+    bind(channel.clone(), "a.*").await.context("a.*")?;
+    bind(channel.clone(), "b.#").await.context("b.#")?;
+    bind(channel.clone(), "a.*").await.context("a.* again")?;
+    let error = refused(bind(channel, "c").await, "a third binding in '/'")?;
+    ensure_refusal(
+        &error,
+        "PRECONDITION_FAILED",
+        "cannot bind: binding limit in vhost '/' (2) is reached",
+    )?;
+    let root = limits_of(&sandbox, "vhost", "/")?;
+    anyhow::ensure!(
+        root["exchanges"] == 2 && root["bindings"] == 2 && root["max_exchanges"] == 2,
+        "limits list shows for '/': {root}"
+    );
+    for limit in ["vhost_max_exchanges", "vhost_max_bindings"] {
+        let counted = refusals(&sandbox, Component::Engine, limit).await?;
+        anyhow::ensure!(counted == 1.0, "{limit}: {counted} refusals");
+    }
+    spillctl(
+        &sandbox,
+        &[
+            "limits",
+            "set",
+            "--max-exchanges",
+            "-1",
+            "--max-bindings",
+            "-1",
+        ],
+    )?;
+    let channel = connection.create_channel().await.context("channel 3")?;
+    exchange(channel.clone(), "x3").await.context("x3 lifted")?;
+    // Kept until the connection closes: lapin closes a channel whose last
+    // handle is dropped, and a connection closing meanwhile fails.
+    bind(channel.clone(), "c").await.context("c lifted")?;
+    connection.close(200, "bye".into()).await.context("close")?;
     Ok(())
 }

@@ -703,6 +703,12 @@ pub struct SetLimitsRequest {
     /// (RabbitMQ `max-channels`).
     #[prost(int64, optional, tag = "5")]
     pub max_channels: ::core::option::Option<i64>,
+    /// vhost only: exchanges clients declared in it (the built-in ones do not
+    /// count), and bindings between its exchanges, queues and exchanges.
+    #[prost(int64, optional, tag = "6")]
+    pub max_exchanges: ::core::option::Option<i64>,
+    #[prost(int64, optional, tag = "7")]
+    pub max_bindings: ::core::option::Option<i64>,
 }
 #[allow(clippy::all)]
 #[derive(serde::Serialize)]
@@ -723,8 +729,8 @@ pub struct ClearLimitsResponse {}
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ListLimitsRequest {}
 /// One vhost's or user's limits in force (-1 = no limit) and what they count
-/// now. A vhost has max_connections and max_queues, a user max_connections
-/// and max_channels.
+/// now. A vhost has max_connections, max_queues, max_exchanges and
+/// max_bindings, a user max_connections and max_channels.
 #[allow(clippy::all)]
 #[derive(serde::Serialize)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -750,6 +756,14 @@ pub struct Limits {
     /// are the configuration's defaults.
     #[prost(string, repeated, tag = "9")]
     pub overridden: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    #[prost(int64, optional, tag = "10")]
+    pub max_exchanges: ::core::option::Option<i64>,
+    #[prost(int64, optional, tag = "11")]
+    pub max_bindings: ::core::option::Option<i64>,
+    #[prost(uint64, tag = "12")]
+    pub exchanges: u64,
+    #[prost(uint64, tag = "13")]
+    pub bindings: u64,
 }
 #[allow(clippy::all)]
 #[derive(serde::Serialize)]
