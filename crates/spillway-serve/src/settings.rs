@@ -2173,9 +2173,20 @@ mod tests {
         assert_eq!(settings.store.underfull_size, Some(8 << 30));
         assert_eq!(settings.gateway.users.len(), 2);
 
-        let users = std::fs::read_to_string(root.join("deploy/users.toml"))?;
+        // deploy/users.toml is made on each machine by
+        // deploy/admin-credentials.sh: the file it writes, with a password.
+        let script = std::fs::read_to_string(root.join("deploy/admin-credentials.sh"))?;
+        let users = script
+            .split("users.toml\" <<TOML\n")
+            .nth(1)
+            .and_then(|rest| rest.split("\nTOML\n").next())
+            .ok_or_else(|| anyhow::anyhow!("no users.toml in deploy/admin-credentials.sh"))?
+            .replace("$password", "made-on-this-machine")
+            .replace("\\`", "`");
         let (_, result) = load(&users, &[]);
-        assert_eq!(result?.gateway.users[0].name, "spillway");
+        let seeded = result?.gateway.users;
+        assert_eq!(seeded[0].name, "spillway");
+        assert_eq!(seeded[0].password, "made-on-this-machine");
         Ok(())
     }
 
