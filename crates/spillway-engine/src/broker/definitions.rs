@@ -286,6 +286,9 @@ impl Broker {
             }
         }
         self.admit_queue(session, &vhost_name, &name, new_queues)?;
+        if qpid_dlq {
+            self.admit_qpid_dlq_routing(&vhost_name, &name)?;
+        }
         let mut queue = Queue::new(
             name.clone(),
             cmd.durable,
@@ -320,6 +323,26 @@ impl Broker {
             message_count: 0,
             consumer_count: 0,
         })
+    }
+
+    /// `x-qpid-dlq-enabled` may add `<queue>_DLE` and its binding to
+    /// `<queue>_DLQ`: each counts against the vhost's exchange and binding
+    /// limits, as if the client had declared it.
+    fn admit_qpid_dlq_routing(&self, vhost_name: &str, queue: &str) -> OpResult<()> {
+        let exchange_name = dead_letter_exchange_name(queue);
+        let Some(vhost) = self.vhosts.get(vhost_name) else {
+            return Ok(());
+        };
+        match vhost.exchanges.get(&exchange_name) {
+            None => {
+                self.admit_exchange(vhost_name, &exchange_name)?;
+                self.admit_binding(vhost_name)
+            }
+            Some(exchange) if !exchange.bindings.contains(&qpid_dlq_binding(queue)) => {
+                self.admit_binding(vhost_name)
+            }
+            Some(_) => Ok(()),
+        }
     }
 
     /// Qpid's `x-qpid-dlq-enabled`: `<queue>_DLE` (fanout) and `<queue>_DLQ`
@@ -364,11 +387,7 @@ impl Broker {
             }
             vhost.queues.insert(queue_name.clone(), dlq);
         }
-        let binding = Binding {
-            destination: Destination::Queue(queue_name),
-            routing_key: String::new(),
-            arguments: Default::default(),
-        };
+        let binding = qpid_dlq_binding(queue);
         let exchange_durable = vhost
             .exchanges
             .get(&exchange_name)
@@ -750,5 +769,14 @@ fn binding_definition(vhost: &str, exchange: &str, binding: &Binding) -> store::
         routing_key: binding.routing_key.clone(),
         arguments: amqp::encode_table(&binding.arguments),
         to_exchange: matches!(binding.destination, Destination::Exchange(_)),
+    }
+}
+
+/// The binding `x-qpid-dlq-enabled` makes from `<queue>_DLE` to `<queue>_DLQ`.
+fn qpid_dlq_binding(queue: &str) -> Binding {
+    Binding {
+        destination: Destination::Queue(dead_letter_queue_name(queue)),
+        routing_key: String::new(),
+        arguments: Default::default(),
     }
 }

@@ -492,14 +492,34 @@ async fn exchange_and_binding_limits(wiring: Wiring) -> anyhow::Result<()> {
         "PRECONDITION_FAILED",
         "cannot bind: binding limit in vhost '/' (2) is reached",
     )?;
+    // Qpid's DLQ adds an exchange and a binding: both count, and nothing of
+    // the refused declare is left.
+    let channel = connection.create_channel().await.context("channel dlq")?;
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-qpid-dlq-enabled".into(),
+        lapin::types::AMQPValue::Boolean(true),
+    );
+    let declared = channel
+        .queue_declare("orders".into(), QueueDeclareOptions::default(), arguments)
+        .await;
+    let error = refused(declared, "a queue whose DLQ passes the exchange limit")?;
+    ensure_refusal(
+        &error,
+        "PRECONDITION_FAILED",
+        "cannot declare exchange 'orders_DLE': exchange limit in vhost '/' (2) is reached",
+    )?;
     let root = limits_of(&sandbox, "vhost", "/")?;
     anyhow::ensure!(
-        root["exchanges"] == 2 && root["bindings"] == 2 && root["max_exchanges"] == 2,
+        root["exchanges"] == 2
+            && root["bindings"] == 2
+            && root["max_exchanges"] == 2
+            && root["queues"] == 1,
         "limits list shows for '/': {root}"
     );
-    for limit in ["vhost_max_exchanges", "vhost_max_bindings"] {
+    for (limit, expected) in [("vhost_max_exchanges", 2.0), ("vhost_max_bindings", 1.0)] {
         let counted = refusals(&sandbox, Component::Engine, limit).await?;
-        anyhow::ensure!(counted == 1.0, "{limit}: {counted} refusals");
+        anyhow::ensure!(counted == expected, "{limit}: {counted} refusals");
     }
     spillctl(
         &sandbox,
