@@ -934,6 +934,9 @@ fn blocked_reason(blocked: &crate::BlockedChannel) -> String {
     if blocked.store_overfull {
         reasons.push("store overfull".to_string());
     }
+    if blocked.memory_alarm {
+        reasons.push("memory high watermark reached".to_string());
+    }
     reasons.join(", ")
 }
 

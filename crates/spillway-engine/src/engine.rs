@@ -17,6 +17,8 @@ use spillway_proto::{EngineApi, ServiceError, SessionStreams, StorageApi};
 use tokio::sync::{mpsc, Notify, Semaphore};
 
 use crate::access::{AccessControl, LoginRefusal, Permissions};
+use spillway_telemetry::MemoryCeiling;
+
 use crate::broker::{Broker, BrokerContext};
 use crate::budget::{self, MemoryBudget};
 use crate::flow::{FlowStatus, LoadRequest};
@@ -66,6 +68,10 @@ pub struct EngineConfig {
     /// configuration's `[[gateway.users]]`), each with every permission in
     /// the default vhost.
     pub seed_users: Vec<SeedUser>,
+    /// The process's memory ceiling (`broker.memory_high_watermark`): the
+    /// engine counts its message bytes against it, and above it blocks
+    /// publishers and refuses new connections.
+    pub memory_ceiling: Arc<MemoryCeiling>,
 }
 
 /// A user of the configuration, stored when the store has no users yet.
@@ -105,6 +111,7 @@ impl Default for EngineConfig {
             seed_users: vec![SeedUser::guest()],
             transactions: crate::broker::TxConfig::default(),
             pacing: crate::broker::PacingConfig::default(),
+            memory_ceiling: MemoryCeiling::unlimited(),
         }
     }
 }
@@ -237,6 +244,7 @@ impl Engine {
             transactions: config.transactions.clone(),
             pacing: config.pacing,
             housekeeping_interval: config.housekeeping_interval,
+            memory_ceiling: config.memory_ceiling.clone(),
         });
         let mut access = AccessControl::from_definitions(
             std::mem::take(&mut definitions.users),
@@ -277,6 +285,13 @@ impl Engine {
             max_message_size: config.max_message_size,
             access_generation: AtomicU64::new(access.generation()),
             access: parking_lot::RwLock::new(access),
+        });
+        // Message bytes as the flow-to-disk threshold counts them
+        // (transactions' held publishes included); nothing once this
+        // engine is gone.
+        let counted = Arc::downgrade(&shared.budget);
+        config.memory_ceiling.count("messages", move || {
+            counted.upgrade().map_or(0, |budget| budget.used_bytes())
         });
         tokio::spawn(run_quota_watch(Arc::downgrade(&shared)));
         tokio::spawn(run_lease_renewal(Arc::downgrade(&shared)));

@@ -99,6 +99,7 @@ impl Broker {
         }
         let (entries, unacked) = self.bookkeeping();
         self.budget.set_bookkeeping(entries + unacked);
+        self.check_memory_ceiling();
         let resident = self.budget.used_bytes();
         let spilled: u64 = self
             .vhosts

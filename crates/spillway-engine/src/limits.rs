@@ -42,8 +42,10 @@ pub const USER_MAX_CONNECTIONS: &str = "user_max_connections";
 pub const USER_MAX_CHANNELS: &str = "user_max_channels";
 pub const MAX_CONSUMERS_PER_CONNECTION: &str = "max_consumers_per_connection";
 pub const MAX_QUEUES_PER_CONNECTION: &str = "max_queues_per_connection";
+/// Not a count: the process's memory ceiling (`broker.memory_high_watermark`).
+pub const MEMORY_HIGH_WATERMARK: &str = "memory_high_watermark";
 
-const ENGINE_LIMITS: [&str; 8] = [
+const ENGINE_LIMITS: [&str; 9] = [
     VHOST_MAX_CONNECTIONS,
     VHOST_MAX_QUEUES,
     VHOST_MAX_EXCHANGES,
@@ -52,6 +54,7 @@ const ENGINE_LIMITS: [&str; 8] = [
     USER_MAX_CHANNELS,
     MAX_CONSUMERS_PER_CONNECTION,
     MAX_QUEUES_PER_CONNECTION,
+    MEMORY_HIGH_WATERMARK,
 ];
 
 /// The configuration's limits; 0 = no limit.
@@ -242,6 +245,14 @@ impl Broker {
             return Ok(());
         }
         let limits = &self.limits;
+        // Checked afresh: housekeeping may not have seen the last growth.
+        if let Some(over) = self.memory_ceiling.over() {
+            return Err(limits.refuse(
+                MEMORY_HIGH_WATERMARK,
+                reply_code::RESOURCE_ERROR,
+                format!("connection refused: {over}"),
+            ));
+        }
         let vhost_limit = limits.vhost_max_connections(&open.vhost);
         if vhost_limit != Limit::Unlimited {
             let open_now = self

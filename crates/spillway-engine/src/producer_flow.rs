@@ -6,8 +6,9 @@
 //! publishes to an overfull queue is blocked on it (`CHN-1005`); when the
 //! queue falls below its resume capacity it is underfull again (`QUE-1004`)
 //! and the channels blocked only on underfull queues are released
-//! (`CHN-1006`). While the store is over its quota every connection is
-//! blocked. The gateway hears one [`FlowControl`] event per connection
+//! (`CHN-1006`). While the store is over its quota, or the process's memory
+//! ceiling is passed (`BRK-1101`, [`Broker::check_memory_ceiling`]), every
+//! connection that has published is blocked. The gateway hears one [`FlowControl`] event per connection
 //! whenever that connection's state changes: it tells clients that
 //! understand `connection.blocked`, and stops reading connections that keep
 //! publishing past their overdraft. The message that finds a queue overfull
@@ -31,9 +32,11 @@ pub struct BlockedChannel {
     pub client_address: String,
     pub vhost: String,
     /// The overfull queues it published to; empty when only the store
-    /// quota holds it.
+    /// quota or the memory ceiling holds it.
     pub queues: Vec<String>,
     pub store_overfull: bool,
+    /// Held by the memory ceiling (`broker.memory_high_watermark`).
+    pub memory_alarm: bool,
     pub blocked_for: Duration,
 }
 
@@ -190,7 +193,7 @@ impl Broker {
             return;
         }
         state.has_published = true;
-        if self.store_overfull {
+        if self.store_overfull || self.memory_alarm.is_some() {
             self.update_session_flow(session);
         }
     }
@@ -205,6 +208,43 @@ impl Broker {
         self.store_overfull = overfull;
         self.store_overfull_since = overfull.then(Instant::now);
         tracing::info!(store_overfull = overfull, "store quota state changed");
+        let sessions: Vec<SessionId> = self.sessions.keys().copied().collect();
+        for session in sessions {
+            self.update_session_flow(session);
+        }
+    }
+
+    /// Compares what the process holds for clients with
+    /// `broker.memory_high_watermark` (after each publish, and at each
+    /// housekeeping). Passing it blocks every connection that has published
+    /// (`BRK-1101`) until it is back under (`BRK-1102`); while passed, new
+    /// connections are refused ([`Broker::admit_session`]).
+    pub(crate) fn check_memory_ceiling(&mut self) {
+        let over = self.memory_ceiling.over();
+        let changed = over.is_some() != self.memory_alarm.is_some();
+        self.memory_alarm = over;
+        if !changed {
+            return;
+        }
+        match over {
+            Some(over) => tracing::warn!(
+                code = "BRK-1101",
+                held_bytes = over.held,
+                high_watermark_bytes = over.high_watermark,
+                "BRK-1101 : Memory high watermark reached : {} bytes held for clients, watermark {} : publishers blocked, new connections refused",
+                thousands(over.held),
+                thousands(over.high_watermark)
+            ),
+            None => tracing::info!(
+                code = "BRK-1102",
+                held_bytes = self.memory_ceiling.held(),
+                high_watermark_bytes = self.memory_ceiling.high_watermark(),
+                "BRK-1102 : Memory high watermark cleared : {} bytes held for clients, watermark {}",
+                thousands(self.memory_ceiling.held()),
+                thousands(self.memory_ceiling.high_watermark())
+            ),
+        }
+        self.memory_alarm_since = over.map(|_| Instant::now());
         let sessions: Vec<SessionId> = self.sessions.keys().copied().collect();
         for session in sessions {
             self.update_session_flow(session);
@@ -253,6 +293,7 @@ impl Broker {
     /// Tells the gateway when the connection's flow state changed.
     pub(crate) fn update_session_flow(&mut self, session: SessionId) {
         let store_overfull = self.store_overfull;
+        let memory_alarm = self.memory_alarm;
         let store_failure = self.store_failure.clone();
         let Some(state) = self.sessions.get_mut(&session) else {
             return;
@@ -264,6 +305,8 @@ impl Broker {
             .collect();
         let reason = if let Some(queue) = queues.first() {
             Some(format!("queue '{queue}' is overfull"))
+        } else if let Some(over) = memory_alarm.filter(|_| state.has_published) {
+            Some(over.to_string())
         } else if store_overfull && state.has_published {
             Some("store overfull".to_string())
         } else {
@@ -293,13 +336,14 @@ impl Broker {
         let mut blocked = Vec::new();
         for (id, session) in &self.sessions {
             let overfull_since = self.store_overfull_since.filter(|_| session.has_published);
+            let memory_since = self.memory_alarm_since.filter(|_| session.has_published);
             let failed_since = self
                 .store_failed_since
                 .filter(|_| session.has_published_persistent);
-            let store_since = match (overfull_since, failed_since) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            let store_since = [overfull_since, failed_since, memory_since]
+                .into_iter()
+                .flatten()
+                .min();
             for (channel_id, channel) in &session.channels {
                 let since = match (channel.blocked_since, store_since) {
                     (Some(a), Some(b)) => Some(a.min(b)),
@@ -316,6 +360,7 @@ impl Broker {
                     vhost: session.vhost.clone(),
                     queues: channel.blocked_on.iter().cloned().collect(),
                     store_overfull: overfull_since.is_some(),
+                    memory_alarm: memory_since.is_some(),
                     blocked_for: now.saturating_duration_since(since),
                 });
             }

@@ -537,6 +537,7 @@ impl Session {
                     exchange = %cmd.exchange, routing_key = %cmd.routing_key);
                 spillway_proto::trace::set_parent(&span, &std::mem::take(&mut cmd.trace_context));
                 let outcome = span.in_scope(|| broker.publish(id, cmd));
+                broker.check_memory_ceiling();
                 self.paced_on = broker.take_paced(id);
                 match outcome {
                     Ok(PublishOutcome::Done) if seq > 0 => {

@@ -1,8 +1,18 @@
 //! Limits the gateway enforces itself: `gateway.max_connections`, the most
 //! connections one gateway process holds open at once (RabbitMQ's
-//! `connection_max`), and the negotiated `channel_max`. A connection takes a
-//! slot when it asks to open a vhost and gives it back when it ends, however
-//! it ends. The vhost, user and per-connection limits are the engine's
+//! `connection_max`), and the negotiated `channel_max`.
+//!
+//! A connection takes a slot when its socket is accepted, before it logs in,
+//! and gives it back when it ends, however it ends: sockets that never log
+//! in count too, so a stranger cannot make the gateway hold more than
+//! `max_connections` sockets (each for `gateway.handshake_timeout` at most).
+//! A socket accepted with every slot taken is still told why, in AMQP: it
+//! goes through the handshake and is refused at `connection.open` with 530,
+//! as RabbitMQ refuses past `connection_max`. At most
+//! [`REFUSALS_AT_ONCE`] such refusals run at once; past that, a socket is
+//! closed as soon as it is accepted.
+//!
+//! The vhost, user and per-connection limits are the engine's
 //! (`spillway_engine`'s `limits.rs`): only it sees every gateway's sessions.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -29,6 +39,11 @@ pub fn channel_max(channel: u16, open: usize, channel_max: u16) -> Option<Connec
     error.limit = Some(CHANNEL_MAX);
     Some(error)
 }
+
+/// Sockets accepted past `gateway.max_connections` that are being told so
+/// (handshake, then 530 at `connection.open`) at once; more are closed
+/// unanswered.
+pub const REFUSALS_AT_ONCE: usize = 16;
 
 /// Open connections counted against a maximum (0 = no maximum).
 #[derive(Clone, Debug)]

@@ -43,6 +43,8 @@ type TlsFailures = Family<Vec<(&'static str, &'static str)>, Counter>;
 /// The gateway's labels in `spillway_limit_refusals_total`.
 pub const MAX_CONNECTIONS: &str = "max_connections";
 pub const CHANNEL_MAX: &str = "channel_max";
+/// Not a count: the process's memory ceiling (`broker.memory_high_watermark`).
+pub const MEMORY_HIGH_WATERMARK: &str = "memory_high_watermark";
 
 impl GatewayMetrics {
     pub fn new() -> Self {
@@ -107,7 +109,8 @@ impl GatewayMetrics {
             "Time connections have spent blocked by producer flow control, summed over connections (counted when each block ends)",
             self.blocked_seconds.clone(),
         );
-        self.refusals.declare(&[MAX_CONNECTIONS, CHANNEL_MAX]);
+        self.refusals
+            .declare(&[MAX_CONNECTIONS, CHANNEL_MAX, MEMORY_HIGH_WATERMARK]);
         metrics.register_limit_refusals(self.refusals.clone());
         metrics.register(
             "spillway_write_timeouts",

@@ -12,6 +12,7 @@
 
 use std::io::IoSlice;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,11 +41,11 @@ use crate::connection::{
     write_connection_close, Connection, ConnectionError, Handshake, HandshakeStep, Next,
 };
 use crate::heartbeat::SilenceClock;
-use crate::limits::ConnectionSlots;
+use crate::limits::{ConnectionSlots, Slot, REFUSALS_AT_ONCE};
 use crate::metrics::GatewayMetrics;
 use crate::read_room::{MeasuredRead, ReadRoom};
 use crate::GatewayConfig;
-use spillway_telemetry::{LoginThrottle, RefusalLog};
+use spillway_telemetry::{LoginThrottle, MemoryCeiling, RefusalLog};
 
 /// TCP keepalive on client sockets: a peer that vanished without a FIN (a
 /// cable pulled, a host gone) is found after about 60 s of silence plus six
@@ -57,6 +58,8 @@ fn keepalive() -> socket2::TcpKeepalive {
 }
 /// How long we wait for close-ok after closing a connection on an error.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(3);
+/// A publisher held back by the memory ceiling looks again this often.
+const MEMORY_RECHECK: Duration = Duration::from_millis(100);
 /// Engine events handled before outbound bytes are flushed.
 const EVENTS_PER_FLUSH: usize = 256;
 /// Client frames handled in one turn of a connection's loop: those one read
@@ -120,17 +123,28 @@ impl AmqpServer {
             amqp: Some(addr),
             amqps: None,
         };
-        Self::start_listeners(listeners, engine, config, metrics).await
+        Self::start_listeners(
+            listeners,
+            engine,
+            config,
+            metrics,
+            MemoryCeiling::unlimited(),
+        )
+        .await
     }
 
     /// Binds each of `listeners` and starts accepting AMQP clients on them,
     /// counting into `metrics`. `gateway.max_connections` counts the
-    /// connections of both.
+    /// connections of both. What the gateway holds for clients (partly
+    /// received bodies, read buffers, lent ones) is counted against
+    /// `memory`; above it new connections are refused and publishers are
+    /// not read.
     pub async fn start_listeners(
         listeners: Listeners,
         engine: Arc<dyn EngineApi>,
         config: GatewayConfig,
         metrics: GatewayMetrics,
+        memory: Arc<MemoryCeiling>,
     ) -> std::io::Result<Self> {
         // Bind both before accepting on either: a port in use fails start-up.
         let plain = match listeners.amqp {
@@ -147,12 +161,17 @@ impl AmqpServer {
         let context = ConnectionContext {
             engine,
             slots: ConnectionSlots::new(config.max_connections),
+            refusing: ConnectionSlots::new(REFUSALS_AT_ONCE),
             config,
             body_loans: BodyLoans::new(MAX_LENT_READ_BYTES, metrics.lent_read_bytes()),
             metrics,
             login_refusals: Arc::new(RefusalLog::default()),
             login_throttle: Arc::new(LoginThrottle::default()),
+            unfinished: Arc::default(),
+            read_buffers: Arc::default(),
+            memory,
         };
+        context.count_against_memory();
         let mut server = Self {
             amqp: None,
             amqps: None,
@@ -269,6 +288,66 @@ struct ConnectionContext {
     login_throttle: Arc<LoginThrottle>,
     /// Read-buffer bytes lent as message bodies, over every connection.
     body_loans: Arc<BodyLoans>,
+    /// Sockets past `max_connections` being refused in AMQP right now.
+    refusing: ConnectionSlots,
+    /// Partly received bodies, over every connection.
+    unfinished: Arc<AtomicU64>,
+    /// Socket read buffers, over every connection.
+    read_buffers: Arc<AtomicU64>,
+    /// The process's memory ceiling.
+    memory: Arc<MemoryCeiling>,
+}
+
+impl ConnectionContext {
+    fn count_against_memory(&self) {
+        let unfinished = self.unfinished.clone();
+        self.memory.count("unfinished_content", move || {
+            unfinished.load(Ordering::Relaxed)
+        });
+        let read_buffers = self.read_buffers.clone();
+        self.memory
+            .count("read_buffers", move || read_buffers.load(Ordering::Relaxed));
+        let loans = Arc::downgrade(&self.body_loans);
+        self.memory.count("lent_read_buffers", move || {
+            loans.upgrade().map_or(0, |loans| loans.lent_bytes() as u64)
+        });
+    }
+}
+
+/// Whether an accepted socket got one of the `max_connections` slots, or is
+/// served only to be refused at `connection.open`. Held until the
+/// connection's task ends.
+enum Admission {
+    Admitted { _slot: Slot },
+    Refused { _refusal: Slot },
+}
+
+/// One connection's share of a gateway-wide byte count: set to what it
+/// holds now, taken out when dropped.
+struct CountedBytes {
+    total: Arc<AtomicU64>,
+    bytes: u64,
+}
+
+impl CountedBytes {
+    fn new(total: Arc<AtomicU64>) -> Self {
+        Self { total, bytes: 0 }
+    }
+
+    fn set(&mut self, bytes: u64) {
+        if bytes >= self.bytes {
+            self.total.fetch_add(bytes - self.bytes, Ordering::Relaxed);
+        } else {
+            self.total.fetch_sub(self.bytes - bytes, Ordering::Relaxed);
+        }
+        self.bytes = bytes;
+    }
+}
+
+impl Drop for CountedBytes {
+    fn drop(&mut self) {
+        self.total.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
 }
 
 async fn accept_loop(
@@ -290,6 +369,19 @@ async fn accept_loop(
                         continue;
                     }
                 };
+                // Counted from here, logged in or not (`limits.rs`).
+                let admission = match context.slots.take() {
+                    Some(slot) => Admission::Admitted { _slot: slot },
+                    None => match context.refusing.take() {
+                        Some(refusal) => Admission::Refused { _refusal: refusal },
+                        None => {
+                            tracing::warn!(%peer, limit = context.slots.max(), "connection refused: node connection limit reached, closed unanswered");
+                            context.metrics.count_refusal(crate::metrics::MAX_CONNECTIONS);
+                            drop(stream);
+                            continue;
+                        }
+                    },
+                };
                 let _ = stream.set_nodelay(true);
                 if let Err(error) = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive()) {
                     tracing::debug!(%peer, %error, "could not turn on tcp keepalive");
@@ -301,8 +393,8 @@ async fn accept_loop(
                 connections.spawn(async move {
                     tracing::debug!(%peer, "connection accepted");
                     let served = match tls {
-                        None => serve_connection(stream, peer, accepted_at, context, stopped).await,
-                        Some(tls) => serve_tls(tls, stream, peer, accepted_at, context, stopped).await,
+                        None => serve_connection(stream, peer, accepted_at, admission, context, stopped).await,
+                        Some(tls) => serve_tls(tls, stream, peer, accepted_at, admission, context, stopped).await,
                     };
                     if let Err(error) = served {
                         tracing::debug!(%peer, %error, "connection ended with an i/o error");
@@ -346,6 +438,7 @@ async fn serve_tls(
     stream: TcpStream,
     peer: SocketAddr,
     accepted_at: Instant,
+    admission: Admission,
     context: ConnectionContext,
     mut stopped: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
@@ -356,7 +449,7 @@ async fn serve_tls(
     };
     let reason = match handshake {
         Ok(Ok(stream)) => {
-            return serve_connection(stream, peer, accepted_at, context, stopped).await
+            return serve_connection(stream, peer, accepted_at, admission, context, stopped).await
         }
         Ok(Err(error)) => error.to_string(),
         Err(_) => "not finished before gateway.handshake_timeout".to_string(),
@@ -378,6 +471,7 @@ async fn serve_connection<S: ClientStream>(
     mut stream: S,
     peer: SocketAddr,
     accepted_at: Instant,
+    admission: Admission,
     context: ConnectionContext,
     mut stopped: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
@@ -386,10 +480,15 @@ async fn serve_connection<S: ClientStream>(
         config,
         metrics,
         slots,
+        refusing: _,
         login_refusals,
         login_throttle,
         body_loans,
+        unfinished,
+        read_buffers,
+        memory,
     } = context;
+    let mut read_buffer = CountedBytes::new(read_buffers);
     // One deadline from accept to open-ok, whatever the client does or
     // fails to do meanwhile (RabbitMQ's handshake_timeout).
     let deadline = tokio::time::sleep_until(accepted_at + config.handshake_timeout);
@@ -495,18 +594,26 @@ async fn serve_connection<S: ClientStream>(
             send(&mut write_half, &out.take()).await?;
         }
     };
-    // Held until this function returns, however the connection ends.
-    let Some(_slot) = slots.take() else {
-        tracing::warn!(%peer, limit = slots.max(), "connection refused: node connection limit reached");
-        metrics.count_refusal(crate::metrics::MAX_CONNECTIONS);
-        let error = ConnectionError::new(
-            reply_code::NOT_ALLOWED,
-            format!(
-                "connection refused: node connection limit ({}) is reached",
-                slots.max()
-            ),
-        )
-        .on(MethodId::CONNECTION_OPEN);
+    let refusal = match &admission {
+        Admission::Refused { .. } => {
+            tracing::warn!(%peer, limit = slots.max(), "connection refused: node connection limit reached");
+            metrics.count_refusal(crate::metrics::MAX_CONNECTIONS);
+            Some(ConnectionError::new(
+                reply_code::NOT_ALLOWED,
+                format!(
+                    "connection refused: node connection limit ({}) is reached",
+                    slots.max()
+                ),
+            ))
+        }
+        Admission::Admitted { .. } => memory.over().map(|over| {
+            tracing::warn!(%peer, held_bytes = over.held, high_watermark_bytes = over.high_watermark, "connection refused: memory high watermark reached");
+            metrics.count_refusal(crate::metrics::MEMORY_HIGH_WATERMARK);
+            ConnectionError::new(reply_code::RESOURCE_ERROR, format!("connection refused: {over}"))
+        }),
+    };
+    if let Some(error) = refusal {
+        let error = error.on(MethodId::CONNECTION_OPEN);
         write_connection_close(&error, &mut out);
         send(&mut write_half, &out.take()).await?;
         let _ = tokio::time::timeout(CLOSE_TIMEOUT, drain_until_close_ok(&mut frames)).await;
@@ -529,6 +636,7 @@ async fn serve_connection<S: ClientStream>(
     let mut events = session.events;
     let mut connection = Connection::new(config.clone(), negotiated, peer);
     connection.lend_bodies(body_loans);
+    connection.count_unfinished_in(unfinished);
     if commands.send(connection.open_session()).await.is_err() {
         return Ok(());
     }
@@ -555,9 +663,22 @@ async fn serve_connection<S: ClientStream>(
     let mut read_room = ReadRoom::default();
 
     let closing: Option<ConnectionError> = loop {
+        // Past the memory ceiling a publisher is blocked as by the engine's
+        // flow control; while it is, the ceiling is looked at again every
+        // MEMORY_RECHECK even if nothing else happens.
+        if connection.has_published() {
+            connection.set_memory_blocked(memory.over(), &mut out);
+            // The news goes out now: a client told it is blocked sends
+            // nothing until it hears otherwise.
+            if !flush(&mut out, &mut connection, &writer_tx).await {
+                break None;
+            }
+        }
+        let memory_blocked = connection.memory_blocked();
         let paused = connection.reading_paused();
         let last_read = frames.get_mut().take_last();
         read_room.prepare(last_read, frames.read_buffer_mut());
+        read_buffer.set(frames.read_buffer().capacity() as u64);
         // A client that was told it is blocked, or that we do not read, may
         // be silent for as long as that lasts.
         silence.set_suspended(
@@ -605,6 +726,7 @@ async fn serve_connection<S: ClientStream>(
                 Ok(Next::Continue)
             },
             _ = stopped.changed() => Err(ConnectionError::new(reply_code::CONNECTION_FORCED, "broker shutdown")),
+            () = tokio::time::sleep(MEMORY_RECHECK), if memory_blocked => Ok(Next::Continue),
             // The writer gave up on a client that does not read (or the
             // socket failed): nothing more can reach it.
             _ = writer_tx.closed() => break None,

@@ -13,7 +13,7 @@ use spillway_proto::{
     EngineAdminApi, EngineApi, RemoteEngine, RemoteEngineAdmin, RemoteStorage, StorageApi,
 };
 use spillway_storage::{RocksStore, StorageService};
-use spillway_telemetry::{Health, HttpServer, Metrics};
+use spillway_telemetry::{Health, HttpServer, MemoryCeiling, Metrics};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -177,6 +177,11 @@ pub async fn run_with_metrics(
         ),
     };
     let auth = ClusterAuth::new(secret);
+    // One ceiling per process, over what its components hold for clients.
+    let memory = MemoryCeiling::new(settings.broker.memory_high_watermark());
+    if matches!(role, Role::AllInOne | Role::Engine | Role::Gateway) {
+        metrics.register_collector(memory.collector());
+    }
     start_http(&mut running, role, settings, &metrics).await?;
     match role {
         Role::AllInOne => {
@@ -184,11 +189,11 @@ pub async fn run_with_metrics(
             store.register_metrics(&metrics);
             let storage: Arc<dyn StorageApi> = Arc::new(store);
             running.storage = Some(storage.clone());
-            let engine = start_engine(storage.clone(), settings).await?;
+            let engine = start_engine(storage.clone(), settings, memory.clone()).await?;
             engine.register_metrics(&metrics);
             running.engine = Some(engine.clone());
             let admin: Arc<dyn EngineAdminApi> = Arc::new(engine.clone());
-            start_amqp(&mut running, Arc::new(engine), settings, &metrics).await?;
+            start_amqp(&mut running, Arc::new(engine), settings, &metrics, memory).await?;
             let routes = ManagementService::new(admin, storage)
                 .routes(settings.management.auth(), &metrics)?;
             let router = management_server(settings)?.add_routes(routes);
@@ -227,7 +232,7 @@ pub async fn run_with_metrics(
                 RemoteStorage::connect_lazy(&settings.engine.storage_addr, &cluster)
                     .context("engine.storage_addr")?,
             );
-            let engine = start_engine(storage, settings).await?;
+            let engine = start_engine(storage, settings, memory).await?;
             engine.register_metrics(&metrics);
             auth.register_metrics(&metrics);
             running.engine = Some(engine.clone());
@@ -258,7 +263,7 @@ pub async fn run_with_metrics(
                 RemoteEngine::connect_lazy(&settings.gateway.engine_addr, &cluster)
                     .context("gateway.engine_addr")?,
             );
-            start_amqp(&mut running, engine, settings, &metrics).await?;
+            start_amqp(&mut running, engine, settings, &metrics, memory).await?;
         }
         Role::Management => {
             let storage: Arc<dyn StorageApi> = Arc::new(
@@ -323,15 +328,15 @@ fn open_store(settings: &Settings) -> anyhow::Result<RocksStore> {
 }
 
 /// Starts the engine; a storage node that is not up yet is waited for.
-async fn start_engine(storage: Arc<dyn StorageApi>, settings: &Settings) -> anyhow::Result<Engine> {
-    let defaults = EngineConfig::default();
+async fn start_engine(
+    storage: Arc<dyn StorageApi>,
+    settings: &Settings,
+    memory_ceiling: Arc<MemoryCeiling>,
+) -> anyhow::Result<Engine> {
     let config = EngineConfig {
         session_credit: settings.engine.session_credit,
         session_credit_bytes: settings.engine.session_credit_bytes,
-        flow_to_disk_threshold: settings
-            .broker
-            .flow_to_disk_threshold
-            .unwrap_or(defaults.flow_to_disk_threshold),
+        flow_to_disk_threshold: settings.broker.flow_to_disk_threshold(),
         housekeeping_interval: settings.broker.housekeeping_interval,
         consumer_timeout: Some(settings.broker.consumer_timeout).filter(|t| !t.is_zero()),
         default_max_deliveries: settings.broker.default_maximum_delivery_count,
@@ -356,9 +361,11 @@ async fn start_engine(storage: Arc<dyn StorageApi>, settings: &Settings) -> anyh
             })
             .collect(),
         transactions: settings.broker.transactions(),
+        memory_ceiling: memory_ceiling.clone(),
     };
     tracing::info!(
         flow_to_disk_threshold = config.flow_to_disk_threshold,
+        memory_high_watermark = memory_ceiling.high_watermark(),
         housekeeping_interval_ms = config.housekeeping_interval.as_millis() as u64,
         "engine memory budget"
     );
@@ -441,6 +448,7 @@ async fn start_amqp(
     engine: Arc<dyn EngineApi>,
     settings: &Settings,
     metrics: &Metrics,
+    memory: Arc<MemoryCeiling>,
 ) -> anyhow::Result<()> {
     let gateway = &settings.gateway;
     let parse = |key: &str, listen: &str| -> anyhow::Result<SocketAddr> {
@@ -474,6 +482,7 @@ async fn start_amqp(
         engine,
         settings.gateway_protocol(),
         gateway_metrics,
+        memory,
     )
     .await
     .with_context(|| format!("binding the AMQP ports {wanted:?}"))?;

@@ -398,6 +398,13 @@ pub struct BrokerSettings {
     /// physical memory). Plain bytes or with a unit: `268435456`, `256MiB`.
     #[serde(deserialize_with = "sizes::optional")]
     pub flow_to_disk_threshold: Option<u64>,
+    /// The process's memory ceiling: above this many bytes held for clients
+    /// (message bytes, transactions, partly received bodies, read buffers),
+    /// every connection that publishes is blocked and new connections are
+    /// refused. Unset: 60% of the memory available, and never below one and
+    /// a half times the flow-to-disk threshold; `0` turns it off.
+    #[serde(deserialize_with = "sizes::optional")]
+    pub memory_high_watermark: Option<u64>,
     /// How often flow to disk is re-evaluated: `1s`, `250ms`, or plain
     /// milliseconds.
     #[serde(deserialize_with = "durations::millis_or_text")]
@@ -460,6 +467,25 @@ pub struct BrokerSettings {
 }
 
 impl BrokerSettings {
+    /// The flow-to-disk threshold in force: the configured one, else 40% of
+    /// the memory available.
+    pub fn flow_to_disk_threshold(&self) -> u64 {
+        self.flow_to_disk_threshold
+            .unwrap_or_else(spillway_engine::budget::default_threshold)
+    }
+
+    /// The memory ceiling in force (0: none): the configured one, else 60%
+    /// of the memory available but at least one and a half times the
+    /// flow-to-disk threshold, so that flow to disk acts first.
+    pub fn memory_high_watermark(&self) -> u64 {
+        self.memory_high_watermark.unwrap_or_else(|| {
+            let threshold = self.flow_to_disk_threshold();
+            let available =
+                spillway_engine::budget::available_memory().unwrap_or(threshold / 2 * 5);
+            (available / 5 * 3).max(threshold.saturating_add(threshold / 2))
+        })
+    }
+
     pub fn transactions(&self) -> spillway_engine::TxConfig {
         spillway_engine::TxConfig {
             max_bytes: self.max_transaction_bytes,
@@ -498,6 +524,7 @@ impl Default for BrokerSettings {
     fn default() -> Self {
         Self {
             flow_to_disk_threshold: None,
+            memory_high_watermark: None,
             housekeeping_interval: Duration::from_secs(1),
             consumer_timeout: spillway_engine::DEFAULT_CONSUMER_TIMEOUT,
             default_maximum_delivery_count: 0,
@@ -1099,6 +1126,18 @@ impl Settings {
             &0,
             "at least 1 byte, or unset for 40% of the memory available",
         );
+        if let Some(watermark) = self.broker.memory_high_watermark.filter(|w| *w != 0) {
+            let threshold = self.broker.flow_to_disk_threshold();
+            check(
+                watermark > threshold,
+                "broker.memory_high_watermark",
+                &watermark,
+                &format!(
+                    "above broker.flow_to_disk_threshold ({threshold} bytes), so that \
+                     payloads flow to disk before publishers are blocked; 0 turns it off"
+                ),
+            );
+        }
         check(
             !self.broker.publisher_pacing_stall.is_zero(),
             "broker.publisher_pacing_stall",

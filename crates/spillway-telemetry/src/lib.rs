@@ -12,6 +12,8 @@
 //!
 //! - [`LimitRefusals`] (`refusals.rs`): refusals by limit, counted by the
 //!   gateway and the engine and summed into one metric family.
+//! - [`MemoryCeiling`] (`memory_ceiling.rs`): the process's high watermark
+//!   over the bytes its components hold for clients.
 //!
 //! It knows nothing of AMQP or of the other components: they depend on it, not
 //! the other way round. [`prometheus_client`] is re-exported so components
@@ -43,10 +45,12 @@ use tokio::task::JoinHandle;
 pub use login_refusals::{
     LoginThrottle, RefusalLog, FREE_LOGIN_FAILURES, REFUSAL_LOG_INTERVAL, THROTTLED_LOGIN_INTERVAL,
 };
+pub use memory_ceiling::{MemoryCeiling, OverCeiling};
 pub use prometheus_client;
 pub use refusals::{LimitRefusals, LIMIT_REFUSALS};
 
 mod login_refusals;
+mod memory_ceiling;
 mod refusals;
 
 /// The `Content-Type` of `/metrics`: the Prometheus text format 0.0.4.

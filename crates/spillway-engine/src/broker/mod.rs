@@ -93,6 +93,11 @@ pub struct Broker {
     /// messages are blocked and new persistent messages refused.
     pub(crate) store_failure: Option<String>,
     pub(crate) store_failed_since: Option<std::time::Instant>,
+    /// The process's memory ceiling, and whether it is passed (then every
+    /// producer is blocked and new connections are refused).
+    pub(crate) memory_ceiling: Arc<spillway_telemetry::MemoryCeiling>,
+    pub(crate) memory_alarm: Option<spillway_telemetry::OverCeiling>,
+    pub(crate) memory_alarm_since: Option<std::time::Instant>,
     pub(crate) consumer_timeout: Option<std::time::Duration>,
     /// `broker.default_maximum_delivery_count` (0 = no limit).
     pub(crate) default_max_deliveries: u64,
@@ -131,6 +136,8 @@ pub struct BrokerContext {
     /// `broker.housekeeping_interval`: an unacknowledged delivery's payload
     /// stays in memory for half of it before flow to disk may move it.
     pub housekeeping_interval: std::time::Duration,
+    /// `broker.memory_high_watermark` and the parts counted against it.
+    pub memory_ceiling: Arc<spillway_telemetry::MemoryCeiling>,
 }
 
 impl Broker {
@@ -154,6 +161,9 @@ impl Broker {
             store_overfull_since: None,
             store_failure: None,
             store_failed_since: None,
+            memory_ceiling: context.memory_ceiling,
+            memory_alarm: None,
+            memory_alarm_since: None,
             consumer_timeout: context.consumer_timeout,
             default_max_deliveries: context.default_max_deliveries,
             limits: crate::limits::Limits::new(context.limits),

@@ -141,11 +141,19 @@ pub struct Connection {
     /// Producer flow control: why the engine blocks this connection, and
     /// since when.
     flow_blocked: Option<(String, std::time::Instant)>,
+    /// The gateway's own process is past its memory ceiling and this
+    /// connection publishes ([`Connection::set_memory_blocked`]): why, and
+    /// since when. Blocks like the engine's flow control; the client hears
+    /// one `connection.blocked` for both.
+    memory_blocked: Option<(String, std::time::Instant)>,
     /// Body bytes the client may still publish while blocked before the
     /// gateway stops reading its socket.
     overdraft_left: u64,
     /// Bytes held by partly received message bodies, over all channels.
     unfinished: UnfinishedContent,
+    /// The client has sent a `basic.publish`: past the memory ceiling its
+    /// socket is not read ([`Connection::has_published`]).
+    has_published: bool,
     /// Lends one-frame bodies out of the read buffer (none by default).
     lender: crate::body_loans::BodyLender,
     /// The read-buffer allocation the frame being handled was split from,
@@ -169,8 +177,10 @@ impl Connection {
             releasing: HashMap::new(),
             deliveries: 0,
             flow_blocked: None,
+            memory_blocked: None,
             overdraft_left: 0,
             unfinished: UnfinishedContent::default(),
+            has_published: false,
             lender: crate::body_loans::BodyLender::default(),
             read_chunk: None,
         }
@@ -180,6 +190,20 @@ impl Connection {
     /// the gateway-wide limit of `loans` ([`crate::body_loans`]).
     pub fn lend_bodies(&mut self, loans: std::sync::Arc<crate::body_loans::BodyLoans>) {
         self.lender = crate::body_loans::BodyLender::new(loans);
+    }
+
+    /// Counts partly received bodies in `gateway` too (the gateway-wide
+    /// figure the memory ceiling reads), from now on.
+    pub fn count_unfinished_in(&mut self, gateway: std::sync::Arc<std::sync::atomic::AtomicU64>) {
+        debug_assert_eq!(self.unfinished.bytes(), 0, "counted before any body");
+        self.unfinished = UnfinishedContent::counted_in(gateway);
+    }
+
+    /// The client has published: a producer, which the memory ceiling
+    /// holds back (RabbitMQ's memory alarm blocks publishing connections
+    /// the same way, and lets the others read and ack).
+    pub fn has_published(&self) -> bool {
+        self.has_published
     }
 
     /// The read-buffer allocation the next frames handled were split from;
@@ -196,39 +220,70 @@ impl Connection {
     /// Blocked by producer flow control and out of overdraft: stop reading
     /// the socket (TCP back-pressure) until unblocked.
     pub fn reading_paused(&self) -> bool {
-        self.flow_blocked.is_some() && self.overdraft_left == 0
+        self.is_blocked() && self.overdraft_left == 0
     }
 
-    /// Since when, and why, the connection is blocked.
+    fn is_blocked(&self) -> bool {
+        self.flow_blocked.is_some() || self.memory_blocked.is_some()
+    }
+
+    /// Since when, and why, the connection is blocked (the engine's reason
+    /// first).
     pub fn blocked(&self) -> Option<(&str, std::time::Instant)> {
         self.flow_blocked
             .as_ref()
+            .or(self.memory_blocked.as_ref())
             .map(|(reason, since)| (reason.as_str(), *since))
     }
 
-    /// The client was sent connection.blocked and not yet connection.unblocked.
-    /// Clients such as lapin then send nothing at all, heartbeats included.
-    pub fn client_told_blocked(&self) -> bool {
-        self.flow_blocked.is_some() && self.negotiated.capabilities.connection_blocked
+    /// Held back by the gateway's memory ceiling (its socket is looked at
+    /// again until this clears).
+    pub fn memory_blocked(&self) -> bool {
+        self.memory_blocked.is_some()
     }
 
-    fn on_flow_control(&mut self, flow: pb::FlowControl, out: &mut FrameWriter) {
+    /// The gateway process's memory ceiling, as it stands now: past it, a
+    /// connection that has published is blocked as by the engine's flow
+    /// control (told so, a last overdraft, then not read); back under, it
+    /// is released unless the engine still blocks it.
+    pub fn set_memory_blocked(
+        &mut self,
+        over: Option<spillway_telemetry::OverCeiling>,
+        out: &mut FrameWriter,
+    ) {
+        let over = over.filter(|_| self.has_published);
+        if over.is_some() == self.memory_blocked.is_some() {
+            return;
+        }
+        let reason = over.map(|over| over.to_string());
+        self.change_blocked(out, |connection| {
+            connection.memory_blocked = reason.map(|reason| (reason, std::time::Instant::now()));
+        });
+    }
+
+    /// Applies `change` to the blocking state and tells the client when the
+    /// connection as a whole went from free to blocked or back.
+    fn change_blocked(&mut self, out: &mut FrameWriter, change: impl FnOnce(&mut Self)) {
+        let was_blocked = self.is_blocked();
+        change(self);
         let tell = self.negotiated.capabilities.connection_blocked;
-        match (flow.blocked, self.flow_blocked.is_some()) {
-            (true, false) => {
-                tracing::debug!(peer = %self.peer, reason = %flow.reason, "connection blocked");
+        match (
+            was_blocked,
+            self.blocked().map(|(reason, _)| reason.to_string()),
+        ) {
+            (false, Some(reason)) => {
+                tracing::debug!(peer = %self.peer, %reason, "connection blocked");
                 self.overdraft_left = self.config.blocked_overdraft;
                 if tell {
                     out.method(
                         0,
                         AMQPClass::Connection(conn::AMQPMethod::Blocked(conn::Blocked {
-                            reason: short(&flow.reason),
+                            reason: short(&reason),
                         })),
                     );
                 }
-                self.flow_blocked = Some((flow.reason, std::time::Instant::now()));
             }
-            (false, true) => {
+            (true, None) => {
                 tracing::debug!(peer = %self.peer, "connection unblocked");
                 if tell {
                     out.method(
@@ -236,10 +291,26 @@ impl Connection {
                         AMQPClass::Connection(conn::AMQPMethod::Unblocked(conn::Unblocked {})),
                     );
                 }
-                self.flow_blocked = None;
             }
             _ => {}
         }
+    }
+
+    /// The client was sent connection.blocked and not yet connection.unblocked.
+    /// Clients such as lapin then send nothing at all, heartbeats included.
+    pub fn client_told_blocked(&self) -> bool {
+        self.is_blocked() && self.negotiated.capabilities.connection_blocked
+    }
+
+    fn on_flow_control(&mut self, flow: pb::FlowControl, out: &mut FrameWriter) {
+        if flow.blocked == self.flow_blocked.is_some() {
+            return;
+        }
+        self.change_blocked(out, |connection| {
+            connection.flow_blocked = flow
+                .blocked
+                .then(|| (flow.reason, std::time::Instant::now()));
+        });
     }
 
     pub fn frame_max(&self) -> u32 {
@@ -462,7 +533,8 @@ impl Connection {
                     )
                     .on(id));
                 }
-                channel.publish = Some(PendingPublish::new(method, self.unfinished.clone()))
+                channel.publish = Some(PendingPublish::new(method, self.unfinished.clone()));
+                self.has_published = true;
             }
             Translation::Ignore => {}
         }

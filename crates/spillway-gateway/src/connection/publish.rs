@@ -47,15 +47,37 @@ impl PendingPublish {
     }
 }
 
-/// Bytes held by the partly received bodies of one connection. Shared by
-/// its pending publishes, each of which takes its own bytes out again when
-/// it is finished or dropped (a channel closed mid-message).
+/// Bytes held by the partly received bodies of one connection, and of the
+/// whole gateway. Shared by the connection's pending publishes, each of
+/// which takes its own bytes out again when it is finished or dropped (a
+/// channel closed mid-message).
 #[derive(Clone, Debug, Default)]
-pub(super) struct UnfinishedContent(Arc<AtomicU64>);
+pub(super) struct UnfinishedContent {
+    connection: Arc<AtomicU64>,
+    /// Every connection's, counted against the memory ceiling.
+    gateway: Arc<AtomicU64>,
+}
 
 impl UnfinishedContent {
+    pub(super) fn counted_in(gateway: Arc<AtomicU64>) -> Self {
+        Self {
+            connection: Arc::default(),
+            gateway,
+        }
+    }
+
     pub(super) fn bytes(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+        self.connection.load(Ordering::Relaxed)
+    }
+
+    fn add(&self, bytes: u64) {
+        self.connection.fetch_add(bytes, Ordering::Relaxed);
+        self.gateway.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    fn sub(&self, bytes: u64) {
+        self.connection.fetch_sub(bytes, Ordering::Relaxed);
+        self.gateway.fetch_sub(bytes, Ordering::Relaxed);
     }
 }
 
@@ -113,13 +135,9 @@ impl PendingBody {
     fn recount(&mut self) {
         let now = self.bytes.capacity() as u64;
         if now >= self.counted {
-            self.unfinished
-                .0
-                .fetch_add(now - self.counted, Ordering::Relaxed);
+            self.unfinished.add(now - self.counted);
         } else {
-            self.unfinished
-                .0
-                .fetch_sub(self.counted - now, Ordering::Relaxed);
+            self.unfinished.sub(self.counted - now);
         }
         self.counted = now;
     }
@@ -127,7 +145,7 @@ impl PendingBody {
 
 impl Drop for PendingBody {
     fn drop(&mut self) {
-        self.unfinished.0.fetch_sub(self.counted, Ordering::Relaxed);
+        self.unfinished.sub(self.counted);
     }
 }
 
@@ -278,7 +296,7 @@ impl Connection {
         else {
             return Ok(());
         };
-        if self.flow_blocked.is_some() {
+        if self.is_blocked() {
             self.overdraft_left = self.overdraft_left.saturating_sub(header.body_size.max(1));
         }
         let properties = match basic::parse_properties(&header.properties[..]) {

@@ -631,3 +631,67 @@ fn a_body_in_one_frame_is_lent_and_charged_until_the_message_is_dropped() {
     assert_eq!(loans.lent_bytes(), 0);
     assert_eq!(connection.unfinished_content(), 0);
 }
+
+fn flow_control(blocked: bool, reason: &str) -> SessionEvent {
+    SessionEvent {
+        event: Some(Event::FlowControl(pb::FlowControl {
+            blocked,
+            reason: reason.into(),
+        })),
+    }
+}
+
+#[test]
+fn the_memory_ceiling_holds_back_publishers_only_and_lets_go_when_back_under() {
+    let config = GatewayConfig {
+        blocked_overdraft: 0,
+        ..GatewayConfig::default()
+    };
+    let (mut connection, mut out) = open_connection(config);
+    let mut commands = Vec::new();
+    let over = Some(spillway_telemetry::OverCeiling {
+        held: 11,
+        high_watermark: 10,
+    });
+    connection.set_memory_blocked(over, &mut out);
+    assert!(
+        !connection.memory_blocked() && !connection.reading_paused(),
+        "a connection that never published is held back"
+    );
+
+    let frames = start_publish(1, 4).into_iter().chain([body_frame(1, 4)]);
+    for frame in frames {
+        assert_eq!(
+            connection.on_frame(frame, &mut out, &mut commands),
+            Ok(Next::Continue)
+        );
+    }
+    assert!(connection.has_published());
+    connection.set_memory_blocked(over, &mut out);
+    assert!(connection.memory_blocked() && connection.reading_paused());
+    let (reason, _) = connection.blocked().expect("blocked");
+    assert!(
+        reason.contains("memory high watermark reached") && reason.contains("11 bytes"),
+        "{reason}"
+    );
+
+    // The engine blocks it too: the ceiling clearing leaves the engine's
+    // block, and only both clearing frees it.
+    connection
+        .on_event(
+            flow_control(true, "queue 'q' is overfull"),
+            &mut out,
+            &mut commands,
+        )
+        .expect("flow event");
+    connection.set_memory_blocked(None, &mut out);
+    assert!(!connection.memory_blocked() && connection.reading_paused());
+    assert_eq!(
+        connection.blocked().map(|(reason, _)| reason),
+        Some("queue 'q' is overfull")
+    );
+    connection
+        .on_event(flow_control(false, ""), &mut out, &mut commands)
+        .expect("flow event");
+    assert!(!connection.reading_paused() && connection.blocked().is_none());
+}

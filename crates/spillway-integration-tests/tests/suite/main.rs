@@ -24,6 +24,7 @@ mod limits;
 mod loadgen_clients;
 mod malformed_input;
 mod management;
+mod memory_ceiling;
 mod metrics;
 mod permission_escapes;
 mod producer_flow_control;

@@ -311,5 +311,41 @@ async fn connections_past_max_connections_are_refused(wiring: Wiring) -> anyhow:
     let third = eventually(Duration::from_secs(10), || sandbox.connect()).await?;
     third.close(200, "bye".into()).await?;
     second.close(200, "bye".into()).await?;
+
+    // Sockets count from accept, before they log in: two that say nothing
+    // hold both slots, and a client is refused at open, in AMQP. (Retried
+    // until the closed connections' slots are given back.)
+    let addr = sandbox.amqp_addr();
+    let (silent, refused) = eventually(Duration::from_secs(10), || async {
+        let silent = [
+            TcpStream::connect(addr).await?,
+            TcpStream::connect(addr).await?,
+        ];
+        match sandbox.connect().await {
+            Ok(connection) => {
+                connection.close(200, "bye".into()).await?;
+                anyhow::bail!("served beside two silent sockets")
+            }
+            Err(error) => anyhow::Ok((silent, error.to_string())),
+        }
+    })
+    .await?;
+    anyhow::ensure!(
+        refused.contains("connection limit (2)"),
+        "the reason does not name the limit: {refused}"
+    );
+    // Past the slots, a few sockets at once are told why (each within the
+    // handshake timeout); past those, a socket is closed unanswered.
+    let mut waiting = Vec::new();
+    for _ in 0..spillway_gateway::limits::REFUSALS_AT_ONCE {
+        waiting.push(TcpStream::connect(addr).await?);
+    }
+    let mut unanswered = TcpStream::connect(addr).await?;
+    raw::closed_within(&mut unanswered, Duration::from_secs(5)).await?;
+    // Silent sockets that go give their slots back.
+    drop(waiting);
+    drop(silent);
+    let fourth = eventually(Duration::from_secs(10), || sandbox.connect()).await?;
+    fourth.close(200, "bye".into()).await?;
     Ok(())
 }
