@@ -298,6 +298,9 @@ enum LimitsCommand {
         /// Bindings in the vhost.
         #[arg(long, value_parser = parse_limit, allow_negative_numbers = true)]
         max_bindings: Option<i64>,
+        /// Consumers on the vhost's queues, or on all the user's connections.
+        #[arg(long, value_parser = parse_limit, allow_negative_numbers = true)]
+        max_consumers: Option<i64>,
     },
     /// Drops the overrides of --vhost (default `/`), or of --for-user: the
     /// configuration's defaults apply again.
@@ -794,6 +797,7 @@ async fn limits_command(
             max_channels,
             max_exchanges,
             max_bindings,
+            max_consumers,
         } => {
             let (vhost, user) = target(user);
             let limits = client
@@ -805,6 +809,7 @@ async fn limits_command(
                     max_channels,
                     max_exchanges,
                     max_bindings,
+                    max_consumers,
                 })
                 .await
                 .map_err(failed)?
@@ -1069,11 +1074,13 @@ fn limits_table(limits: &[m::Limits]) -> String {
             "max channels",
             "max exchanges",
             "max bindings",
+            "max consumers",
             "connections",
             "queues",
             "channels",
             "exchanges",
             "bindings",
+            "consumers",
         ],
         limits
             .iter()
@@ -1086,11 +1093,13 @@ fn limits_table(limits: &[m::Limits]) -> String {
                     show(l.max_channels, "max_channels", &l.overridden),
                     show(l.max_exchanges, "max_exchanges", &l.overridden),
                     show(l.max_bindings, "max_bindings", &l.overridden),
+                    show(l.max_consumers, "max_consumers", &l.overridden),
                     l.connections.to_string(),
                     vhost_only(l, l.queues),
                     l.channels.to_string(),
                     vhost_only(l, l.exchanges),
                     vhost_only(l, l.bindings),
+                    l.consumers.to_string(),
                 ]
             })
             .collect(),

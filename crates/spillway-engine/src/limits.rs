@@ -31,7 +31,7 @@ use spillway_proto::ServiceError;
 use spillway_telemetry::LimitRefusals;
 
 use crate::broker::{Broker, OpResult};
-use crate::model::SessionId;
+use crate::model::{SessionId, SessionState};
 
 /// The label of each limit in `spillway_limit_refusals_total`.
 pub const VHOST_MAX_CONNECTIONS: &str = "vhost_max_connections";
@@ -42,10 +42,12 @@ pub const USER_MAX_CONNECTIONS: &str = "user_max_connections";
 pub const USER_MAX_CHANNELS: &str = "user_max_channels";
 pub const MAX_CONSUMERS_PER_CONNECTION: &str = "max_consumers_per_connection";
 pub const MAX_QUEUES_PER_CONNECTION: &str = "max_queues_per_connection";
+pub const VHOST_MAX_CONSUMERS: &str = "vhost_max_consumers";
+pub const USER_MAX_CONSUMERS: &str = "user_max_consumers";
 /// Not a count: the process's memory ceiling (`broker.memory_high_watermark`).
 pub const MEMORY_HIGH_WATERMARK: &str = "memory_high_watermark";
 
-const ENGINE_LIMITS: [&str; 9] = [
+const ENGINE_LIMITS: [&str; 11] = [
     VHOST_MAX_CONNECTIONS,
     VHOST_MAX_QUEUES,
     VHOST_MAX_EXCHANGES,
@@ -55,6 +57,8 @@ const ENGINE_LIMITS: [&str; 9] = [
     MAX_CONSUMERS_PER_CONNECTION,
     MAX_QUEUES_PER_CONNECTION,
     MEMORY_HIGH_WATERMARK,
+    VHOST_MAX_CONSUMERS,
+    USER_MAX_CONSUMERS,
 ];
 
 /// The configuration's limits; 0 = no limit.
@@ -69,6 +73,11 @@ pub struct LimitConfig {
     pub vhost_max_exchanges: u32,
     /// Bindings in one vhost (`broker.default_vhost_max_bindings`).
     pub vhost_max_bindings: u32,
+    /// Consumers on one vhost's queues (`broker.default_vhost_max_consumers`).
+    pub vhost_max_consumers: u32,
+    /// Consumers on all of one user's connections
+    /// (`broker.default_user_max_consumers`).
+    pub user_max_consumers: u32,
     /// Connections open at once by one user (`broker.default_user_max_connections`).
     pub user_max_connections: u32,
     /// Channels open at once by one user, over all their connections
@@ -136,6 +145,7 @@ struct Overrides {
     max_channels: Option<Limit>,
     max_exchanges: Option<Limit>,
     max_bindings: Option<Limit>,
+    max_consumers: Option<Limit>,
 }
 
 impl Overrides {
@@ -146,6 +156,7 @@ impl Overrides {
             ("max_channels", self.max_channels),
             ("max_exchanges", self.max_exchanges),
             ("max_bindings", self.max_bindings),
+            ("max_consumers", self.max_consumers),
         ]
         .into_iter()
         .filter(|(_, limit)| limit.is_some())
@@ -208,6 +219,18 @@ impl Limits {
         self.vhost(vhost)
             .max_bindings
             .unwrap_or(Limit::from_config(self.config.vhost_max_bindings))
+    }
+
+    fn vhost_max_consumers(&self, vhost: &str) -> Limit {
+        self.vhost(vhost)
+            .max_consumers
+            .unwrap_or(Limit::from_config(self.config.vhost_max_consumers))
+    }
+
+    fn user_max_consumers(&self, user: &str) -> Limit {
+        self.user(user)
+            .max_consumers
+            .unwrap_or(Limit::from_config(self.config.user_max_consumers))
     }
 
     fn user_max_connections(&self, user: &str) -> Limit {
@@ -415,24 +438,59 @@ impl Broker {
     }
 
     /// At basic.consume: the connection's consumer limit (in the words of
-    /// RabbitMQ's `consumer_max_per_channel`, but 406 on the channel).
+    /// RabbitMQ's `consumer_max_per_channel`, but 406 on the channel), then
+    /// the vhost's and the user's.
     pub(crate) fn admit_consumer(&self, session: SessionId) -> OpResult<()> {
-        let limit = Limit::from_config(self.limits.config.max_consumers_per_connection);
-        if limit == Limit::Unlimited {
-            return Ok(());
-        }
         let Some(state) = self.sessions.get(&session) else {
             return Ok(());
         };
-        let consumers: usize = state.channels.values().map(|c| c.consumers.len()).sum();
-        match limit.reached(consumers) {
-            Some(max) => Err(self.limits.refuse(
+        let limits = &self.limits;
+        let limit = Limit::from_config(limits.config.max_consumers_per_connection);
+        if let Some(max) = limit.reached(consumers_of(state)) {
+            return Err(limits.refuse(
                 MAX_CONSUMERS_PER_CONNECTION,
                 reply_code::PRECONDITION_FAILED,
                 format!("reached maximum ({max}) of consumers per connection"),
-            )),
-            None => Ok(()),
+            ));
         }
+        let vhost_limit = limits.vhost_max_consumers(&state.vhost);
+        if vhost_limit != Limit::Unlimited {
+            let open_now = self.consumers_where(|s| s.vhost == state.vhost);
+            if let Some(max) = vhost_limit.reached(open_now) {
+                return Err(limits.refuse(
+                    VHOST_MAX_CONSUMERS,
+                    reply_code::PRECONDITION_FAILED,
+                    format!(
+                        "cannot consume: consumer limit in vhost '{}' ({max}) is reached",
+                        state.vhost
+                    ),
+                ));
+            }
+        }
+        let user_limit = limits.user_max_consumers(&state.user);
+        if user_limit != Limit::Unlimited {
+            let open_now = self.consumers_where(|s| s.user == state.user);
+            if let Some(max) = user_limit.reached(open_now) {
+                return Err(limits.refuse(
+                    USER_MAX_CONSUMERS,
+                    reply_code::PRECONDITION_FAILED,
+                    format!(
+                        "cannot consume: consumer limit of user '{}' ({max}) is reached",
+                        state.user
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Consumers on the sessions `which` picks.
+    fn consumers_where(&self, which: impl Fn(&SessionState) -> bool) -> usize {
+        self.sessions
+            .values()
+            .filter(|s| which(s))
+            .map(consumers_of)
+            .sum()
     }
 }
 
@@ -479,13 +537,14 @@ pub(crate) fn set(
     let max_channels = limit("max_channels", request.max_channels)?;
     let max_exchanges = limit("max_exchanges", request.max_exchanges)?;
     let max_bindings = limit("max_bindings", request.max_bindings)?;
+    let max_consumers = limit("max_consumers", request.max_consumers)?;
     match target(&request.vhost, &request.user)? {
         Target::Vhost(vhost) => {
             vhost_exists(broker, &vhost)?;
             if max_channels.is_some() {
                 return Err(ServiceError::InvalidArgument(
                     "max_channels is a user limit; a vhost has max_connections, max_queues, \
-                     max_exchanges and max_bindings"
+                     max_exchanges, max_bindings and max_consumers"
                         .into(),
                 ));
             }
@@ -494,21 +553,23 @@ pub(crate) fn set(
             overrides.max_queues = max_queues.or(overrides.max_queues);
             overrides.max_exchanges = max_exchanges.or(overrides.max_exchanges);
             overrides.max_bindings = max_bindings.or(overrides.max_bindings);
-            tracing::info!(vhost = %vhost, ?max_connections, ?max_queues, ?max_exchanges, ?max_bindings, "vhost limits set");
+            overrides.max_consumers = max_consumers.or(overrides.max_consumers);
+            tracing::info!(vhost = %vhost, ?max_connections, ?max_queues, ?max_exchanges, ?max_bindings, ?max_consumers, "vhost limits set");
             Ok(vhost_view(broker, &vhost))
         }
         Target::User(user) => {
             if max_queues.is_some() || max_exchanges.is_some() || max_bindings.is_some() {
                 return Err(ServiceError::InvalidArgument(
                     "max_queues, max_exchanges and max_bindings are vhost limits; a user has \
-                     max_connections and max_channels"
+                     max_connections, max_channels and max_consumers"
                         .into(),
                 ));
             }
             let overrides = broker.limits.users.entry(user.clone()).or_default();
             overrides.max_connections = max_connections.or(overrides.max_connections);
             overrides.max_channels = max_channels.or(overrides.max_channels);
-            tracing::info!(user = %user, ?max_connections, ?max_channels, "user limits set");
+            overrides.max_consumers = max_consumers.or(overrides.max_consumers);
+            tracing::info!(user = %user, ?max_connections, ?max_channels, ?max_consumers, "user limits set");
             Ok(user_view(broker, &user))
         }
     }
@@ -566,6 +627,8 @@ fn vhost_view(broker: &Broker, vhost: &str) -> m::Limits {
         max_bindings: Some(limits.vhost_max_bindings(vhost).as_management()),
         exchanges: broker.vhosts.get(vhost).map_or(0, declared_exchanges) as u64,
         bindings: broker.vhosts.get(vhost).map_or(0, bindings) as u64,
+        max_consumers: Some(limits.vhost_max_consumers(vhost).as_management()),
+        consumers: broker.consumers_where(|s| s.vhost == vhost) as u64,
         connections: broker
             .sessions
             .values()
@@ -588,6 +651,11 @@ fn declared_exchanges(vhost: &crate::model::VHost) -> usize {
     vhost.exchanges.values().filter(|x| !x.is_builtin()).count()
 }
 
+/// Consumers on all of one session's channels.
+fn consumers_of(session: &SessionState) -> usize {
+    session.channels.values().map(|c| c.consumers.len()).sum()
+}
+
 /// The bindings between `vhost`'s exchanges and its queues or exchanges
 /// (every queue's implicit binding to the default exchange is not one).
 fn bindings(vhost: &crate::model::VHost) -> usize {
@@ -607,6 +675,8 @@ fn user_view(broker: &Broker, user: &str) -> m::Limits {
         max_bindings: None,
         exchanges: 0,
         bindings: 0,
+        max_consumers: Some(limits.user_max_consumers(user).as_management()),
+        consumers: broker.consumers_where(|s| s.user == user) as u64,
         connections: sessions().count() as u64,
         queues: 0,
         channels: sessions().map(|s| s.channels.len() as u64).sum(),

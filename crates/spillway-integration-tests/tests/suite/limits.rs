@@ -4,7 +4,8 @@
 //! the per-connection queue and consumer limits (406 on the channel, the
 //! connection lives on), the negotiated channel_max and the user channel
 //! limit (530), the vhost exchange and binding limits (406, the built-in
-//! exchanges and existing bindings not counted), limits set and cleared at runtime with `spillctl`, on the
+//! exchanges and existing bindings not counted), the vhost and user
+//! consumer limits (406, over every connection), limits set and cleared at runtime with `spillctl`, on the
 //! default vhost and on one created through management, and
 //! `spillway_limit_refusals_total` counting each refusal in the process that
 //! refused it.
@@ -30,6 +31,7 @@ both_wirings!(
     channel_limits,
     heartbeat_bounds,
     exchange_and_binding_limits,
+    vhost_and_user_consumer_limits,
 );
 
 /// Runs spillctl against the sandbox; its stdout, or its stderr as the error.
@@ -538,5 +540,99 @@ async fn exchange_and_binding_limits(wiring: Wiring) -> anyhow::Result<()> {
     // handle is dropped, and a connection closing meanwhile fails.
     bind(channel.clone(), "c").await.context("c lifted")?;
     connection.close(200, "bye".into()).await.context("close")?;
+    Ok(())
+}
+
+/// Consumers are bounded per vhost and per user over all their connections,
+/// not only per connection: with `--max-consumers 2` on `/`, a third
+/// consumer (on another connection) is refused with 406 and the channel
+/// closed; with the vhost's limit lifted and guest limited to 3, a fourth is
+/// refused in the user's words. Each refusal is counted, spillctl lists
+/// what is counted.
+async fn vhost_and_user_consumer_limits(wiring: Wiring) -> anyhow::Result<()> {
+    let sandbox = Sandbox::start(wiring).await?;
+    spillctl(&sandbox, &["limits", "set", "--max-consumers", "2"])?;
+    let first = sandbox.connect().await?;
+    let second = sandbox.connect().await?;
+    let setup = first.create_channel().await?;
+    setup
+        .queue_declare(
+            "consumed".into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let consume = |channel: lapin::Channel, tag: &'static str| async move {
+        channel
+            .basic_consume(
+                "consumed".into(),
+                tag.into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+    };
+    // Kept: lapin cancels a consumer whose handle is dropped.
+    let mut consumers = Vec::new();
+    let first_channel = first.create_channel().await?;
+    consumers.push(consume(first_channel.clone(), "a").await?);
+    let second_channel = second.create_channel().await?;
+    consumers.push(consume(second_channel.clone(), "b").await?);
+    let error = refused(
+        consume(second.create_channel().await?, "c").await,
+        "a third consumer in '/'",
+    )?;
+    ensure_refusal(
+        &error,
+        "PRECONDITION_FAILED",
+        "cannot consume: consumer limit in vhost '/' (2) is reached",
+    )?;
+    anyhow::ensure!(second.status().connected(), "the connection was closed");
+    let root = limits_of(&sandbox, "vhost", "/")?;
+    anyhow::ensure!(
+        root["max_consumers"] == 2 && root["consumers"] == 2,
+        "limits list shows for '/': {root}"
+    );
+
+    spillctl(&sandbox, &["limits", "set", "--max-consumers", "-1"])?;
+    spillctl(
+        &sandbox,
+        &[
+            "limits",
+            "set",
+            "--for-user",
+            "guest",
+            "--max-consumers",
+            "3",
+        ],
+    )?;
+    consumers.push(consume(first_channel.clone(), "c").await?);
+    let error = refused(
+        consume(second.create_channel().await?, "d").await,
+        "a fourth consumer of guest",
+    )?;
+    ensure_refusal(
+        &error,
+        "PRECONDITION_FAILED",
+        "cannot consume: consumer limit of user 'guest' (3) is reached",
+    )?;
+    let guest = limits_of(&sandbox, "user", "guest")?;
+    anyhow::ensure!(
+        guest["max_consumers"] == 3 && guest["consumers"] == 3,
+        "limits list shows for guest: {guest}"
+    );
+    for limit in ["vhost_max_consumers", "user_max_consumers"] {
+        let counted = refusals(&sandbox, Component::Engine, limit).await?;
+        anyhow::ensure!(counted == 1.0, "{limit}: {counted} refusals");
+    }
+    // A cancelled consumer no longer counts.
+    let cancelled = consumers.pop().map(|c| c.tag());
+    if let Some(tag) = cancelled {
+        first_channel.basic_cancel(tag, Default::default()).await?;
+    }
+    consumers.push(consume(second_channel.clone(), "e").await?);
+    drop(consumers);
+    first.close(200, "bye".into()).await?;
+    second.close(200, "bye".into()).await?;
     Ok(())
 }

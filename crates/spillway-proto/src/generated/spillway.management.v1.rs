@@ -709,6 +709,10 @@ pub struct SetLimitsRequest {
     pub max_exchanges: ::core::option::Option<i64>,
     #[prost(int64, optional, tag = "7")]
     pub max_bindings: ::core::option::Option<i64>,
+    /// vhost or user: consumers at once on the vhost's queues, or on all the
+    /// user's connections.
+    #[prost(int64, optional, tag = "8")]
+    pub max_consumers: ::core::option::Option<i64>,
 }
 #[allow(clippy::all)]
 #[derive(serde::Serialize)]
@@ -729,8 +733,9 @@ pub struct ClearLimitsResponse {}
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ListLimitsRequest {}
 /// One vhost's or user's limits in force (-1 = no limit) and what they count
-/// now. A vhost has max_connections, max_queues, max_exchanges and
-/// max_bindings, a user max_connections and max_channels.
+/// now. A vhost has max_connections, max_queues, max_exchanges,
+/// max_bindings and max_consumers, a user max_connections, max_channels and
+/// max_consumers.
 #[allow(clippy::all)]
 #[derive(serde::Serialize)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -764,6 +769,10 @@ pub struct Limits {
     pub exchanges: u64,
     #[prost(uint64, tag = "13")]
     pub bindings: u64,
+    #[prost(int64, optional, tag = "14")]
+    pub max_consumers: ::core::option::Option<i64>,
+    #[prost(uint64, tag = "15")]
+    pub consumers: u64,
 }
 #[allow(clippy::all)]
 #[derive(serde::Serialize)]
