@@ -518,6 +518,9 @@ async fn serve_connection<S: ClientStream>(
             frame_max: MIN_FRAME_MAX as usize,
         },
     );
+    // Counted before login too: a flood of sockets that never log in is
+    // seen by the memory ceiling (and refused at open past it).
+    read_buffer.set(frames.read_buffer().capacity() as u64);
     let mut out = FrameWriter::default();
 
     // Handshake: written directly, before the writer task exists.
