@@ -17,6 +17,7 @@ use spillway_proto::{EngineApi, ServiceError, SessionStreams, StorageApi};
 use tokio::sync::{mpsc, Notify, Semaphore};
 
 use crate::access::{AccessControl, LoginRefusal, Permissions};
+use spillway_proto::clock::{SharedClock, SystemClock};
 use spillway_telemetry::MemoryCeiling;
 
 use crate::broker::{Broker, BrokerContext};
@@ -72,6 +73,9 @@ pub struct EngineConfig {
     /// engine counts its message bytes against it, and above it blocks
     /// publishers and refuses new connections.
     pub memory_ceiling: Arc<MemoryCeiling>,
+    /// Time as the broker reads it: TTLs, timeouts, blocked durations
+    /// (the system's; a manual one in tests).
+    pub clock: SharedClock,
 }
 
 /// A user of the configuration, stored when the store has no users yet.
@@ -112,6 +116,7 @@ impl Default for EngineConfig {
             transactions: crate::broker::TxConfig::default(),
             pacing: crate::broker::PacingConfig::default(),
             memory_ceiling: MemoryCeiling::unlimited(),
+            clock: SystemClock::shared(),
         }
     }
 }
@@ -245,6 +250,7 @@ impl Engine {
             pacing: config.pacing,
             housekeeping_interval: config.housekeeping_interval,
             memory_ceiling: config.memory_ceiling.clone(),
+            clock: config.clock.clone(),
         });
         let mut access = AccessControl::from_definitions(
             std::mem::take(&mut definitions.users),
@@ -552,7 +558,8 @@ async fn run_housekeeping(shared: std::sync::Weak<Shared>, interval: Duration) {
         };
         let mut broker = shared.broker.lock();
         broker.housekeeping();
-        broker.expire_unacked(std::time::Instant::now());
+        let now = broker.clock.now();
+        broker.expire_unacked(now);
     }
 }
 
@@ -566,11 +573,12 @@ async fn run_expiry(shared: std::sync::Weak<Shared>, wake: Arc<Notify>) {
         let Some(engine) = shared.upgrade() else {
             return;
         };
-        let next = engine.broker.lock().run_expiry(crate::broker::now_ms());
+        let clock = engine.broker.lock().clock.clone();
+        let next = engine.broker.lock().run_expiry(clock.unix_millis());
         // Not kept while asleep: the engine may go meanwhile.
         drop(engine);
         let sleep = next.map_or(LONGEST_SLEEP, |when| {
-            Duration::from_millis(when.saturating_sub(crate::broker::now_ms())).min(LONGEST_SLEEP)
+            Duration::from_millis(when.saturating_sub(clock.unix_millis())).min(LONGEST_SLEEP)
         });
         if sleep.is_zero() {
             // More is due already (a large backlog expires a batch at a
@@ -596,11 +604,11 @@ async fn run_tx_timeouts(shared: std::sync::Weak<Shared>, wake: Arc<Notify>) {
         let Some(engine) = shared.upgrade() else {
             return;
         };
-        let now = std::time::Instant::now();
-        let next = engine.broker.lock().check_transactions(now);
+        let clock = engine.broker.lock().clock.clone();
+        let next = engine.broker.lock().check_transactions(clock.now());
         drop(engine);
         let sleep = next.map_or(LONGEST_SLEEP, |when| {
-            when.saturating_duration_since(std::time::Instant::now())
+            when.saturating_duration_since(clock.now())
                 .clamp(Duration::from_millis(1), LONGEST_SLEEP)
         });
         tokio::select! {

@@ -21,7 +21,6 @@
 
 use foldhash::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
 
 use spillway_proto::cluster::BATCH_BYTES;
 use spillway_proto::storage::{self as store, write_op, Durability, MessageRecord, WriteOp};
@@ -147,6 +146,7 @@ impl Broker {
         // write lands: queued payloads share what is left of the threshold.
         let threshold = threshold.saturating_sub(entries + unacked + self.budget.spill_reserve());
         let mut spill = Spill::default();
+        let now = self.clock.now();
         let Self {
             vhosts,
             persist,
@@ -174,7 +174,7 @@ impl Broker {
         // spill window has room for: a fast consumer taking a resident
         // backlog must not turn it into a burst of writes whose copies
         // nothing bounds.
-        let delivered_before = Instant::now().checked_sub(*unacked_grace);
+        let delivered_before = now.checked_sub(*unacked_grace);
         let mut room = budget
             .spill_window()
             .saturating_sub(budget.in_flight_bytes() + spill.bytes);

@@ -16,7 +16,7 @@
 //!
 //! [`FlowControl`]: spillway_proto::engine::FlowControl
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use spillway_proto::engine::{self as pb, session_event::Event};
 
@@ -53,6 +53,7 @@ impl Broker {
     ) {
         // A drop-head limit may have taken it below its resume capacity.
         self.check_underfull(vhost, queue_name);
+        let now = self.clock.now();
         let Some(queue) = self.queue_mut_opt(vhost, queue_name) else {
             return;
         };
@@ -95,7 +96,7 @@ impl Broker {
         let was_free = state.blocked_on.is_empty();
         state.blocked_on.insert(queue_name.to_string());
         if was_free {
-            state.blocked_since = Some(Instant::now());
+            state.blocked_since = Some(now);
             tracing::info!(
                 code = "CHN-1005",
                 session,
@@ -206,7 +207,7 @@ impl Broker {
             return;
         }
         self.store_overfull = overfull;
-        self.store_overfull_since = overfull.then(Instant::now);
+        self.store_overfull_since = overfull.then(|| self.clock.now());
         tracing::info!(store_overfull = overfull, "store quota state changed");
         let sessions: Vec<SessionId> = self.sessions.keys().copied().collect();
         for session in sessions {
@@ -244,7 +245,7 @@ impl Broker {
                 thousands(self.memory_ceiling.high_watermark())
             ),
         }
-        self.memory_alarm_since = over.map(|_| Instant::now());
+        self.memory_alarm_since = over.map(|_| self.clock.now());
         let sessions: Vec<SessionId> = self.sessions.keys().copied().collect();
         for session in sessions {
             self.update_session_flow(session);
@@ -264,7 +265,7 @@ impl Broker {
         if was_failed == self.store_failure.is_some() {
             return;
         }
-        self.store_failed_since = self.store_failure.is_some().then(Instant::now);
+        self.store_failed_since = self.store_failure.is_some().then(|| self.clock.now());
         tracing::info!(
             store_failed = self.store_failure.is_some(),
             "store failure state changed"
@@ -332,7 +333,7 @@ impl Broker {
 
     /// Every channel held back right now, and why.
     pub fn blocked_channels(&self) -> Vec<BlockedChannel> {
-        let now = Instant::now();
+        let now = self.clock.now();
         let mut blocked = Vec::new();
         for (id, session) in &self.sessions {
             let overfull_since = self.store_overfull_since.filter(|_| session.has_published);

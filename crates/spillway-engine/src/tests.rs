@@ -1023,3 +1023,37 @@ async fn unacked_counts_follow_each_queue_when_one_channel_consumes_several() {
     };
     assert_eq!((unacked("left"), unacked("right")), (3, 4));
 }
+
+/// Time is the engine's clock, handed to it: with a manual clock an hour's
+/// TTL passes at once. A message within its TTL is delivered; one whose TTL
+/// the clock has passed is not, though no real time went by.
+#[tokio::test]
+async fn message_ttl_follows_the_engine_clock_not_the_wall() {
+    use spillway_proto::clock::ManualClock;
+
+    let store = MemoryStore::new();
+    let clock = ManualClock::new();
+    let config = EngineConfig {
+        clock: clock.clone(),
+        ..EngineConfig::default()
+    };
+    let engine = Engine::start(Arc::new(store.clone()), config)
+        .await
+        .expect("the engine starts on a memory store");
+    let mut client = Client::open(&engine).await;
+    let mut arguments = FieldTable::default();
+    let hour = 3_600_000;
+    arguments.insert(ShortString::from("x-message-ttl"), AMQPValue::LongInt(hour));
+    client.declare("hourly", false, &arguments).await;
+    client.publish("hourly", b"fresh", false, 0).await;
+    client.publish("hourly", b"stale", false, 0).await;
+    match client.get("hourly").await {
+        reply::Result::GetOk(ok) => assert_eq!(&ok.body[..], b"fresh"),
+        other => panic!("expected the message within its TTL, got {other:?}"),
+    }
+    clock.advance(Duration::from_millis(u64::from(hour.unsigned_abs()) + 1));
+    assert!(matches!(
+        client.get("hourly").await,
+        reply::Result::GetEmpty(_)
+    ));
+}

@@ -30,6 +30,7 @@ pub mod amqp;
 pub mod backoff;
 pub mod body;
 mod boundary;
+pub mod clock;
 pub mod cluster;
 pub mod command_queue;
 pub mod lean_codec;

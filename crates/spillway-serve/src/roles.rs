@@ -362,6 +362,7 @@ async fn start_engine(
             .collect(),
         transactions: settings.broker.transactions(),
         memory_ceiling: memory_ceiling.clone(),
+        clock: spillway_proto::clock::SystemClock::shared(),
     };
     tracing::info!(
         flow_to_disk_threshold = config.flow_to_disk_threshold,

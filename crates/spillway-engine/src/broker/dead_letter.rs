@@ -16,7 +16,6 @@
 
 use foldhash::HashMap;
 use std::collections::VecDeque;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use amq_protocol::protocol::basic::{gen_properties, parse_properties, AMQPProperties};
 use amq_protocol_types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
@@ -152,7 +151,9 @@ impl Broker {
             out.loads.push(job);
             return;
         };
-        let Some((properties, deaths)) = dead_letter_properties(&message, &job.queue, job.reason)
+        let now_secs = self.clock.unix_millis() / 1000;
+        let Some((properties, deaths)) =
+            dead_letter_properties(&message, &job.queue, job.reason, now_secs)
         else {
             // Checked when it was published (headers exchanges parse them);
             // a message that got this far with unreadable properties is
@@ -252,7 +253,7 @@ impl Broker {
             &targets,
             &copy,
             id,
-            (super::now_ms(), None),
+            (self.clock.unix_millis(), None),
             out.ops,
             false,
         );
@@ -356,11 +357,13 @@ type DeathKey = (String, String);
 /// - `x-last-death-{reason,queue,exchange}`, set every time.
 ///
 /// Also returns the death keys, most recent first, for cycle detection.
-/// None when the properties do not parse.
+/// None when the properties do not parse. `now_secs` (Unix seconds) is the
+/// `time` of this death.
 fn dead_letter_properties(
     message: &Message,
     queue: &str,
     reason: DeathReason,
+    now_secs: u64,
 ) -> Option<(Bytes, Vec<DeathKey>)> {
     let (_, props) = parse_properties(&message.properties[..]).ok()?;
     let mut headers = props.headers().clone().unwrap_or_default();
@@ -407,9 +410,7 @@ fn dead_letter_properties(
                         .cloned(),
                 );
             }
-            let now = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |since| since.as_secs());
+            let now = now_secs;
             let mut death = FieldTable::default();
             death.insert("count".into(), AMQPValue::LongLongInt(1));
             death.insert("reason".into(), AMQPValue::LongString(reason_text.into()));

@@ -152,6 +152,7 @@ impl Broker {
         cmd: &pb::Get,
         overdraw: bool,
     ) -> OpResult<GetOutcome> {
+        let (now, delivered_at) = (self.clock.unix_millis(), self.clock.now());
         let vhost_name = self.session_vhost(session)?;
         self.channel_mut(session, cmd.channel)?;
         let vhost = self.vhost_mut(&vhost_name)?;
@@ -165,7 +166,6 @@ impl Broker {
         }
         // Never an expired message: those at the head go first. And a
         // basic.get is a use of the queue, for `x-expires`.
-        let now = super::now_ms();
         let mut touched = Vec::new();
         let mut expired_any = false;
         while self
@@ -255,7 +255,7 @@ impl Broker {
                     queue: cmd.queue.clone(),
                     message: entry,
                     consumer_tag: None,
-                    delivered_at: std::time::Instant::now(),
+                    delivered_at,
                 },
             );
         }
@@ -305,7 +305,7 @@ impl Broker {
     /// back and dispatches again. A head whose time has passed is expired,
     /// never delivered.
     pub fn dispatch(&mut self, vhost_name: &str, queue_name: &str) {
-        self.dispatch_at(vhost_name, queue_name, super::now_ms());
+        self.dispatch_at(vhost_name, queue_name, self.clock.unix_millis());
     }
 
     /// [`Broker::dispatch`] with the clock at `now` (ms since the epoch):
@@ -328,6 +328,7 @@ impl Broker {
         now: u64,
         expired: &mut Vec<QueuedMessage>,
     ) {
+        let delivered_at = self.clock.now();
         let Self {
             vhosts,
             sessions,
@@ -454,7 +455,7 @@ impl Broker {
                         queue: queue_name.to_string(),
                         message: entry,
                         consumer_tag: Some(consumer_ref.tag.clone()),
-                        delivered_at: std::time::Instant::now(),
+                        delivered_at,
                     },
                 );
             }

@@ -21,7 +21,6 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use spillway_proto::storage::Durability;
 use tokio::sync::Notify;
@@ -34,15 +33,6 @@ use crate::model::*;
 /// Expired messages let go of per queue in one pass under the broker lock;
 /// more are left to the next pass, at once.
 const EXPIRE_BATCH: usize = 4096;
-
-/// Milliseconds since the Unix epoch: the clock expiries are written in.
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| {
-            u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
-        })
-}
 
 /// The broker's one expiry timer.
 #[derive(Default)]
@@ -184,10 +174,11 @@ impl Broker {
     /// The queue was used (declared, read with basic.get, left by its last
     /// consumer): its `x-expires` starts again from now.
     pub(crate) fn touch_queue(&mut self, vhost: &str, queue: &str) {
+        let now = self.clock.unix_millis();
         let Some(entry) = self.queue_mut_opt(vhost, queue) else {
             return;
         };
-        entry.last_used = now_ms();
+        entry.last_used = now;
         if entry.limits.expires.is_some() {
             self.reschedule_expiry(vhost, queue);
         }
@@ -196,7 +187,7 @@ impl Broker {
     /// Schedules every queue after recovery: recovered messages keep their
     /// expiry, and `x-expires` counts from the start.
     pub(crate) fn schedule_recovered_expiries(&mut self) {
-        let now = now_ms();
+        let now = self.clock.unix_millis();
         let mut names = Vec::new();
         for vhost in self.vhosts.values_mut() {
             for queue in vhost.queues.values_mut() {

@@ -52,7 +52,6 @@ pub(crate) use arguments::{
 pub use dead_letter::DeadLetterJob;
 pub(crate) use definitions::still_recovering;
 pub use dispatch::GetOutcome;
-pub(crate) use expiry::now_ms;
 pub use pacing::{
     PacingConfig, PacingStats, PacingWait, QueuePacing, DEFAULT_PACING_STALL, DEFAULT_PACING_WINDOW,
 };
@@ -98,6 +97,8 @@ pub struct Broker {
     pub(crate) memory_ceiling: Arc<spillway_telemetry::MemoryCeiling>,
     pub(crate) memory_alarm: Option<spillway_telemetry::OverCeiling>,
     pub(crate) memory_alarm_since: Option<std::time::Instant>,
+    /// Time as the broker reads it ([`spillway_proto::clock`]).
+    pub(crate) clock: spillway_proto::clock::SharedClock,
     pub(crate) consumer_timeout: Option<std::time::Duration>,
     /// `broker.default_maximum_delivery_count` (0 = no limit).
     pub(crate) default_max_deliveries: u64,
@@ -138,6 +139,7 @@ pub struct BrokerContext {
     pub housekeeping_interval: std::time::Duration,
     /// `broker.memory_high_watermark` and the parts counted against it.
     pub memory_ceiling: Arc<spillway_telemetry::MemoryCeiling>,
+    pub clock: spillway_proto::clock::SharedClock,
 }
 
 impl Broker {
@@ -164,6 +166,7 @@ impl Broker {
             memory_ceiling: context.memory_ceiling,
             memory_alarm: None,
             memory_alarm_since: None,
+            clock: context.clock,
             consumer_timeout: context.consumer_timeout,
             default_max_deliveries: context.default_max_deliveries,
             limits: crate::limits::Limits::new(context.limits),

@@ -91,7 +91,7 @@ impl Broker {
             cmd.persistent,
         );
         let mut ops = Vec::new();
-        let now = super::now_ms();
+        let now = self.clock.unix_millis();
         let enqueued = self.enqueue_routed(
             &vhost_name,
             &targets,

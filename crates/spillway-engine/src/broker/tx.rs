@@ -235,7 +235,7 @@ impl Broker {
     /// Notes a publish or ack in the channel's transaction.
     fn tx_touch(&mut self, session: SessionId, channel: ChannelId) {
         let vhost = self.session_vhost(session).unwrap_or_default();
-        let now = Instant::now();
+        let now = self.clock.now();
         let opened = match self.tx_mut(session, channel) {
             Ok(tx) => tx.touch(now),
             Err(_) => return,
@@ -388,7 +388,7 @@ impl Broker {
                 ));
             }
         }
-        let now = super::now_ms();
+        let now = self.clock.unix_millis();
         let mut ops = Vec::new();
         let mut dead_letters = Vec::new();
         let mut zero_ttl = Vec::new();
