@@ -58,7 +58,7 @@ test:
 
 test-stages: lint test-rust test-fuzz test-python compose-test compose-faults
 
-# Cases a-i of issue 13 for Spillway (both wirings) and RabbitMQ in one run, d (the 2 GiB
+# Cases a-i for Spillway (both wirings) and RabbitMQ in one run, d (the 2 GiB
 # backlog) through scripts/bench-flow-to-disk.sh. BENCH_TARGETS / BENCH_SCENARIOS: see the script.
 bench: deps
 	@scripts/install-deps.sh --bench

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Flow-to-disk benchmark (`make bench-flow-to-disk`, issue 4): a backlog much larger than the
+# Flow-to-disk benchmark (`make bench-flow-to-disk`): a backlog much larger than the
 # message-memory budget is built with no consumer, then drained.
 #
 # For every message size in BENCH_FTD_SIZES and every target in BENCH_FTD_TARGETS:
@@ -25,7 +25,7 @@
 #              messages are paged to disk past vm_memory_high_watermark_paging_ratio = 0.5 of
 #              the watermark, publishers are blocked at the watermark)
 #
-# Output: a table per run and a summary table, the promises of issue 4 checked against the
+# Output: a table per run and a summary table, the flow-to-disk promises checked against the
 # figures, and one JSON line per run appended to BENCH_FTD_RESULTS. The sampled series and the
 # broker logs are kept under target/bench/flow-to-disk/.
 #
@@ -484,7 +484,7 @@ echo " spilled: messages only on disk after publishing (RabbitMQ: messages - mes
 
 # ----------------------------------------------------------------------------- promises
 echo
-echo "promises (issue 4):"
+echo "promises (flow to disk):"
 BROKEN=0
 promise() { # DESCRIPTION RESULT(yes/no/n/a)
     printf '  %-72s %s\n' "$1" "$2"

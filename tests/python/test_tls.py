@@ -1,4 +1,4 @@
-"""AMQPS with pika (issue 12, TLS): a round trip over TLS with PLAIN, and SASL EXTERNAL
+"""AMQPS with pika (TLS): a round trip over TLS with PLAIN, and SASL EXTERNAL
 with a client certificate whose CN is a configured user.
 
 The certificates are made here with ``cryptography`` (never committed keys): a CA whose

@@ -8,7 +8,7 @@
 //!
 //! One user's thousands of long `#`/`*` patterns used to make every publish
 //! to that exchange scan and re-split all of them under the engine's lock,
-//! stalling every client of the broker (issue 33).
+//! stalling every client of the broker.
 
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 

@@ -1,4 +1,4 @@
-//! OTLP traces (design §9): a real OTLP/gRPC collector runs inside the test;
+//! OTLP traces: a real OTLP/gRPC collector runs inside the test;
 //! the broker exports to it (`telemetry.otlp_endpoint`); lapin publishes one
 //! persistent message to a durable queue and consumes it. The publish, its
 //! storage write and its delivery must arrive as one trace: in the separate

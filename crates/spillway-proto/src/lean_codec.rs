@@ -5,7 +5,7 @@
 //! (its default), allocated when the stream opens and kept while it lives.
 //! A gateway session is one stream each way, so in the separate wiring every
 //! idle client connection held four of them (gateway and engine, encode and
-//! decode): 32 KiB of the connection's memory (case h, docs/performance.md).
+//! decode): 32 KiB of the connection's memory (case h, docs/performance-history.md).
 //! Here they start at 1 KiB and grow with what passes through them, as they
 //! did past 8 KiB before.
 //!

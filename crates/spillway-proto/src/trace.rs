@@ -1,4 +1,4 @@
-//! Trace context across the component boundaries (design §9): W3C
+//! Trace context across the component boundaries: W3C
 //! `traceparent`/`tracestate` in the `trace_context` field of a `Publish`
 //! command or `Deliver` event (the gateway↔engine stream batches many
 //! messages, so the context travels per message), and in gRPC metadata on

@@ -44,7 +44,7 @@ pub const BLOCK_CACHE_BYTES: usize = 16 << 20;
 /// with 4 KiB blocks a 2 GiB backlog of 1 KiB messages has about 11 MB of
 /// index, more than the block cache's high-priority half (where index and
 /// filter blocks live) holds, so read-back batches re-read, checksummed
-/// and decompressed index blocks of hundreds of KB (docs/performance.md,
+/// and decompressed index blocks of hundreds of KB (docs/performance-history.md,
 /// case d).
 pub const DATA_BLOCK_BYTES: usize = 32 << 10;
 /// Largest table file a compaction writes. RocksDB's 64 MiB default, with
@@ -53,7 +53,7 @@ pub const DATA_BLOCK_BYTES: usize = 32 << 10;
 /// that went straight to the store, so every flush overlapped that file and
 /// each compaction rewrote all of it (1.9M records, 27 times in one 2 GiB
 /// fill; 44% of the broker's CPU). Smaller files confine a compaction to
-/// the key ranges it really overlaps (docs/performance.md, case d).
+/// the key ranges it really overlaps (docs/performance-history.md, case d).
 pub const TABLE_FILE_BYTES: u64 = 4 << 20;
 
 /// RocksDB's memory, in bytes ([`RocksStore::memory`]).

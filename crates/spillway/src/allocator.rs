@@ -15,7 +15,7 @@ use tikv_jemalloc_ctl::{arenas, background_thread, epoch, stats, Access, AsName}
 /// disk (payloads read back, delivered, freed) stays in the RSS. At 1 s the
 /// pages kept above what is live were 65–96 MiB at the peak of a 2 GiB
 /// backlog's fill; at 300 ms 50–65 MiB, for no measurable CPU
-/// (docs/performance.md, case d). At 0 every reuse faults pages in again:
+/// (docs/performance-history.md, case d). At 0 every reuse faults pages in again:
 /// half as much broker CPU again.
 const DIRTY_DECAY_MS: isize = 300;
 

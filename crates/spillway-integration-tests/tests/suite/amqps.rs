@@ -1,4 +1,4 @@
-//! AMQPS (issue 12, TLS): lapin over TLS with certificates the test makes
+//! AMQPS (AMQP over TLS): lapin over TLS with certificates the test makes
 //! (`pki`), in both wirings (the gateway is the same code in both; the
 //! separate wiring shows the gateway process serving AMQPS and the
 //! management process serving TLS).

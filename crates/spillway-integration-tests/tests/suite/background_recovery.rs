@@ -29,8 +29,8 @@ both_wirings!(
     a_restart_with_a_million_messages_serves_at_once_and_keeps_order,
 );
 
-/// Filler queues and messages on each: together the million the issue asks
-/// for, enough that reading them takes far longer than a client's connect.
+/// Filler queues and messages on each: together a million messages,
+/// enough that reading them takes far longer than a client's connect.
 const QUEUES: u64 = 1_000;
 const PER_QUEUE: u64 = 1_000;
 /// Messages stored once and held by both [`FIRST`] and `zz-shared`: the

@@ -1,4 +1,4 @@
-//! The holes a hostile user with permissions `^app\.` found (issue 33),
+//! The holes a hostile user with permissions `^app\.` found,
 //! closed as RabbitMQ closes them, in both wirings:
 //! - a dead-letter exchange needs write on it (and read on the queue): the
 //!   default exchange, `amq.direct` or another user's exchange are refused

@@ -91,9 +91,10 @@ fn persistent() -> BasicProperties {
     BasicProperties::default().with_delivery_mode(2)
 }
 
-/// The bug of issue 39: a durable auto-delete queue, one message taken
-/// with basic.get and not acked, the connection closed. The queue never had
-/// a consumer, so it stays, and the message is requeued.
+/// A former bug (the queue was deleted, and its unacked message with it):
+/// a durable auto-delete queue, one message taken with basic.get and not
+/// acked, the connection closed. The queue never had a consumer, so it
+/// stays, and the message is requeued.
 async fn auto_delete_queue_read_with_get_keeps_its_unacked_message(
     sb: &mut Sandbox,
 ) -> anyhow::Result<()> {

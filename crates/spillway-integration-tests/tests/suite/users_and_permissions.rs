@@ -1,4 +1,4 @@
-//! Users and permissions (issue 12), through lapin and the management API,
+//! Users and permissions, through lapin and the management API,
 //! in both wirings:
 //!
 //! - the configuration's guest is the seed of an empty store;
