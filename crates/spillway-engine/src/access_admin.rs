@@ -11,9 +11,9 @@ use spillway_proto::ServiceError;
 use tokio::sync::oneshot;
 
 use crate::access::{AccessControl, AccessError, Permissions, User};
-use crate::admin::{await_written, store_op};
 use crate::broker::event;
-use crate::engine::Shared;
+use crate::persistence::{await_written, store_op};
+use crate::shared::Shared;
 use spillway_proto::engine::{self as pb, session_event::Event};
 
 fn service_error(error: AccessError) -> ServiceError {

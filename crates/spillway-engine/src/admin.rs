@@ -36,9 +36,12 @@ use tonic::{Request, Response, Status};
 
 use crate::broker::{event, Broker, OpResult, RUNTIME_ARGUMENTS};
 use crate::engine::Engine;
-use crate::model::{Destination, Queue, QueuedMessage, SessionId, VHost};
+use crate::model::{Destination, QueuedMessage, SessionId};
+use crate::persistence::{await_written, store_op};
+use crate::queue::Queue;
 use crate::routing::as_integer;
-use crate::QueueStats;
+use crate::stats::QueueStats;
+use crate::vhost::VHost;
 
 /// The user name management's internal sessions run as. They are opened and
 /// closed under one broker lock, so no listing ever sees them.
@@ -166,7 +169,7 @@ fn argument_map(table: &FieldTable) -> HashMap<String, m::ArgumentValue> {
 
 // ------------------------------------------------------------ views
 
-fn exchange_view(vhost: &str, exchange: &crate::model::Exchange) -> m::Exchange {
+fn exchange_view(vhost: &str, exchange: &crate::exchange::Exchange) -> m::Exchange {
     m::Exchange {
         vhost: vhost.to_string(),
         name: exchange.name.clone(),
@@ -730,7 +733,7 @@ impl EngineAdminApi for Engine {
             consumers: stats.iter().map(|s| s.consumers as u32).sum(),
             connections,
             channels,
-            recovery: Some(crate::recovery::status(&broker.recovery)),
+            recovery: Some(crate::broker::recovery::status(&broker.recovery)),
             ..Default::default()
         })
     }
@@ -764,7 +767,7 @@ impl EngineAdminApi for Engine {
         request: m::ListChannelsRequest,
     ) -> Result<m::ListChannelsResponse, ServiceError> {
         let broker = self.shared.broker.lock();
-        let blocked: HashMap<(u64, u32), crate::BlockedChannel> = broker
+        let blocked: HashMap<(u64, u32), crate::broker::producer_flow::BlockedChannel> = broker
             .blocked_channels()
             .into_iter()
             .map(|b| ((b.session, b.channel), b))
@@ -834,14 +837,14 @@ impl EngineAdminApi for Engine {
     }
 
     async fn set_limits(&self, request: m::SetLimitsRequest) -> Result<m::Limits, ServiceError> {
-        crate::limits::set(&mut self.shared.broker.lock(), &request)
+        crate::broker::limits::set(&mut self.shared.broker.lock(), &request)
     }
 
     async fn clear_limits(
         &self,
         request: m::ClearLimitsRequest,
     ) -> Result<m::ClearLimitsResponse, ServiceError> {
-        crate::limits::clear(&mut self.shared.broker.lock(), &request)?;
+        crate::broker::limits::clear(&mut self.shared.broker.lock(), &request)?;
         Ok(m::ClearLimitsResponse {})
     }
 
@@ -849,7 +852,7 @@ impl EngineAdminApi for Engine {
         &self,
         _request: m::ListLimitsRequest,
     ) -> Result<m::ListLimitsResponse, ServiceError> {
-        Ok(crate::limits::list(&self.shared.broker.lock()))
+        Ok(crate::broker::limits::list(&self.shared.broker.lock()))
     }
 
     async fn list_users(
@@ -925,7 +928,7 @@ fn vhost_view(broker: &Broker, vhost: &VHost) -> m::Vhost {
     }
 }
 
-fn blocked_reason(blocked: &crate::BlockedChannel) -> String {
+fn blocked_reason(blocked: &crate::broker::producer_flow::BlockedChannel) -> String {
     let mut reasons: Vec<String> = blocked
         .queues
         .iter()
@@ -1073,7 +1076,7 @@ async fn peek_messages(
     let max_message_size = engine.shared.max_message_size;
     let mut records: HashMap<u64, store::MessageRecord> = HashMap::new();
     if !missing.is_empty() {
-        for record in crate::engine::load(&engine.shared, &missing).await {
+        for record in crate::shared::load(&engine.shared, &missing).await {
             records.insert(record.id, record);
         }
     }
@@ -1330,7 +1333,7 @@ fn move_round(
                 break;
             }
             let Some(old) = from.dequeue() else { break };
-            crate::flow::discard(
+            crate::broker::flow_to_disk::discard(
                 shared_refs,
                 vhost_name,
                 source,
@@ -1396,28 +1399,6 @@ fn move_round(
             Ok(MoveRound::Again)
         }
         _ => Ok(MoveRound::Done(remaining)),
-    }
-}
-
-pub(crate) fn store_op(op: write_op::Op) -> WriteOp {
-    WriteOp { op: Some(op) }
-}
-
-/// Waits for a definition's synced write; a store that failed it is
-/// UNAVAILABLE to the caller (the engine keeps the write and retries it,
-/// `MST-1101`).
-pub(crate) async fn await_written(
-    written: oneshot::Receiver<crate::persistence::WriteOutcome>,
-    what: &str,
-) -> Result<(), ServiceError> {
-    match written.await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(failure)) => Err(ServiceError::Unavailable(format!(
-            "{what} is not yet on disk: {failure}"
-        ))),
-        Err(_) => Err(ServiceError::Unavailable(format!(
-            "{what} is not yet on disk: the engine is stopping"
-        ))),
     }
 }
 

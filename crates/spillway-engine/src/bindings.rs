@@ -13,7 +13,7 @@
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 
 use crate::model::Binding;
-use crate::routing::ExchangeKind;
+use crate::model::ExchangeKind;
 
 /// The bindings of one exchange.
 pub struct Bindings {
@@ -269,7 +269,58 @@ mod tests {
 
     use super::*;
     use crate::model::Destination;
-    use crate::routing::topic_matches;
+
+    /// Does a topic binding pattern (`*` = one word, `#` = zero or more words)
+    /// match a routing key? Words are separated by dots. The trie above is
+    /// tested against this plain statement of the rule.
+    fn topic_matches(pattern: &str, routing_key: &str) -> bool {
+        // As in RabbitMQ, an empty key has no words (but "a..b" has an empty one).
+        fn words(s: &str) -> Vec<&str> {
+            if s.is_empty() {
+                Vec::new()
+            } else {
+                s.split('.').collect()
+            }
+        }
+        let (pattern, key) = (words(pattern), words(routing_key));
+        // matches[i][j]: pattern[i..] matches key[j..]; computed backwards.
+        let (p, k) = (pattern.len(), key.len());
+        let mut next = vec![false; k + 1];
+        next[k] = true;
+        for i in (0..p).rev() {
+            let mut current = vec![false; k + 1];
+            for j in (0..=k).rev() {
+                current[j] = match pattern[i] {
+                    "#" => next[j] || (j < k && current[j + 1]),
+                    "*" => j < k && next[j + 1],
+                    word => j < k && key[j] == word && next[j + 1],
+                };
+            }
+            next = current;
+        }
+        next[0]
+    }
+
+    #[test]
+    fn topic_patterns() {
+        assert!(topic_matches("a.b", "a.b"));
+        assert!(!topic_matches("a.b", "a.b.c"));
+        assert!(topic_matches("a.*", "a.b"));
+        assert!(!topic_matches("a.*", "a"));
+        assert!(!topic_matches("a.*", "a.b.c"));
+        assert!(topic_matches("#", ""));
+        assert!(topic_matches("#", "a.b.c"));
+        assert!(topic_matches("a.#", "a"));
+        assert!(topic_matches("a.#", "a.b.c"));
+        assert!(topic_matches("a.#.b", "a.b"));
+        assert!(topic_matches("a.#.b", "a.x.y.b"));
+        assert!(!topic_matches("a.#.b", "a.x.y.c"));
+        assert!(topic_matches("*.*.c", "a.b.c"));
+        assert!(topic_matches("#.c", "c"));
+        assert!(!topic_matches("*", ""));
+        assert!(topic_matches("", ""));
+        assert!(!topic_matches("", "a"));
+    }
 
     fn binding(queue: &str, key: &str) -> Binding {
         Binding {

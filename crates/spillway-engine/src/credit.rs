@@ -67,10 +67,12 @@ impl DeliveryCredit {
         was_full && self.has_room()
     }
 
+    #[cfg(test)]
     pub fn bytes_in_flight(&self) -> u64 {
         self.bytes_in_flight
     }
 
+    #[cfg(test)]
     pub fn deliveries_in_flight(&self) -> usize {
         self.in_flight.len()
     }

@@ -20,12 +20,13 @@ use crate::access::{AccessControl, LoginRefusal, Permissions};
 use spillway_proto::clock::{SharedClock, SystemClock};
 use spillway_telemetry::MemoryCeiling;
 
+use crate::broker::flow_to_disk::{FlowStatus, LoadRequest};
 use crate::broker::{Broker, BrokerContext};
 use crate::budget::{self, MemoryBudget};
-use crate::flow::{FlowStatus, LoadRequest};
 use crate::persistence::{FailureSource, StoreWriter, WriterLimits};
 use crate::recovery;
 use crate::session::run_session;
+use crate::shared::{load, LeaseTerms, Shared};
 use spillway_proto::engine::LoginResult;
 
 #[derive(Clone, Debug)]
@@ -49,7 +50,7 @@ pub struct EngineConfig {
     /// (`broker.default_maximum_delivery_count`; 0 = no limit).
     pub default_max_deliveries: u64,
     /// Vhost, user and per-connection limits (`broker.default_vhost_max_connections`, ...).
-    pub limits: crate::LimitConfig,
+    pub limits: crate::limits::LimitConfig,
     /// The bound of the store writer's queue (`engine.store_writer_max_writes`,
     /// `engine.store_writer_max_bytes`).
     pub writer_limits: WriterLimits,
@@ -58,10 +59,10 @@ pub struct EngineConfig {
     pub lease_ttl: Duration,
     /// Transactions: their size limit, unroutable mandatory messages in
     /// them, and the default timeouts (`broker.max_transaction_bytes`, ...).
-    pub transactions: crate::broker::TxConfig,
+    pub transactions: crate::transaction::TxConfig,
     /// Publisher pacing (`broker.publisher_pacing_window`,
     /// `broker.publisher_pacing_stall`; docs/flow-control.md).
-    pub pacing: crate::broker::PacingConfig,
+    pub pacing: crate::pacing::PacingConfig,
     /// The largest message body (`gateway.max_message_size`): a compressed
     /// body that declares more is not decoded (management's peek).
     pub max_message_size: u64,
@@ -108,13 +109,13 @@ impl Default for EngineConfig {
             housekeeping_interval: Duration::from_secs(1),
             consumer_timeout: Some(DEFAULT_CONSUMER_TIMEOUT),
             default_max_deliveries: 0,
-            limits: crate::LimitConfig::default(),
+            limits: crate::limits::LimitConfig::default(),
             writer_limits: WriterLimits::default(),
             lease_ttl: DEFAULT_LEASE_TTL,
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
             seed_users: vec![SeedUser::guest()],
-            transactions: crate::broker::TxConfig::default(),
-            pacing: crate::broker::PacingConfig::default(),
+            transactions: crate::transaction::TxConfig::default(),
+            pacing: crate::pacing::PacingConfig::default(),
             memory_ceiling: MemoryCeiling::unlimited(),
             clock: SystemClock::shared(),
         }
@@ -162,42 +163,6 @@ impl EngineError {
 #[derive(Clone)]
 pub struct Engine {
     pub(crate) shared: Arc<Shared>,
-}
-
-pub(crate) struct Shared {
-    pub(crate) broker: Mutex<Broker>,
-    pub(crate) next_session: AtomicU64,
-    pub(crate) writer: StoreWriter,
-    pub(crate) budget: Arc<MemoryBudget>,
-    housekeeping_kick: Arc<Notify>,
-    /// Wakes the transaction timer (`run_tx_timeouts`).
-    pub(crate) tx_timer: Arc<Notify>,
-    /// For reading payloads back; taken at shutdown so the store is
-    /// released even while clones of the engine linger.
-    store: Mutex<Option<Arc<dyn StorageApi>>>,
-    /// The store this engine leased (its id), and the lease's terms.
-    lease: LeaseTerms,
-    /// `EngineConfig::max_message_size`.
-    pub(crate) max_message_size: u64,
-    /// Users and permissions (`access.rs`). Apart from the broker's lock:
-    /// logins do not wait for the message path.
-    pub(crate) access: parking_lot::RwLock<AccessControl>,
-    /// [`AccessControl::generation`], readable without the lock: sessions
-    /// re-read their permissions only when it moved.
-    pub(crate) access_generation: AtomicU64,
-}
-
-#[derive(Clone, Debug)]
-struct LeaseTerms {
-    store_id: String,
-    holder: String,
-    ttl: Duration,
-}
-
-impl Shared {
-    pub(crate) fn store(&self) -> Option<Arc<dyn StorageApi>> {
-        self.store.lock().clone()
-    }
 }
 
 impl Engine {
@@ -360,7 +325,7 @@ impl Engine {
 
     /// How start-up recovery of durable queues' messages is going.
     pub fn recovery_progress(&self) -> spillway_proto::management::RecoveryStatus {
-        crate::recovery::status(&self.shared.broker.lock().recovery)
+        crate::broker::recovery::status(&self.shared.broker.lock().recovery)
     }
 
     /// Channels whose transaction is open (`broker/tx.rs`).
@@ -369,7 +334,7 @@ impl Engine {
     }
 
     /// The channels producer flow control holds back right now.
-    pub fn blocked_channels(&self) -> Vec<crate::BlockedChannel> {
+    pub fn blocked_channels(&self) -> Vec<crate::broker::producer_flow::BlockedChannel> {
         self.shared.broker.lock().blocked_channels()
     }
 
@@ -650,44 +615,6 @@ async fn run_loader(
             }
             drop(permit);
         });
-    }
-}
-
-/// The records of `ids`: from the store writer when still on their way to
-/// the store, else from the store, retrying until it answers.
-pub(crate) async fn load(
-    engine: &Shared,
-    ids: &[u64],
-) -> Vec<spillway_proto::storage::MessageRecord> {
-    let Some(store) = engine.store() else {
-        // Shutting down: nothing to install the payloads into any more.
-        return Vec::new();
-    };
-    let mut records = Vec::with_capacity(ids.len());
-    let mut missing = Vec::new();
-    for id in ids {
-        match engine.writer.pending_record(*id) {
-            Some(record) => records.push(record),
-            None => missing.push(*id),
-        }
-    }
-    if missing.is_empty() {
-        return records;
-    }
-    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
-    loop {
-        match store.read_messages(missing.clone()).await {
-            Ok(read) => {
-                records.extend(read);
-                return records;
-            }
-            Err(error) => {
-                let delay = backoff.next_delay();
-                tracing::warn!(%error, messages = missing.len(), retry_in_ms = delay.as_millis() as u64,
-                    "reading payloads back from the store failed, retrying");
-                tokio::time::sleep(delay).await;
-            }
-        }
     }
 }
 

@@ -13,19 +13,31 @@
 //!
 //! It also owns the memory budget for message bytes: past
 //! `broker.flow_to_disk_threshold` payloads flow to the storage node and are
-//! read back ahead of their consumers ([`budget`], `flow`).
+//! read back ahead of their consumers ([`budget`], `broker/flow_to_disk.rs`).
 //! [`EngineAdminService`] serves the engine's side of the management API
 //! (`admin.rs`) to a management service in another process; in-process,
 //! [`Engine`] is the management service's `EngineAdminApi` itself.
 //!
 //! The limits on what clients may open (per vhost, per user, per
-//! connection) are checked under the same lock (`limits.rs`, [`LimitConfig`]).
+//! connection) are checked under the same lock (`limits.rs`, [`LimitConfig`];
+//! the checks in `broker/limits.rs`).
 //!
-//! Inside, one lock guards the [`broker::Broker`] state; each client
-//! connection is a session task (`session.rs`) that applies its commands in
-//! order and sends replies and deliveries back as events. `engine.rs` holds
-//! the shared state and its background tasks, `recovery.rs` the start-up
-//! from what the store kept.
+//! Inside, from the top down:
+//! - `engine.rs` starts the engine and runs its background tasks;
+//!   `shared.rs` is what every session and task shares (the broker behind
+//!   its one lock, the store writer, users); `recovery.rs` the start-up from
+//!   what the store kept; `session.rs` one task per client connection, which
+//!   applies its commands in order and sends replies and deliveries back as
+//!   events;
+//! - `broker/`: the `Broker`, every operation a session can perform, one
+//!   file per concern;
+//! - the state the broker is made of, each part in its own file that no
+//!   lower one imports: `routing.rs`, `vhost.rs`, `exchange.rs` and
+//!   `bindings.rs`, `channels.rs` (sessions and channels), `queue.rs`,
+//!   `transaction.rs`, `pacing.rs`, `limits.rs`;
+//! - at the bottom, plain data (`model.rs`), the memory budget
+//!   (`budget.rs`), delivery credit (`credit.rs`) and the ordered pipe to
+//!   the store (`persistence.rs`).
 //!
 //! [`StorageApi`]: spillway_proto::StorageApi
 //! [`EngineApi`]: spillway_proto::EngineApi
@@ -34,37 +46,42 @@ pub mod access;
 mod access_admin;
 mod admin;
 mod bindings;
-pub mod broker;
+mod broker;
 pub mod budget;
+mod channels;
 mod credit;
 mod engine;
-mod flow;
+mod exchange;
+mod format;
 mod limits;
 mod model;
+mod pacing;
 mod persistence;
-mod producer_flow;
+mod queue;
 mod recovery;
-pub mod routing;
+mod routing;
 mod service;
 mod session;
+mod shared;
 mod stats;
 #[cfg(test)]
 mod tests;
+mod transaction;
+mod vhost;
 
 pub use admin::EngineAdminService;
-pub use broker::{
-    PacingConfig, PacingStats, TxConfig, TxTimeouts, DEFAULT_MAX_TRANSACTION_BYTES,
-    DEFAULT_PACING_STALL, DEFAULT_PACING_WINDOW,
-};
+pub use broker::flow_to_disk::FlowStatus;
+pub use broker::producer_flow::BlockedChannel;
 pub use engine::{
     Engine, EngineConfig, EngineError, SeedUser, DEFAULT_CONSUMER_TIMEOUT, DEFAULT_LEASE_TTL,
     DEFAULT_SESSION_CREDIT_BYTES,
 };
-pub use flow::FlowStatus;
+pub use format::thousands;
 pub use limits::LimitConfig;
+pub use pacing::{PacingConfig, PacingStats, DEFAULT_PACING_STALL, DEFAULT_PACING_WINDOW};
 pub use persistence::{
     StoreFailure, WriterLimits, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_QUEUED_WRITES,
 };
-pub use producer_flow::{thousands, BlockedChannel};
 pub use service::EngineService;
 pub use stats::QueueStats;
+pub use transaction::{TxConfig, TxTimeouts, DEFAULT_MAX_TRANSACTION_BYTES};

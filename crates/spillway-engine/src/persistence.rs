@@ -55,7 +55,7 @@ const MAX_REQUESTS_PER_BATCH: usize = 4096;
 /// written (its ops here, RocksDB's own batch on the storage node), and 4
 /// MiB already shares one fsync among thousands of messages: a 16 MiB
 /// batch was 20 MiB of RocksDB's `WriteBatch` alone at the peak of case
-/// d's heap profile (docs/performance.md).
+/// d's heap profile (docs/performance-history.md).
 const STORE_BATCH_BYTES: u64 = 4 << 20;
 
 /// Sequence numbers start above [`crate::model::STORED_EARLIER`].
@@ -483,7 +483,7 @@ async fn run_writer(
 /// plus each op's own record. A delete is 12 bytes encoded and a few
 /// hundred as a `WriteOp`, so counting encoded bytes alone let the acks of
 /// a fast consumer queue 100 MiB and more behind a 64 MiB bound (case d,
-/// docs/performance.md).
+/// docs/performance-history.md).
 fn held_bytes(ops: &[WriteOp]) -> u64 {
     let encoded = ops.iter().map(|op| op.encoded_len() as u64).sum::<u64>();
     encoded + std::mem::size_of_val(ops) as u64
@@ -599,6 +599,29 @@ fn shrink_when_mostly_empty(pending: &mut HashMap<u64, (u64, MessageRecord)>) {
     if let Some(shrunk) = shrunk_capacity(pending.len(), pending.capacity(), PENDING_KEPT_CAPACITY)
     {
         pending.shrink_to(shrunk);
+    }
+}
+
+/// One write of a batch.
+pub(crate) fn store_op(op: write_op::Op) -> WriteOp {
+    WriteOp { op: Some(op) }
+}
+
+/// Waits for a definition's synced write; a store that failed it is
+/// UNAVAILABLE to the caller (the engine keeps the write and retries it,
+/// `MST-1101`).
+pub(crate) async fn await_written(
+    written: oneshot::Receiver<WriteOutcome>,
+    what: &str,
+) -> Result<(), ServiceError> {
+    match written.await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(failure)) => Err(ServiceError::Unavailable(format!(
+            "{what} is not yet on disk: {failure}"
+        ))),
+        Err(_) => Err(ServiceError::Unavailable(format!(
+            "{what} is not yet on disk: the engine is stopping"
+        ))),
     }
 }
 

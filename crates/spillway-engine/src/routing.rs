@@ -5,37 +5,10 @@ use amq_protocol_types::{AMQPValue, FieldTable};
 use spillway_proto::amqp::reply_code;
 use spillway_proto::engine::{self as pb, AmqpError};
 
-use crate::model::{Destination, Exchange, VHost};
-
-/// The exchange types a client may declare.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExchangeKind {
-    Direct,
-    Fanout,
-    Topic,
-    Headers,
-}
-
-impl ExchangeKind {
-    pub fn parse(kind: &str) -> Option<Self> {
-        match kind {
-            "direct" => Some(Self::Direct),
-            "fanout" => Some(Self::Fanout),
-            "topic" => Some(Self::Topic),
-            "headers" => Some(Self::Headers),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Direct => "direct",
-            Self::Fanout => "fanout",
-            Self::Topic => "topic",
-            Self::Headers => "headers",
-        }
-    }
-}
+use crate::exchange::Exchange;
+use crate::model::Destination;
+pub use crate::model::ExchangeKind;
+use crate::vhost::VHost;
 
 /// The queues a message reaches from `exchange`, following exchange-to-
 /// exchange bindings (each exchange visited once, so cycles end).
@@ -100,38 +73,6 @@ fn message_headers(properties: &[u8]) -> Result<Option<FieldTable>, AmqpError> {
             "malformed message properties",
         )),
     }
-}
-
-/// Does a topic binding pattern (`*` = one word, `#` = zero or more words)
-/// match a routing key? Words are separated by dots. Routing uses the
-/// pattern trie of `crate::bindings`; this is the plain statement of the
-/// rule it is tested against.
-pub fn topic_matches(pattern: &str, routing_key: &str) -> bool {
-    // As in RabbitMQ, an empty key has no words (but "a..b" has an empty one).
-    fn words(s: &str) -> Vec<&str> {
-        if s.is_empty() {
-            Vec::new()
-        } else {
-            s.split('.').collect()
-        }
-    }
-    let (pattern, key) = (words(pattern), words(routing_key));
-    // matches[i][j]: pattern[i..] matches key[j..]; computed backwards.
-    let (p, k) = (pattern.len(), key.len());
-    let mut next = vec![false; k + 1];
-    next[k] = true;
-    for i in (0..p).rev() {
-        let mut current = vec![false; k + 1];
-        for j in (0..=k).rev() {
-            current[j] = match pattern[i] {
-                "#" => next[j] || (j < k && current[j + 1]),
-                "*" => j < k && next[j + 1],
-                word => j < k && key[j] == word && next[j + 1],
-            };
-        }
-        next = current;
-    }
-    next[0]
 }
 
 /// How a headers binding matches, from its `x-match` argument.
@@ -210,27 +151,6 @@ fn as_bytes(value: &AMQPValue) -> Option<&[u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn topic_patterns() {
-        assert!(topic_matches("a.b", "a.b"));
-        assert!(!topic_matches("a.b", "a.b.c"));
-        assert!(topic_matches("a.*", "a.b"));
-        assert!(!topic_matches("a.*", "a"));
-        assert!(!topic_matches("a.*", "a.b.c"));
-        assert!(topic_matches("#", ""));
-        assert!(topic_matches("#", "a.b.c"));
-        assert!(topic_matches("a.#", "a"));
-        assert!(topic_matches("a.#", "a.b.c"));
-        assert!(topic_matches("a.#.b", "a.b"));
-        assert!(topic_matches("a.#.b", "a.x.y.b"));
-        assert!(!topic_matches("a.#.b", "a.x.y.c"));
-        assert!(topic_matches("*.*.c", "a.b.c"));
-        assert!(topic_matches("#.c", "c"));
-        assert!(!topic_matches("*", ""));
-        assert!(topic_matches("", ""));
-        assert!(!topic_matches("", "a"));
-    }
 
     fn table(entries: &[(&str, AMQPValue)]) -> FieldTable {
         let mut table = FieldTable::default();

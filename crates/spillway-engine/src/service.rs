@@ -11,7 +11,7 @@ use spillway_proto::engine::{
 use spillway_proto::{serve_remote_session, EngineApi};
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::Engine;
+use crate::engine::Engine;
 
 /// The engine's gRPC service, for gateways in other processes.
 pub struct EngineService {

@@ -23,8 +23,8 @@ use tokio::sync::{mpsc, oneshot};
 use crate::access::{self, SessionAccess};
 use crate::broker::{event, GetOutcome, PublishOutcome};
 use crate::budget::MemoryBudget;
-use crate::engine::Shared;
 use crate::model::SessionId;
+use crate::shared::Shared;
 
 /// Applies one connection's commands in order until the gateway hangs up,
 /// then releases everything the connection held.

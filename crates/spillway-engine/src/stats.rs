@@ -13,9 +13,10 @@ use spillway_telemetry::prometheus_client::metrics::gauge::ConstGauge;
 use spillway_telemetry::prometheus_client::metrics::MetricType;
 use spillway_telemetry::Metrics;
 
-use crate::engine::{Engine, Shared};
-use crate::flow::FlowStatus;
+use crate::broker::flow_to_disk::FlowStatus;
+use crate::engine::Engine;
 use crate::model::DeathReason;
+use crate::shared::Shared;
 
 /// One queue's figures at one moment.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -101,7 +102,7 @@ impl Engine {
     }
 
     /// Publisher pacing's counts since the engine started.
-    pub fn pacing_stats(&self) -> crate::PacingStats {
+    pub fn pacing_stats(&self) -> crate::pacing::PacingStats {
         self.shared.broker.lock().pacing_stats()
     }
 
@@ -374,7 +375,7 @@ mod tests {
     use spillway_storage::MemoryStore;
 
     use super::*;
-    use crate::EngineConfig;
+    use crate::engine::EngineConfig;
 
     async fn send(session: &SessionStreams, command: Command) {
         let command = pb::SessionCommand {

@@ -24,8 +24,9 @@ use spillway_proto::engine as pb;
 use spillway_proto::storage::{Durability, MessageRecord, WriteOp};
 
 use super::Broker;
-use crate::flow::{discard, LoadRequest};
+use crate::broker::flow_to_disk::{discard, LoadRequest};
 use crate::model::*;
+use crate::queue::Queue;
 use crate::routing::{as_integer, route};
 
 /// A message to dead-letter from `queue`.

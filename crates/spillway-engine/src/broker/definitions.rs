@@ -14,9 +14,12 @@ use super::arguments::{
 use super::{
     check_exclusive, event, find_exchange, find_queue, find_queue_mut, op, Broker, OpResult,
 };
-use crate::flow::discard;
+use crate::broker::flow_to_disk::discard;
+use crate::exchange::Exchange;
+use crate::model::ExchangeKind;
 use crate::model::*;
-use crate::routing::ExchangeKind;
+use crate::queue::Queue;
+use crate::vhost::VHost;
 
 impl Broker {
     pub fn declare_exchange(

@@ -9,7 +9,8 @@ use spillway_proto::storage::Durability;
 use tokio::sync::oneshot;
 
 use super::{check_exclusive, event, find_queue_mut, Broker, OpResult};
-use crate::flow::discard;
+use crate::broker::flow_to_disk::discard;
+use crate::channels::*;
 use crate::model::*;
 
 /// What basic.get found.
@@ -247,7 +248,7 @@ impl Broker {
             self.persist.submit(ops, Durability::Logged, None);
         } else {
             if flow_active {
-                crate::flow::release_stored_payload(&mut entry);
+                crate::broker::flow_to_disk::release_stored_payload(&mut entry);
             }
             channel.unacked.insert(
                 delivery_tag,
@@ -382,7 +383,8 @@ impl Broker {
                 };
                 let held_back = unacked_pressure
                     && !consumer.no_ack
-                    && channel.unacked.len() >= crate::flow::PRESSURE_UNACKED_PER_CHANNEL;
+                    && channel.unacked.len()
+                        >= crate::broker::flow_to_disk::PRESSURE_UNACKED_PER_CHANNEL;
                 if channel.has_room(consumer) && !held_back {
                     chosen = Some(index);
                     break;
@@ -447,7 +449,7 @@ impl Broker {
                     consumer.unacked += 1;
                 }
                 if flow_active {
-                    crate::flow::release_stored_payload(&mut entry);
+                    crate::broker::flow_to_disk::release_stored_payload(&mut entry);
                 }
                 channel.unacked.insert(
                     delivery_tag,

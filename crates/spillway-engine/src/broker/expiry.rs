@@ -27,8 +27,9 @@ use tokio::sync::Notify;
 
 use super::dead_letter::DeadLetterJob;
 use super::Broker;
-use crate::flow::discard;
+use crate::broker::flow_to_disk::discard;
 use crate::model::*;
+use crate::queue::Queue;
 
 /// Expired messages let go of per queue in one pass under the broker lock;
 /// more are left to the next pass, at once.
@@ -148,7 +149,7 @@ impl Broker {
                     messages = depth,
                     "QUE-1002 : Deleted : Queue {} : unused for {} ms (x-expires)",
                     queue,
-                    crate::producer_flow::thousands(expires)
+                    crate::format::thousands(expires)
                 );
                 self.remove_queue(&vhost, &queue);
                 continue;
@@ -260,7 +261,7 @@ impl Broker {
                     messages = count,
                     exchange = %exchange,
                     "QUE-1103 : Expired : {} messages of queue {} : dead-lettered to exchange {}",
-                    crate::producer_flow::thousands(count as u64),
+                    crate::format::thousands(count as u64),
                     queue_name,
                     exchange
                 );
@@ -282,7 +283,7 @@ impl Broker {
                     queue = queue_name,
                     messages = count,
                     "QUE-1103 : Expired : {} messages of queue {} : discarded",
-                    crate::producer_flow::thousands(count as u64),
+                    crate::format::thousands(count as u64),
                     queue_name
                 );
                 let stores = queue.stores_messages();

@@ -27,7 +27,9 @@ use spillway_proto::storage::{self as store, write_op, Durability, MessageRecord
 
 use crate::broker::Broker;
 use crate::budget::shrunk_capacity;
-use crate::model::{Message, Queue, QueuedMessage};
+use crate::model::{Message, QueuedMessage};
+use crate::persistence::store_op as op;
+use crate::queue::Queue;
 
 /// Messages asked of the store in one read.
 const LOAD_CHUNK: usize = 256;
@@ -580,10 +582,6 @@ fn submit_spill(persist: &crate::persistence::StoreWriter, spill: &mut Spill) {
         message.mark_stored(seq);
     }
     spill.bytes = 0;
-}
-
-fn op(op: write_op::Op) -> WriteOp {
-    WriteOp { op: Some(op) }
 }
 
 /// "412 MB": the operational log's unit for memory figures.

@@ -17,18 +17,33 @@
 //!   (`x-expires`), on one timer;
 //! - `tx`: transactions (tx.select/commit/rollback) and their timeouts;
 //! - `pacing`: publisher pacing, a queue's publishers held to the rate it
-//!   delivers at.
+//!   delivers at;
+//! - `flow_to_disk`: the memory budget's side: moving payloads to the store,
+//!   reading them back ahead of consumers, housekeeping;
+//! - `producer_flow`: blocking publishers on full queues, the store quota,
+//!   a store failure and the memory ceiling;
+//! - `limits`: admitting sessions, channels, queues, exchanges, bindings
+//!   and consumers against the configured limits, and management's view;
+//! - `recovery`: start-up recovery's progress, and installing what it read.
 //!
-//! Flow to disk (`crate::flow`) and producer flow control
-//! (`crate::producer_flow`) are `impl Broker` blocks of their own.
+//! The state these work on is owned by the parts outside `broker/`, none of
+//! which imports it: queues (`queue.rs`), exchanges and their bindings
+//! (`exchange.rs`, `bindings.rs`), vhosts (`vhost.rs`), sessions and
+//! channels (`channels.rs`), transactions (`transaction.rs`), pacing
+//! (`pacing.rs`), the limits (`limits.rs`) and the plain data of
+//! `model.rs`. No `impl Broker` lives outside this folder.
 
 mod arguments;
 mod dead_letter;
 mod definitions;
 mod dispatch;
 mod expiry;
+pub(crate) mod flow_to_disk;
+pub(crate) mod limits;
 mod pacing;
+pub(crate) mod producer_flow;
 mod publish;
+pub(crate) mod recovery;
 mod settle;
 mod timeouts;
 mod tx;
@@ -38,13 +53,19 @@ use std::sync::Arc;
 
 use spillway_proto::amqp::reply_code;
 use spillway_proto::engine::{self as pb, session_event::Event, AmqpError, SessionEvent};
-use spillway_proto::storage::{write_op, Durability, WriteOp};
+use spillway_proto::storage::Durability;
 use tokio::sync::mpsc;
 
 use crate::budget::MemoryBudget;
-use crate::flow::LoadRequest;
+use crate::channels::*;
+use crate::exchange::Exchange;
 use crate::model::*;
+use crate::pacing::{PacingConfig, PacingStats};
 use crate::persistence::StoreWriter;
+use crate::queue::Queue;
+use crate::transaction::{TxConfig, TxState};
+use crate::vhost::VHost;
+use flow_to_disk::LoadRequest;
 
 pub(crate) use arguments::{
     dlq_enabled, recovered_dead_letter, recovered_limits, RUNTIME_ARGUMENTS,
@@ -52,11 +73,7 @@ pub(crate) use arguments::{
 pub use dead_letter::DeadLetterJob;
 pub(crate) use definitions::still_recovering;
 pub use dispatch::GetOutcome;
-pub use pacing::{
-    PacingConfig, PacingStats, PacingWait, QueuePacing, DEFAULT_PACING_STALL, DEFAULT_PACING_WINDOW,
-};
 pub use publish::PublishOutcome;
-pub use tx::{Transaction, TxConfig, TxTimeouts, DEFAULT_MAX_TRANSACTION_BYTES};
 
 pub type OpResult<T> = Result<T, AmqpError>;
 
@@ -71,13 +88,13 @@ pub struct Broker {
     /// The same in bytes (bodies plus a fixed overhead per delivery).
     session_credit_bytes: u64,
     pub(crate) budget: Arc<MemoryBudget>,
-    /// Whether flow to disk is on (see [`crate::flow`]).
+    /// Whether flow to disk is on (see [`flow_to_disk`]).
     pub(crate) flow_active: bool,
     /// Unacknowledged deliveries are past their share of the memory budget:
-    /// channels holding many get no more until they ack (`crate::flow`).
+    /// channels holding many get no more until they ack (`flow_to_disk`).
     pub(crate) unacked_pressure: bool,
     /// How long a delivery may stay unacknowledged before housekeeping
-    /// moves its payload to the store (`crate::flow`): half the
+    /// moves its payload to the store (`flow_to_disk`): half the
     /// housekeeping interval.
     pub(crate) unacked_grace: std::time::Duration,
     /// Holders of each message routed to more than one queue; a message
@@ -104,12 +121,12 @@ pub struct Broker {
     pub(crate) default_max_deliveries: u64,
     /// Vhost, user and per-connection limits (`crate::limits`).
     pub(crate) limits: crate::limits::Limits,
-    /// Start-up recovery's progress (`crate::recovery`).
-    pub(crate) recovery: crate::recovery::Recovery,
+    /// Start-up recovery's progress (`recovery`).
+    pub(crate) recovery: recovery::Recovery,
     /// Message and queue TTL: the queues to look at, and when.
     pub(crate) expiry: expiry::ExpiryTimers,
     /// Transactions: settings, timeouts, the channels with one open.
-    pub(crate) tx: tx::TxState,
+    pub(crate) tx: TxState,
     /// Publisher pacing (`pacing.rs`): its settings and counts.
     pub(crate) pacing: PacingConfig,
     pacing_stats: PacingStats,
@@ -170,9 +187,9 @@ impl Broker {
             consumer_timeout: context.consumer_timeout,
             default_max_deliveries: context.default_max_deliveries,
             limits: crate::limits::Limits::new(context.limits),
-            recovery: crate::recovery::Recovery::none(),
+            recovery: recovery::Recovery::none(),
             expiry: expiry::ExpiryTimers::default(),
-            tx: tx::TxState::new(context.transactions),
+            tx: TxState::new(context.transactions),
             pacing: context.pacing,
             pacing_stats: PacingStats::default(),
         }
@@ -409,9 +426,7 @@ fn check_exclusive(queue: &Queue, session: SessionId, vhost_name: &str) -> OpRes
     }
 }
 
-pub(crate) fn op(op: write_op::Op) -> WriteOp {
-    WriteOp { op: Some(op) }
-}
+pub(crate) use crate::persistence::store_op as op;
 
 pub fn event(event: Event) -> SessionEvent {
     SessionEvent { event: Some(event) }

@@ -11,7 +11,7 @@ use tokio::sync::oneshot;
 
 use super::dead_letter::DeadLetterJob;
 use super::{find_exchange, op, Broker, OpResult};
-use crate::flow::discard;
+use crate::broker::flow_to_disk::discard;
 use crate::model::*;
 use crate::routing::route;
 

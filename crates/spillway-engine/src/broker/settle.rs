@@ -7,10 +7,10 @@ use spillway_proto::engine::{self as pb, AmqpError};
 use spillway_proto::storage::{self as store, write_op, Durability, WriteOp};
 
 use super::dead_letter::DeadLetterJob;
-use super::tx::Settle;
 use super::{op, Broker, OpResult};
-use crate::flow::discard;
+use crate::broker::flow_to_disk::discard;
 use crate::model::*;
+use crate::transaction::Settle;
 
 impl Broker {
     pub fn ack(&mut self, session: SessionId, cmd: &pb::Ack) -> OpResult<()> {

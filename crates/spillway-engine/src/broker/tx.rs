@@ -26,8 +26,6 @@
 //! `idle` from its last one. Warnings (`CHN-1007`, `CHN-1008`) repeat once
 //! per warn period; a close sends the connection `connection.close` 506.
 
-use foldhash::{HashMap, HashMapExt};
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,170 +33,12 @@ use spillway_proto::amqp::reply_code;
 use spillway_proto::engine::{self as pb, session_event::Event, AmqpError};
 use spillway_proto::management as m;
 use spillway_proto::storage::Durability;
-use tokio::sync::Notify;
 
 use super::{find_exchange, Broker, OpResult};
+use crate::format::thousands;
 use crate::model::*;
-use crate::producer_flow::thousands;
 use crate::routing::route;
-
-/// `broker.max_transaction_bytes` by default: 16 MiB of bodies.
-pub const DEFAULT_MAX_TRANSACTION_BYTES: u64 = 16 << 20;
-
-/// A vhost's producer transaction timeouts (zero = off).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TxTimeouts {
-    pub open_warn: Duration,
-    pub open_close: Duration,
-    pub idle_warn: Duration,
-    pub idle_close: Duration,
-}
-
-impl TxTimeouts {
-    fn any(&self) -> bool {
-        !(self.open_warn.is_zero()
-            && self.open_close.is_zero()
-            && self.idle_warn.is_zero()
-            && self.idle_close.is_zero())
-    }
-
-    fn view(&self, vhost: &str) -> m::TransactionTimeouts {
-        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-        m::TransactionTimeouts {
-            vhost: vhost.to_string(),
-            open_warn_ms: ms(self.open_warn),
-            open_close_ms: ms(self.open_close),
-            idle_warn_ms: ms(self.idle_warn),
-            idle_close_ms: ms(self.idle_close),
-        }
-    }
-}
-
-/// The transaction settings from configuration.
-#[derive(Clone, Debug)]
-pub struct TxConfig {
-    /// Message bytes one transaction may hold, counted as the memory budget
-    /// counts them (`broker.max_transaction_bytes`).
-    pub max_bytes: u64,
-    /// An unroutable mandatory publish in a transaction closes the
-    /// connection with 312 (`broker.close_when_no_route`), as Qpid does;
-    /// false: basic.return, as RabbitMQ does.
-    pub close_when_no_route: bool,
-    /// Every vhost's timeouts unless management set its own
-    /// (`broker.default_transaction_*`).
-    pub default_timeouts: TxTimeouts,
-}
-
-impl Default for TxConfig {
-    fn default() -> Self {
-        Self {
-            max_bytes: DEFAULT_MAX_TRANSACTION_BYTES,
-            close_when_no_route: true,
-            default_timeouts: TxTimeouts::default(),
-        }
-    }
-}
-
-/// The broker's transaction state: settings, and the channels whose
-/// transaction is open (for the timer).
-pub struct TxState {
-    config: TxConfig,
-    /// Management's per-vhost timeouts.
-    vhost_timeouts: HashMap<String, TxTimeouts>,
-    /// Channels with an open transaction (work held since its first publish
-    /// or ack).
-    open: BTreeSet<(SessionId, ChannelId)>,
-    /// Wakes the timer task: a transaction opened, or timeouts changed.
-    wake: Arc<Notify>,
-}
-
-impl TxState {
-    pub fn new(config: TxConfig) -> Self {
-        Self {
-            config,
-            vhost_timeouts: HashMap::new(),
-            open: BTreeSet::new(),
-            wake: Arc::new(Notify::new()),
-        }
-    }
-
-    /// What the timer task waits on besides the clock.
-    pub fn waker(&self) -> Arc<Notify> {
-        self.wake.clone()
-    }
-
-    /// Channels whose transaction is open now.
-    pub fn open_count(&self) -> usize {
-        self.open.len()
-    }
-
-    fn timeouts(&self, vhost: &str) -> TxTimeouts {
-        self.vhost_timeouts
-            .get(vhost)
-            .copied()
-            .unwrap_or(self.config.default_timeouts)
-    }
-}
-
-/// A channel's uncommitted work (the channel is transactional while its
-/// `ChannelState::tx` is `Some`).
-#[derive(Default)]
-pub struct Transaction {
-    publishes: Vec<HeldPublish>,
-    settles: Vec<HeldSettle>,
-    /// Bytes of the held publishes, as the memory budget counts them.
-    bytes: u64,
-    /// The first publish or ack since the last commit or rollback: the
-    /// transaction is open.
-    opened_at: Option<Instant>,
-    /// The last publish or ack in it.
-    last_activity: Option<Instant>,
-    /// When `CHN-1007` / `CHN-1008` were last logged for it.
-    open_warned: Option<Instant>,
-    idle_warned: Option<Instant>,
-}
-
-impl Transaction {
-    fn is_open(&self) -> bool {
-        self.opened_at.is_some()
-    }
-
-    /// Publish or ack: opens the transaction if needed; true if it did.
-    fn touch(&mut self, now: Instant) -> bool {
-        self.last_activity = Some(now);
-        self.idle_warned = None;
-        if self.opened_at.is_none() {
-            self.opened_at = Some(now);
-            return true;
-        }
-        false
-    }
-
-    /// Takes the work out, leaving an empty transaction (the channel stays
-    /// transactional).
-    fn take(&mut self) -> Transaction {
-        std::mem::take(self)
-    }
-}
-
-struct HeldPublish {
-    targets: Vec<String>,
-    message: Arc<Message>,
-    /// The message's `expiration`, if any.
-    message_ttl: Option<u64>,
-}
-
-/// Deliveries settled in the transaction, and how.
-pub(super) struct HeldSettle {
-    pub unacked: Vec<Unacked>,
-    pub action: Settle,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Settle {
-    Ack,
-    Nack { requeue: bool },
-}
+use crate::transaction::*;
 
 /// Why the timer closes a connection.
 #[derive(Clone, Copy)]

@@ -1,0 +1,88 @@
+//! Sessions (one per client connection) and their channels: consumers,
+//! unacknowledged deliveries, prefetch, confirm and transaction mode, and
+//! what the session was last told about flow.
+
+use foldhash::HashMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
+
+use bytes::Bytes;
+use spillway_proto::engine::SessionEvent;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::credit::DeliveryCredit;
+use crate::model::*;
+use crate::transaction::Transaction;
+
+pub struct Consumer {
+    pub queue: String,
+    pub no_ack: bool,
+    /// 0 = unlimited.
+    pub prefetch: u32,
+    pub unacked: u32,
+}
+
+#[derive(Default)]
+pub struct ChannelState {
+    pub next_delivery_tag: u64,
+    pub unacked: BTreeMap<u64, Unacked>,
+    pub consumers: HashMap<String, Consumer>,
+    /// basic.qos global=false: applies to consumers started afterwards.
+    pub consumer_prefetch: u32,
+    /// basic.qos global=true: unacked limit for the whole channel (0 = none).
+    pub channel_prefetch: u32,
+    pub confirm: bool,
+    /// Overfull queues this channel published to: blocked while not empty.
+    pub blocked_on: BTreeSet<String>,
+    pub blocked_since: Option<Instant>,
+    /// An unacked delivery outlived `broker.consumer_timeout`: the channel
+    /// was told to close and is not told again while it closes.
+    pub ack_timed_out: bool,
+    /// tx.select was sent: the uncommitted work (`broker/tx.rs`).
+    pub tx: Option<Transaction>,
+}
+
+impl ChannelState {
+    pub fn take_delivery_tag(&mut self) -> u64 {
+        self.next_delivery_tag += 1;
+        self.next_delivery_tag
+    }
+
+    pub fn has_room(&self, consumer: &Consumer) -> bool {
+        let consumer_room = consumer.prefetch == 0 || consumer.unacked < consumer.prefetch;
+        let channel_room = self.channel_prefetch == 0
+            || (self.unacked.len() as u64) < u64::from(self.channel_prefetch);
+        consumer.no_ack || (consumer_room && channel_room)
+    }
+}
+
+pub struct SessionState {
+    pub vhost: String,
+    pub user: String,
+    pub client_address: String,
+    /// The client's AMQP-encoded client-properties (for management).
+    pub client_properties: Bytes,
+    /// Messages published and deliveries written since the session opened
+    /// (for management).
+    pub published: u64,
+    pub delivered: u64,
+    pub events: mpsc::UnboundedSender<SessionEvent>,
+    pub channels: HashMap<ChannelId, ChannelState>,
+    /// What the gateway may still receive before it reports some written.
+    pub credit: DeliveryCredit,
+    /// basic.gets waiting for room in `credit`; woken when the gateway
+    /// reports deliveries written.
+    pub credit_waiters: Vec<oneshot::Sender<()>>,
+    /// What the gateway was last told: blocked (and why), or not.
+    pub flow_blocked: Option<String>,
+    /// Has published: the store quota blocks producers only, so consumers
+    /// can go on freeing space.
+    pub has_published: bool,
+    /// Has published a message the store had to keep: a store failure
+    /// (`MST-1101`) blocks these producers only, so transient traffic goes
+    /// on.
+    pub has_published_persistent: bool,
+    /// Its last publish (or commit) spent the last of this queue's pacing
+    /// credit: the session waits on it before its next command.
+    pub paced_on: Option<String>,
+}

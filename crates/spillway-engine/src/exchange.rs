@@ -1,0 +1,37 @@
+//! An exchange: its kind, its flags and arguments, and its bindings
+//! (indexed in `bindings.rs`).
+
+use amq_protocol_types::FieldTable;
+
+use crate::bindings::Bindings;
+use crate::model::ExchangeKind;
+
+pub struct Exchange {
+    pub name: String,
+    pub kind: ExchangeKind,
+    pub durable: bool,
+    pub auto_delete: bool,
+    pub internal: bool,
+    pub arguments: FieldTable,
+    pub bindings: Bindings,
+}
+
+impl Exchange {
+    pub fn new(name: &str, kind: ExchangeKind, durable: bool) -> Self {
+        Self {
+            name: name.to_string(),
+            kind,
+            durable,
+            auto_delete: false,
+            internal: false,
+            arguments: FieldTable::default(),
+            bindings: Bindings::new(kind),
+        }
+    }
+
+    /// Built-in exchanges (the default one and `amq.*`) cannot be declared,
+    /// deleted or (the default one) bound by clients.
+    pub fn is_builtin(&self) -> bool {
+        self.name.is_empty() || self.name.starts_with("amq.")
+    }
+}
