@@ -36,7 +36,7 @@ pub mod tls;
 
 pub use auth::User;
 pub use metrics::GatewayMetrics;
-pub use server::{AmqpServer, Listeners, Server};
+pub use server::{AmqpServer, Listeners};
 
 /// Gateway settings (the `[gateway]` section of the configuration).
 #[derive(Clone, Debug, serde::Deserialize)]
@@ -77,6 +77,12 @@ pub struct GatewayConfig {
     /// they are published when that makes them at least an eighth smaller,
     /// and decoded as they are delivered. None: off.
     pub compress_above: Option<u64>,
+    /// Time as the gateway reads it (when a connection was blocked, login
+    /// throttling and the rate of refusal log lines); the wiring hands it
+    /// the process's clock. Socket deadlines and heartbeats run on tokio's
+    /// timers, which tests pause and advance.
+    #[serde(skip, default = "spillway_proto::clock::SystemClock::shared")]
+    pub clock: spillway_proto::clock::SharedClock,
 }
 
 impl GatewayConfig {
@@ -120,6 +126,7 @@ impl Default for GatewayConfig {
             write_timeout: std::time::Duration::from_secs(15),
             max_unfinished_content: 128 * 1024 * 1024,
             compress_above: None,
+            clock: spillway_proto::clock::SystemClock::shared(),
         }
     }
 }

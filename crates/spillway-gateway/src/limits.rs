@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use spillway_proto::amqp::{reply_code, MethodId};
 
-use crate::connection::ConnectionError;
+use crate::connection::{ConnectionError, Enforced};
 use crate::metrics::CHANNEL_MAX;
 
 /// The refusal of a channel.open past the negotiated `channel_max`: 530, in
@@ -35,9 +35,11 @@ pub fn channel_max(channel: u16, open: usize, channel_max: u16) -> Option<Connec
     } else {
         return None;
     };
-    let mut error = ConnectionError::new(reply_code::NOT_ALLOWED, text).on(MethodId::CHANNEL_OPEN);
-    error.limit = Some(CHANNEL_MAX);
-    Some(error)
+    Some(
+        ConnectionError::new(reply_code::NOT_ALLOWED, text)
+            .on(MethodId::CHANNEL_OPEN)
+            .enforcing(Enforced::Limit(CHANNEL_MAX)),
+    )
 }
 
 /// Sockets accepted past `gateway.max_connections` that are being told so
@@ -114,7 +116,7 @@ mod tests {
         };
         assert_eq!(full.code, reply_code::NOT_ALLOWED);
         assert_eq!(full.method, MethodId::CHANNEL_OPEN);
-        assert_eq!(full.limit, Some(CHANNEL_MAX));
+        assert_eq!(full.enforced, Some(Enforced::Limit(CHANNEL_MAX)));
         assert_eq!(
             full.text,
             "number of channels opened (2) has reached the negotiated channel_max (2)"

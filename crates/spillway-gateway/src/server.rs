@@ -38,14 +38,15 @@ use crate::auth::AuthError;
 use crate::body_loans::{BodyLoans, MAX_LENT_READ_BYTES};
 use crate::codec::{FrameDecoder, FrameError, FrameWriter, MIN_FRAME_MAX, PROTOCOL_HEADER};
 use crate::connection::{
-    write_connection_close, Connection, ConnectionError, Handshake, HandshakeStep, Next,
+    write_connection_close, Connection, ConnectionError, Enforced, Handshake, HandshakeStep,
+    Negotiated, Next,
 };
 use crate::heartbeat::SilenceClock;
 use crate::limits::{ConnectionSlots, Slot, REFUSALS_AT_ONCE};
 use crate::metrics::GatewayMetrics;
 use crate::read_room::{MeasuredRead, ReadRoom};
 use crate::GatewayConfig;
-use spillway_telemetry::{LoginThrottle, MemoryCeiling, RefusalLog};
+use spillway_telemetry::{LoginThrottle, MemoryCeiling, RefusalLog, Server};
 
 /// TCP keepalive on client sockets: a peer that vanished without a FIN (a
 /// cable pulled, a host gone) is found after about 60 s of silence plus six
@@ -72,18 +73,6 @@ const FRAMES_PER_TURN: usize = 256;
 const MAX_IOVECS: usize = 64;
 /// Outbound chunks queued for the writer before the loop waits.
 const WRITER_QUEUE: usize = 64;
-
-/// A network server that a wiring crate can start and stop.
-#[async_trait]
-pub trait Server: Send + Sync {
-    /// The plain AMQP address (the real port when configured with 0), when
-    /// it listens for plain AMQP.
-    fn bind_addr(&self) -> Option<SocketAddr>;
-    /// The AMQPS address, when it listens for AMQP over TLS.
-    fn tls_bind_addr(&self) -> Option<SocketAddr>;
-    /// Stops accepting and closes open connections.
-    async fn shutdown(self: Box<Self>);
-}
 
 /// Where a gateway listens: plain AMQP, AMQPS, or both.
 #[derive(Clone, Default)]
@@ -217,14 +206,29 @@ impl AmqpServer {
     }
 }
 
-#[async_trait]
-impl Server for AmqpServer {
-    fn bind_addr(&self) -> Option<SocketAddr> {
+impl AmqpServer {
+    /// The plain AMQP address (the real port when configured with 0), when
+    /// it listens for plain AMQP.
+    pub fn bind_addr(&self) -> Option<SocketAddr> {
         self.amqp
     }
 
-    fn tls_bind_addr(&self) -> Option<SocketAddr> {
+    /// The AMQPS address, when it listens for AMQP over TLS.
+    pub fn tls_bind_addr(&self) -> Option<SocketAddr> {
         self.amqps
+    }
+}
+
+#[async_trait]
+impl Server for AmqpServer {
+    fn name(&self) -> &'static str {
+        "amqp"
+    }
+
+    fn bind_addrs(&self) -> Vec<(&'static str, SocketAddr)> {
+        let amqp = self.amqp.map(|addr| ("amqp", addr));
+        let amqps = self.amqps.map(|addr| ("amqps", addr));
+        amqp.into_iter().chain(amqps).collect()
     }
 
     async fn shutdown(self: Box<Self>) {
@@ -408,15 +412,11 @@ async fn accept_loop(
 /// Counts a refused login, and logs it with the peer, the user and the
 /// reason (never the password) unless the pair was logged less than
 /// [`spillway_telemetry::REFUSAL_LOG_INTERVAL`] ago.
-fn log_login_refusal(
-    log: &RefusalLog,
-    metrics: &GatewayMetrics,
-    peer: SocketAddr,
-    refusal: &AuthError,
-) {
-    metrics.count_login_refusal(refusal.reason());
+fn log_login_refusal(context: &ConnectionContext, peer: SocketAddr, refusal: &AuthError) {
+    context.metrics.count_login_refusal(refusal.reason());
     let user = refusal.user().unwrap_or("");
-    let Some(suppressed) = log.admit(peer.ip(), user, std::time::Instant::now()) else {
+    let now = context.config.clock.now();
+    let Some(suppressed) = context.login_refusals.admit(peer.ip(), user, now) else {
         return;
     };
     tracing::warn!(
@@ -467,28 +467,118 @@ struct Outbound {
     deliveries: u32,
 }
 
+/// Serves one client from its protocol header to its close, in three
+/// steps: [`handshake`] (header, login, tune, open; one deadline from
+/// accept), admission at `connection.open` ([`refusal_at_open`]), then the
+/// engine session and [`read_loop`].
 async fn serve_connection<S: ClientStream>(
-    mut stream: S,
+    stream: S,
     peer: SocketAddr,
     accepted_at: Instant,
     admission: Admission,
     context: ConnectionContext,
-    mut stopped: watch::Receiver<bool>,
+    stopped: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    let ConnectionContext {
-        engine,
-        config,
-        metrics,
-        slots,
-        refusing: _,
-        login_refusals,
-        login_throttle,
-        body_loans,
-        unfinished,
-        read_buffers,
-        memory,
-    } = context;
-    let mut read_buffer = CountedBytes::new(read_buffers);
+    let mut read_buffer = CountedBytes::new(context.read_buffers.clone());
+    let Some(opened) = handshake(stream, peer, accepted_at, &context, &mut read_buffer).await?
+    else {
+        return Ok(());
+    };
+    let Opened {
+        mut frames,
+        mut write_half,
+        negotiated,
+        mut out,
+    } = opened;
+    if let Some(error) = refusal_at_open(&admission, &context, peer) {
+        close_unopened(&error, &mut out, write_half, &mut frames).await;
+        return Ok(());
+    }
+    frames.decoder_mut().frame_max = negotiated.frame_max as usize;
+    let session = match context.engine.open_session().await {
+        Ok(session) => session,
+        Err(error) => {
+            tracing::warn!(%peer, %error, "engine unavailable");
+            let error = ConnectionError::new(reply_code::CONNECTION_FORCED, "engine unavailable");
+            write_connection_close(&error, &mut out);
+            send(&mut write_half, &out.take()).await?;
+            return Ok(());
+        }
+    };
+    let config = &context.config;
+    let commands = session.commands;
+    let mut connection = Connection::new(config.clone(), negotiated, peer);
+    connection.lend_bodies(context.body_loans.clone());
+    connection.count_unfinished_in(context.unfinished.clone());
+    if commands.send(connection.open_session()).await.is_err() {
+        return Ok(());
+    }
+    let (writer_tx, writer_rx) = mpsc::channel::<Outbound>(WRITER_QUEUE);
+    let writer = tokio::spawn(write_loop(
+        write_half,
+        writer_rx,
+        commands.clone(),
+        context.metrics.clone(),
+        WriteDeadline {
+            peer,
+            timeout: Some(config.write_timeout).filter(|t| !t.is_zero()),
+        },
+    ));
+    let mut io = ConnectionIo {
+        peer,
+        frames,
+        out,
+        read_buffer,
+        writer_tx,
+        commands,
+        events: session.events,
+    };
+    let closing = read_loop(&mut io, &mut connection, &context, stopped).await;
+    if let Some(error) = closing {
+        tracing::debug!(%peer, code = error.code, text = %error.text, "closing connection");
+        match error.enforced {
+            Some(Enforced::UnfinishedContent) => {
+                tracing::warn!(%peer, text = %error.text, "closing a connection holding too much unfinished content");
+                context.metrics.count_unfinished_content_close();
+            }
+            Some(Enforced::Limit(limit)) => {
+                tracing::warn!(%peer, limit, reason = %error.text, "refused by a limit");
+                context.metrics.count_refusal(limit);
+            }
+            None => {}
+        }
+        write_connection_close(&error, &mut io.out);
+        flush(&mut io.out, &mut connection, &io.writer_tx).await;
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, drain_until_close_ok(&mut io.frames)).await;
+    }
+    drop(io);
+    let _ = tokio::time::timeout(CLOSE_TIMEOUT, writer).await;
+    Ok(())
+}
+
+type Frames<R> = FramedRead<MeasuredRead<R>, FrameDecoder>;
+
+/// A client that finished the handshake: it sent `connection.open`.
+struct Opened<R, W> {
+    frames: Frames<R>,
+    write_half: W,
+    negotiated: Negotiated,
+    out: FrameWriter,
+}
+
+/// The protocol header, the login and the tuning, within
+/// `gateway.handshake_timeout` of accept. None: the client went, was too
+/// slow, or was refused (and told so).
+async fn handshake<S: ClientStream>(
+    mut stream: S,
+    peer: SocketAddr,
+    accepted_at: Instant,
+    context: &ConnectionContext,
+    read_buffer: &mut CountedBytes,
+) -> std::io::Result<Option<Opened<S::Reader, S::Writer>>> {
+    let config = &context.config;
+    let login_throttle = &context.login_throttle;
+    let engine = &context.engine;
     // One deadline from accept to open-ok, whatever the client does or
     // fails to do meanwhile (RabbitMQ's handshake_timeout).
     let deadline = tokio::time::sleep_until(accepted_at + config.handshake_timeout);
@@ -497,7 +587,7 @@ async fn serve_connection<S: ClientStream>(
     tokio::select! {
         _ = &mut deadline => {
             tracing::debug!(%peer, "no protocol header before the handshake timeout");
-            return Ok(());
+            return Ok(None);
         }
         read = stream.read_exact(&mut header) => { read?; }
     }
@@ -506,7 +596,7 @@ async fn serve_connection<S: ClientStream>(
         tracing::debug!(%peer, ?header, "wrong protocol header");
         stream.write_all(PROTOCOL_HEADER).await?;
         stream.shutdown().await?;
-        return Ok(());
+        return Ok(None);
     }
     let certificate_user = stream.certificate_user();
     let (read_half, mut write_half) = stream.into_halves();
@@ -523,32 +613,32 @@ async fn serve_connection<S: ClientStream>(
     read_buffer.set(frames.read_buffer().capacity() as u64);
     let mut out = FrameWriter::default();
 
-    // Handshake: written directly, before the writer task exists.
-    let mut handshake = Handshake::new(&config, peer).with_certificate_user(certificate_user);
+    // Written directly, before the writer task exists.
+    let mut handshake = Handshake::new(config, peer).with_certificate_user(certificate_user);
     handshake.start(&mut out);
     send(&mut write_half, &out.take()).await?;
     let negotiated = loop {
         let frame = tokio::select! {
             _ = &mut deadline => {
                 tracing::info!(%peer, timeout = ?config.handshake_timeout, "handshake not finished in time, closing");
-                return Ok(());
+                return Ok(None);
             }
             frame = frames.next() => frame,
         };
         let mut step = match frame {
-            None => return Ok(()),
+            None => return Ok(None),
             Some(Err(error)) => Err(frame_error(error)),
             Some(Ok(frame)) => handshake.on_frame(frame),
         };
         if let Ok(HandshakeStep::Authenticate(request)) = step {
             // An address that keeps failing waits its turn, within the
             // same deadline.
-            let wait = login_throttle.wait(peer.ip(), std::time::Instant::now());
+            let wait = login_throttle.wait(peer.ip(), config.clock.now());
             if !wait.is_zero() {
                 tokio::select! {
                     _ = &mut deadline => {
                         tracing::info!(%peer, "login throttled past the handshake timeout, closing");
-                        return Ok(());
+                        return Ok(None);
                     }
                     () = tokio::time::sleep(wait) => {}
                 }
@@ -557,7 +647,7 @@ async fn serve_connection<S: ClientStream>(
             let answer = tokio::select! {
                 _ = &mut deadline => {
                     tracing::info!(%peer, timeout = ?config.handshake_timeout, "login not checked in time, closing");
-                    return Ok(());
+                    return Ok(None);
                 }
                 answer = engine.authenticate(request) => answer,
             };
@@ -574,8 +664,8 @@ async fn serve_connection<S: ClientStream>(
             }
             Err(error) => {
                 if let Some(refusal) = handshake.take_refusal() {
-                    log_login_refusal(&login_refusals, &metrics, peer, &refusal);
-                    if login_throttle.failed(peer.ip(), std::time::Instant::now()) {
+                    log_login_refusal(context, peer, &refusal);
+                    if login_throttle.failed(peer.ip(), config.clock.now()) {
                         tracing::warn!(
                             %peer,
                             failures = spillway_telemetry::FREE_LOGIN_FAILURES,
@@ -584,78 +674,104 @@ async fn serve_connection<S: ClientStream>(
                         );
                     }
                 }
-                write_connection_close(&error, &mut out);
-                send(&mut write_half, &out.take()).await?;
-                let _ =
-                    tokio::time::timeout(CLOSE_TIMEOUT, drain_until_close_ok(&mut frames)).await;
-                // TLS: close_notify, then FIN.
-                let _ = write_half.shutdown().await;
-                return Ok(());
+                close_unopened(&error, &mut out, write_half, &mut frames).await;
+                return Ok(None);
             }
         }
         if !out.is_empty() {
             send(&mut write_half, &out.take()).await?;
         }
     };
-    let refusal = match &admission {
+    Ok(Some(Opened {
+        frames,
+        write_half,
+        negotiated,
+        out,
+    }))
+}
+
+/// Why a client that logged in is refused at `connection.open`: a socket
+/// past `gateway.max_connections`, or the memory ceiling passed.
+fn refusal_at_open(
+    admission: &Admission,
+    context: &ConnectionContext,
+    peer: SocketAddr,
+) -> Option<ConnectionError> {
+    let metrics = &context.metrics;
+    let refusal = match admission {
         Admission::Refused { .. } => {
-            tracing::warn!(%peer, limit = slots.max(), "connection refused: node connection limit reached");
+            let max = context.slots.max();
+            tracing::warn!(%peer, limit = max, "connection refused: node connection limit reached");
             metrics.count_refusal(crate::metrics::MAX_CONNECTIONS);
-            Some(ConnectionError::new(
+            ConnectionError::new(
                 reply_code::NOT_ALLOWED,
-                format!(
-                    "connection refused: node connection limit ({}) is reached",
-                    slots.max()
-                ),
-            ))
+                format!("connection refused: node connection limit ({max}) is reached"),
+            )
         }
-        Admission::Admitted { .. } => memory.over().map(|over| {
+        Admission::Admitted { .. } => {
+            let over = context.memory.over()?;
             tracing::warn!(%peer, held_bytes = over.held, high_watermark_bytes = over.high_watermark, "connection refused: memory high watermark reached");
             metrics.count_refusal(crate::metrics::MEMORY_HIGH_WATERMARK);
-            ConnectionError::new(reply_code::RESOURCE_ERROR, format!("connection refused: {over}"))
-        }),
-    };
-    if let Some(error) = refusal {
-        let error = error.on(MethodId::CONNECTION_OPEN);
-        write_connection_close(&error, &mut out);
-        send(&mut write_half, &out.take()).await?;
-        let _ = tokio::time::timeout(CLOSE_TIMEOUT, drain_until_close_ok(&mut frames)).await;
-        let _ = write_half.shutdown().await;
-        return Ok(());
-    };
-    frames.decoder_mut().frame_max = negotiated.frame_max as usize;
-
-    let session = match engine.open_session().await {
-        Ok(session) => session,
-        Err(error) => {
-            tracing::warn!(%peer, %error, "engine unavailable");
-            let error = ConnectionError::new(reply_code::CONNECTION_FORCED, "engine unavailable");
-            write_connection_close(&error, &mut out);
-            send(&mut write_half, &out.take()).await?;
-            return Ok(());
+            ConnectionError::new(
+                reply_code::RESOURCE_ERROR,
+                format!("connection refused: {over}"),
+            )
         }
     };
-    let commands = session.commands;
-    let mut events = session.events;
-    let mut connection = Connection::new(config.clone(), negotiated, peer);
-    connection.lend_bodies(body_loans);
-    connection.count_unfinished_in(unfinished);
-    if commands.send(connection.open_session()).await.is_err() {
-        return Ok(());
-    }
-    let mut open = metrics.connection_opened();
-    let (writer_tx, writer_rx) = mpsc::channel::<Outbound>(WRITER_QUEUE);
-    let writer = tokio::spawn(write_loop(
-        write_half,
-        writer_rx,
-        commands.clone(),
-        metrics.clone(),
-        WriteDeadline {
-            peer,
-            timeout: Some(config.write_timeout).filter(|t| !t.is_zero()),
-        },
-    ));
+    Some(refusal.on(MethodId::CONNECTION_OPEN))
+}
 
+/// Closes a connection that has no engine session (yet): `connection.close`
+/// written directly, the client's `close-ok` awaited briefly, then the
+/// socket shut (TLS: close_notify, then FIN).
+async fn close_unopened<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    error: &ConnectionError,
+    out: &mut FrameWriter,
+    mut write_half: W,
+    frames: &mut Frames<R>,
+) {
+    write_connection_close(error, out);
+    if send(&mut write_half, &out.take()).await.is_err() {
+        return;
+    }
+    let _ = tokio::time::timeout(CLOSE_TIMEOUT, drain_until_close_ok(frames)).await;
+    let _ = write_half.shutdown().await;
+}
+
+/// What the read loop works with once the engine session is open.
+struct ConnectionIo<R> {
+    peer: SocketAddr,
+    frames: Frames<R>,
+    out: FrameWriter,
+    read_buffer: CountedBytes,
+    writer_tx: mpsc::Sender<Outbound>,
+    commands: spillway_proto::CommandSender,
+    events: mpsc::UnboundedReceiver<SessionEvent>,
+}
+
+/// The connection's life: frames from the client to the engine, events
+/// from the engine to the client, heartbeats, flow control and the memory
+/// ceiling, until either side closes. Some(error): the broker closes the
+/// connection with it.
+async fn read_loop<R: AsyncRead + Unpin>(
+    io: &mut ConnectionIo<R>,
+    connection: &mut Connection,
+    context: &ConnectionContext,
+    mut stopped: watch::Receiver<bool>,
+) -> Option<ConnectionError> {
+    let ConnectionIo {
+        peer,
+        frames,
+        out,
+        read_buffer,
+        writer_tx,
+        commands,
+        events,
+    } = io;
+    let peer = *peer;
+    let metrics = &context.metrics;
+    let memory = &context.memory;
+    let mut open = metrics.connection_opened();
     let heartbeat = connection.heartbeat();
     let beat_every = Duration::from_secs(u64::from(heartbeat.max(1))) / 2;
     let mut ticker = tokio::time::interval(beat_every);
@@ -670,10 +786,10 @@ async fn serve_connection<S: ClientStream>(
         // flow control; while it is, the ceiling is looked at again every
         // MEMORY_RECHECK even if nothing else happens.
         if connection.has_published() {
-            connection.set_memory_blocked(memory.over(), &mut out);
+            connection.set_memory_blocked(memory.over(), out);
             // The news goes out now: a client told it is blocked sends
             // nothing until it hears otherwise.
-            if !flush(&mut out, &mut connection, &writer_tx).await {
+            if !flush(out, connection, writer_tx).await {
                 break None;
             }
         }
@@ -698,15 +814,15 @@ async fn serve_connection<S: ClientStream>(
                 Some(Ok(frame)) => {
                     silence.heard(tokio::time::Instant::now());
                     connection.set_read_chunk(read_room.chunk_of(frames.read_buffer()));
-                    let mut step = connection.on_frame(frame, &mut out, &mut pending_commands);
+                    let mut step = connection.on_frame(frame, out, &mut pending_commands);
                     for _ in 1..FRAMES_PER_TURN {
                         if !matches!(step, Ok(Next::Continue)) || connection.reading_paused() {
                             break;
                         }
-                        step = match buffered_frame(&mut frames) {
+                        step = match buffered_frame(frames) {
                             Ok(Some(frame)) => {
                                 connection.set_read_chunk(read_room.chunk_of(frames.read_buffer()));
-                                connection.on_frame(frame, &mut out, &mut pending_commands)
+                                connection.on_frame(frame, out, &mut pending_commands)
                             }
                             Ok(None) => break,
                             Err(error) => Err(frame_error(error)),
@@ -717,7 +833,7 @@ async fn serve_connection<S: ClientStream>(
             },
             event = events.recv() => match event {
                 None => Err(ConnectionError::new(reply_code::CONNECTION_FORCED, "engine session ended")),
-                Some(event) => handle_events(&mut connection, event, &mut events, &mut out, &mut pending_commands)
+                Some(event) => handle_events(connection, event, events, out, &mut pending_commands)
                     .map(|()| Next::Continue),
             },
             _ = ticker.tick(), if heartbeat > 0 => {
@@ -753,38 +869,16 @@ async fn serve_connection<S: ClientStream>(
         match step {
             Ok(Next::Continue) => {}
             Ok(Next::Closed) => {
-                flush(&mut out, &mut connection, &writer_tx).await;
+                flush(out, connection, writer_tx).await;
                 break None;
             }
             Err(error) => break Some(error),
         }
-        if !flush(&mut out, &mut connection, &writer_tx).await {
+        if !flush(out, connection, writer_tx).await {
             break None;
         }
     };
-    if let Some(error) = closing {
-        if error.code == reply_code::RESOURCE_ERROR
-            && error.method == MethodId::BASIC_PUBLISH
-            && error.text.contains("gateway.max_unfinished_content")
-        {
-            // The gateway's own 506: too much unfinished content (the
-            // engine's, a store failure, names itself).
-            tracing::warn!(%peer, text = %error.text, "closing a connection holding too much unfinished content");
-            metrics.count_unfinished_content_close();
-        }
-        tracing::debug!(%peer, code = error.code, text = %error.text, "closing connection");
-        if let Some(limit) = error.limit {
-            tracing::warn!(%peer, limit, reason = %error.text, "refused by a limit");
-            metrics.count_refusal(limit);
-        }
-        write_connection_close(&error, &mut out);
-        flush(&mut out, &mut connection, &writer_tx).await;
-        let _ = tokio::time::timeout(CLOSE_TIMEOUT, drain_until_close_ok(&mut frames)).await;
-    }
-    drop(commands);
-    drop(writer_tx);
-    let _ = tokio::time::timeout(CLOSE_TIMEOUT, writer).await;
-    Ok(())
+    closing
 }
 
 /// Handles one event and whatever else is ready, up to a flush's worth.

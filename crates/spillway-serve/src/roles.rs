@@ -5,15 +5,16 @@ use std::time::Duration;
 
 use anyhow::Context;
 use spillway_engine::{Engine, EngineAdminService, EngineConfig, EngineService};
-use spillway_gateway::{AmqpServer, GatewayMetrics, Listeners, Server};
+use spillway_gateway::{AmqpServer, GatewayMetrics, Listeners};
 use spillway_management::ManagementService;
 use spillway_proto::backoff::Backoff;
+use spillway_proto::clock::{SharedClock, SystemClock};
 use spillway_proto::cluster::{grpc_message_limit, ClusterClient};
 use spillway_proto::{
     EngineAdminApi, EngineApi, RemoteEngine, RemoteEngineAdmin, RemoteStorage, StorageApi,
 };
 use spillway_storage::{RocksStore, StorageService};
-use spillway_telemetry::{Health, HttpServer, MemoryCeiling, Metrics};
+use spillway_telemetry::{Health, MemoryCeiling, Metrics, Server};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -60,12 +61,11 @@ pub struct Running {
     /// `/healthz`: ready once every listener is bound, not ready again from
     /// the start of shutdown.
     health: Health,
-    http: Option<HttpServer>,
-    amqp: Option<Box<dyn Server>>,
+    /// The servers, in the order they started: `/metrics` and `/healthz`
+    /// first, then the role's own.
+    servers: Vec<Box<dyn Server>>,
     engine: Option<Engine>,
     storage: Option<Arc<dyn StorageApi>>,
-    stop: watch::Sender<bool>,
-    grpc_servers: Vec<JoinHandle<()>>,
 }
 
 impl Running {
@@ -80,22 +80,31 @@ impl Running {
         self.engine.as_ref()
     }
 
+    /// Stops the servers in the reverse order of their start, then the
+    /// engine (its pending writes reach the store, which is then released),
+    /// and last the endpoint that has said "not ready" since the start of
+    /// shutdown.
     pub async fn shutdown(self) {
         self.health.set_ready(false);
-        if let Some(amqp) = self.amqp {
-            amqp.shutdown().await;
+        let mut servers = self.servers.into_iter();
+        let health_endpoint = servers.next();
+        for server in servers.rev() {
+            server.shutdown().await;
         }
-        let _ = self.stop.send(true);
-        for server in self.grpc_servers {
-            let _ = server.await;
-        }
-        // Last: pending writes reach the store, which is then released.
         if let Some(engine) = self.engine {
             engine.shutdown().await;
         }
-        if let Some(http) = self.http {
-            http.shutdown().await;
+        if let Some(server) = health_endpoint {
+            server.shutdown().await;
         }
+    }
+
+    /// Keeps a started server, and its addresses for the ready file.
+    fn add(&mut self, server: Box<dyn Server>) {
+        for (name, addr) in server.bind_addrs() {
+            self.addresses.insert(name, addr);
+        }
+        self.servers.push(server);
     }
 
     /// The ready file's content: the bound addresses as a JSON object.
@@ -125,16 +134,12 @@ pub async fn run_with_metrics(
     settings: &Settings,
     metrics: Metrics,
 ) -> anyhow::Result<Running> {
-    let (stop, stopped) = watch::channel(false);
     let mut running = Running {
         addresses: BTreeMap::new(),
         health: Health::new(),
-        http: None,
-        amqp: None,
+        servers: Vec::new(),
         engine: None,
         storage: None,
-        stop,
-        grpc_servers: Vec::new(),
     };
     // Mutual TLS: read for the separate roles only (all-in-one has no
     // internal connection to protect).
@@ -177,8 +182,10 @@ pub async fn run_with_metrics(
         ),
     };
     let auth = ClusterAuth::new(secret);
-    // One ceiling per process, over what its components hold for clients.
+    // One ceiling per process, over what its components hold for clients,
+    // and one clock.
     let memory = MemoryCeiling::new(settings.broker.memory_high_watermark());
+    let clock = SystemClock::shared();
     if matches!(role, Role::AllInOne | Role::Engine | Role::Gateway) {
         metrics.register_collector(memory.collector());
     }
@@ -189,28 +196,27 @@ pub async fn run_with_metrics(
             store.register_metrics(&metrics);
             let storage: Arc<dyn StorageApi> = Arc::new(store);
             running.storage = Some(storage.clone());
-            let engine = start_engine(storage.clone(), settings, memory.clone()).await?;
+            let engine =
+                start_engine(storage.clone(), settings, memory.clone(), clock.clone()).await?;
             engine.register_metrics(&metrics);
             running.engine = Some(engine.clone());
             let admin: Arc<dyn EngineAdminApi> = Arc::new(engine.clone());
-            start_amqp(&mut running, Arc::new(engine), settings, &metrics, memory).await?;
-            let routes = ManagementService::new(admin, storage)
-                .routes(settings.management.auth(), &metrics)?;
-            let router = management_server(settings)?.add_routes(routes);
-            start_grpc(
+            start_amqp(
                 &mut running,
-                "management",
-                &settings.management.listen,
-                router,
-                stopped,
-                settings.management.tls.files().is_some(),
+                Arc::new(engine),
+                settings,
+                &metrics,
+                memory,
+                clock,
             )
             .await?;
+            start_management(&mut running, admin, storage, settings, &metrics).await?;
         }
         Role::Storage => {
             let store = open_store(settings)?;
             store.register_metrics(&metrics);
             auth.register_metrics(&metrics);
+            let (stop, stopped) = watch::channel(false);
             let storage = StorageService::new(store)
                 .with_shutdown(stopped.clone())
                 .into_server(cluster.max_message_bytes);
@@ -222,8 +228,8 @@ pub async fn run_with_metrics(
                 "storage",
                 &settings.storage.listen,
                 router,
-                stopped,
                 cluster_tls.is_some(),
+                (stop, stopped),
             )
             .await?;
         }
@@ -232,7 +238,7 @@ pub async fn run_with_metrics(
                 RemoteStorage::connect_lazy(&settings.engine.storage_addr, &cluster)
                     .context("engine.storage_addr")?,
             );
-            let engine = start_engine(storage, settings, memory).await?;
+            let engine = start_engine(storage, settings, memory, clock).await?;
             engine.register_metrics(&metrics);
             auth.register_metrics(&metrics);
             running.engine = Some(engine.clone());
@@ -253,8 +259,8 @@ pub async fn run_with_metrics(
                 "engine",
                 &settings.engine.listen,
                 router,
-                stopped,
                 cluster_tls.is_some(),
+                watch::channel(false),
             )
             .await?;
         }
@@ -263,7 +269,7 @@ pub async fn run_with_metrics(
                 RemoteEngine::connect_lazy(&settings.gateway.engine_addr, &cluster)
                     .context("gateway.engine_addr")?,
             );
-            start_amqp(&mut running, engine, settings, &metrics, memory).await?;
+            start_amqp(&mut running, engine, settings, &metrics, memory, clock).await?;
         }
         Role::Management => {
             let storage: Arc<dyn StorageApi> = Arc::new(
@@ -274,22 +280,34 @@ pub async fn run_with_metrics(
                 RemoteEngineAdmin::connect_lazy(&settings.management.engine_addr, &cluster)
                     .context("management.engine_addr")?,
             );
-            let routes = ManagementService::new(admin, storage)
-                .routes(settings.management.auth(), &metrics)?;
-            let router = management_server(settings)?.add_routes(routes);
-            start_grpc(
-                &mut running,
-                "management",
-                &settings.management.listen,
-                router,
-                stopped,
-                settings.management.tls.files().is_some(),
-            )
-            .await?;
+            start_management(&mut running, admin, storage, settings, &metrics).await?;
         }
     }
     running.health.set_ready(true);
     Ok(running)
+}
+
+/// Serves the management API over `admin` (the engine, in-process or
+/// remote) and `storage`, on `management.listen`.
+async fn start_management(
+    running: &mut Running,
+    admin: Arc<dyn EngineAdminApi>,
+    storage: Arc<dyn StorageApi>,
+    settings: &Settings,
+    metrics: &Metrics,
+) -> anyhow::Result<()> {
+    let routes =
+        ManagementService::new(admin, storage).routes(settings.management.auth(), metrics)?;
+    let router = management_server(settings)?.add_routes(routes);
+    start_grpc(
+        running,
+        "management",
+        &settings.management.listen,
+        router,
+        settings.management.tls.files().is_some(),
+        watch::channel(false),
+    )
+    .await
 }
 
 /// Serves `/metrics` from `metrics` and `/healthz` from the role's health.
@@ -309,8 +327,7 @@ async fn start_http(
         .with_context(|| format!("telemetry.metrics_listen '{listen}' is not an address"))?;
     let server =
         spillway_telemetry::start_http(addr, metrics.clone(), running.health.clone()).await?;
-    running.addresses.insert("metrics", server.local_addr());
-    running.http = Some(server);
+    running.add(Box::new(server));
     Ok(())
 }
 
@@ -332,6 +349,7 @@ async fn start_engine(
     storage: Arc<dyn StorageApi>,
     settings: &Settings,
     memory_ceiling: Arc<MemoryCeiling>,
+    clock: SharedClock,
 ) -> anyhow::Result<Engine> {
     let config = EngineConfig {
         session_credit: settings.engine.session_credit,
@@ -362,7 +380,7 @@ async fn start_engine(
             .collect(),
         transactions: settings.broker.transactions(),
         memory_ceiling: memory_ceiling.clone(),
-        clock: spillway_proto::clock::SystemClock::shared(),
+        clock,
     };
     tracing::info!(
         flow_to_disk_threshold = config.flow_to_disk_threshold,
@@ -450,6 +468,7 @@ async fn start_amqp(
     settings: &Settings,
     metrics: &Metrics,
     memory: Arc<MemoryCeiling>,
+    clock: SharedClock,
 ) -> anyhow::Result<()> {
     let gateway = &settings.gateway;
     let parse = |key: &str, listen: &str| -> anyhow::Result<SocketAddr> {
@@ -474,45 +493,71 @@ async fn start_amqp(
     }
     let gateway_metrics = GatewayMetrics::new();
     gateway_metrics.register(metrics);
-    let wanted = [
+    let wanted: Vec<String> = [
         listeners.amqp,
         listeners.amqps.as_ref().map(|(addr, _)| *addr),
-    ];
+    ]
+    .into_iter()
+    .flatten()
+    .map(|addr| addr.to_string())
+    .collect();
     let server = AmqpServer::start_listeners(
         listeners,
         engine,
-        settings.gateway_protocol(),
+        spillway_gateway::GatewayConfig {
+            clock,
+            ..settings.gateway_protocol()
+        },
         gateway_metrics,
         memory,
     )
     .await
-    .with_context(|| format!("binding the AMQP ports {wanted:?}"))?;
-    if let Some(addr) = server.bind_addr() {
-        running.addresses.insert("amqp", addr);
-    }
-    if let Some(addr) = server.tls_bind_addr() {
-        running.addresses.insert("amqps", addr);
-    }
-    running.amqp = Some(Box::new(server));
+    .with_context(|| format!("binding the AMQP port {}", wanted.join(" and ")))?;
+    running.add(Box::new(server));
     Ok(())
 }
 
+/// An internal or management gRPC server, started by [`start_grpc`].
+struct GrpcServer {
+    name: &'static str,
+    addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+#[async_trait::async_trait]
+impl Server for GrpcServer {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn bind_addrs(&self) -> Vec<(&'static str, SocketAddr)> {
+        vec![(self.name, self.addr)]
+    }
+
+    async fn shutdown(self: Box<Self>) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+}
+
+/// Binds `listen` and serves `router` until `stop` says so (`stop.1` is
+/// also what a service that streams watches, to end its streams).
 async fn start_grpc(
     running: &mut Running,
     name: &'static str,
     listen: &str,
     router: tonic::transport::server::Router,
-    mut stopped: watch::Receiver<bool>,
     tls: bool,
+    (stop, mut stopped): (watch::Sender<bool>, watch::Receiver<bool>),
 ) -> anyhow::Result<()> {
     let listener = TcpListener::bind(listen)
         .await
         .with_context(|| format!("binding the {name} gRPC port {listen}"))?;
     let addr = listener.local_addr()?;
-    running.addresses.insert(name, addr);
     // tls: the management API's TLS, or the internal services' mutual TLS.
     tracing::info!(component = name, %addr, tls, "grpc listening");
-    let server = tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         let shutdown = async move {
             let _ = stopped.changed().await;
         };
@@ -532,6 +577,11 @@ async fn start_grpc(
             tracing::error!(component = name, %error, "grpc server failed");
         }
     });
-    running.grpc_servers.push(server);
+    running.add(Box::new(GrpcServer {
+        name,
+        addr,
+        stop,
+        task,
+    }));
     Ok(())
 }

@@ -385,6 +385,8 @@ impl GatewaySettings {
             max_unfinished_content: self.max_unfinished_content,
             // Set from `[broker]` and `[connection]`: Settings::gateway_protocol.
             compress_above: None,
+            // The wiring hands the process's own clock.
+            clock: spillway_proto::clock::SystemClock::shared(),
         }
     }
 }

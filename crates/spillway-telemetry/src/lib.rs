@@ -14,6 +14,8 @@
 //!   gateway and the engine and summed into one metric family.
 //! - [`MemoryCeiling`] (`memory_ceiling.rs`): the process's high watermark
 //!   over the bytes its components hold for clients.
+//! - [`Server`] (`server.rs`): the shape every network server of a process
+//!   has (name, bound addresses, shutdown), so the wiring holds one list.
 //!
 //! It knows nothing of AMQP or of the other components: they depend on it, not
 //! the other way round. [`prometheus_client`] is re-exported so components
@@ -48,10 +50,12 @@ pub use login_refusals::{
 pub use memory_ceiling::{MemoryCeiling, OverCeiling};
 pub use prometheus_client;
 pub use refusals::{LimitRefusals, LIMIT_REFUSALS};
+pub use server::Server;
 
 mod login_refusals;
 mod memory_ceiling;
 mod refusals;
+mod server;
 
 /// The `Content-Type` of `/metrics`: the Prometheus text format 0.0.4.
 pub const METRICS_CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;

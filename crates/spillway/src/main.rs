@@ -65,8 +65,28 @@ enum RoleArg {
     },
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+/// An expected failure (a port in use, a bad setting, a store held by
+/// another engine) is one line on standard error and exit status 1; its
+/// causes follow on the same line. No backtrace: the message says what to
+/// mend.
+fn main() -> std::process::ExitCode {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the runtime: {error}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     if let Some(RoleArg::Healthcheck { addr }) = &cli.role {
         return healthcheck(addr).await;

@@ -43,8 +43,18 @@ pub struct ConnectionError {
     pub text: String,
     /// The method that failed ([`MethodId::NONE`] when none did).
     pub method: MethodId,
-    /// The limit this refusal enforces, for `spillway_limit_refusals_total`.
-    pub limit: Option<&'static str>,
+    /// What the gateway enforced with it, for its metrics (None: a protocol
+    /// error, or the engine's own close).
+    pub enforced: Option<Enforced>,
+}
+
+/// A rule of the gateway's own that closes a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Enforced {
+    /// A limit, as `spillway_limit_refusals_total` labels it.
+    Limit(&'static str),
+    /// `gateway.max_unfinished_content`: too many partly received bodies.
+    UnfinishedContent,
 }
 
 impl ConnectionError {
@@ -53,13 +63,19 @@ impl ConnectionError {
             code,
             text: text.into(),
             method: MethodId::NONE,
-            limit: None,
+            enforced: None,
         }
     }
 
     /// Names the method that failed.
     pub fn on(mut self, method: MethodId) -> Self {
         self.method = method;
+        self
+    }
+
+    /// Names the gateway's rule it enforces.
+    pub fn enforcing(mut self, enforced: Enforced) -> Self {
+        self.enforced = Some(enforced);
         self
     }
 }
@@ -257,7 +273,8 @@ impl Connection {
         }
         let reason = over.map(|over| over.to_string());
         self.change_blocked(out, |connection| {
-            connection.memory_blocked = reason.map(|reason| (reason, std::time::Instant::now()));
+            let now = connection.config.clock.now();
+            connection.memory_blocked = reason.map(|reason| (reason, now));
         });
     }
 
@@ -307,9 +324,8 @@ impl Connection {
             return;
         }
         self.change_blocked(out, |connection| {
-            connection.flow_blocked = flow
-                .blocked
-                .then(|| (flow.reason, std::time::Instant::now()));
+            let now = connection.config.clock.now();
+            connection.flow_blocked = flow.blocked.then_some((flow.reason, now));
         });
     }
 

@@ -20,7 +20,7 @@ use spillway_proto::amqp::{reply_code, MethodId};
 use spillway_proto::body::{Body, ENCODING_IDENTITY};
 use spillway_proto::engine::{self as pb, session_command::Command, SessionCommand};
 
-use super::{command, Channel, ChannelPhase, Connection, ConnectionError};
+use super::{command, Channel, ChannelPhase, Connection, ConnectionError, Enforced};
 use crate::codec::{self, FrameWriter, RawFrame};
 
 /// The class id content headers carry for basic (the only class with content).
@@ -268,7 +268,8 @@ impl Connection {
                     "partly received message bodies on this connection take {unfinished} bytes, over the limit of {limit} (gateway.max_unfinished_content)"
                 ),
             )
-            .on(MethodId::BASIC_PUBLISH));
+            .on(MethodId::BASIC_PUBLISH)
+            .enforcing(Enforced::UnfinishedContent));
         }
         if complete {
             self.finish_publish(channel_id, out, commands)?;

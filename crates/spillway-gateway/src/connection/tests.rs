@@ -277,6 +277,7 @@ fn unfinished_bodies_are_counted_over_channels_until_finished_or_dropped() {
     }
     let error = result.expect_err("3000 + 3500 unfinished bytes pass 6000");
     assert_eq!(error.code, reply_code::RESOURCE_ERROR);
+    assert_eq!(error.enforced, Some(super::Enforced::UnfinishedContent));
     assert!(
         error.text.contains("gateway.max_unfinished_content"),
         "{}",
@@ -643,8 +644,11 @@ fn flow_control(blocked: bool, reason: &str) -> SessionEvent {
 
 #[test]
 fn the_memory_ceiling_holds_back_publishers_only_and_lets_go_when_back_under() {
+    use spillway_proto::clock::Clock as _;
+    let clock = spillway_proto::clock::ManualClock::new();
     let config = GatewayConfig {
         blocked_overdraft: 0,
+        clock: clock.clone(),
         ..GatewayConfig::default()
     };
     let (mut connection, mut out) = open_connection(config);
@@ -667,9 +671,15 @@ fn the_memory_ceiling_holds_back_publishers_only_and_lets_go_when_back_under() {
         );
     }
     assert!(connection.has_published());
+    clock.advance(std::time::Duration::from_secs(7));
     connection.set_memory_blocked(over, &mut out);
     assert!(connection.memory_blocked() && connection.reading_paused());
-    let (reason, _) = connection.blocked().expect("blocked");
+    let (reason, since) = connection.blocked().expect("blocked");
+    assert_eq!(
+        since,
+        clock.now(),
+        "blocked since, as the gateway's clock says"
+    );
     assert!(
         reason.contains("memory high watermark reached") && reason.contains("11 bytes"),
         "{reason}"

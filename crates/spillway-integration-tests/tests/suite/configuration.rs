@@ -286,3 +286,43 @@ async fn unusable_tls_settings_stop_every_role() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// An expected start-up failure is one `error:` line with its causes, and
+/// exit status 1: no backtrace, even when the environment asks for one.
+#[tokio::test]
+async fn a_port_in_use_is_one_line_and_no_backtrace() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = taken.local_addr()?.to_string();
+    let exit = run(
+        dir.path(),
+        "all-in-one",
+        None,
+        &[
+            ("SPILLWAY_GATEWAY__AMQP_LISTEN", addr.as_str()),
+            ("RUST_BACKTRACE", "1"),
+            ("RUST_LIB_BACKTRACE", "1"),
+        ],
+    )
+    .await?;
+    assert_refused(&exit, "all-in-one", &["binding the AMQP port"]);
+    assert_eq!(exit.code, Some(1), "{}", exit.stderr);
+    let error_lines: Vec<&str> = exit
+        .stderr
+        .lines()
+        .filter(|line| line.starts_with("error: "))
+        .collect();
+    assert_eq!(error_lines.len(), 1, "{}", exit.stderr);
+    assert!(
+        error_lines[0].contains(&addr) && error_lines[0].contains("in use"),
+        "the one line names the address and why: {}",
+        error_lines[0]
+    );
+    assert!(
+        !exit.stderr.to_lowercase().contains("backtrace"),
+        "{}",
+        exit.stderr
+    );
+    drop(taken);
+    Ok(())
+}
