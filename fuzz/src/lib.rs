@@ -20,14 +20,14 @@ use amq_protocol::protocol::{basic, channel as chan, connection as conn, exchang
 use amq_protocol::protocol::{confirm, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldArray, FieldTable, LongString};
 use bytes::{Bytes, BytesMut};
+use spillway_amqp::codec::{self, FrameDecoder, FrameError, FrameWriter, RawFrame};
+use spillway_amqp::codec::{FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD};
+use spillway_amqp::codec::{FRAME_OVERHEAD, MIN_FRAME_MAX, PROTOCOL_HEADER};
+use spillway_amqp::{self as amqp, closes_only_the_channel, nesting, reply_code, reply_name};
 use spillway_gateway::auth::{self, User};
-use spillway_gateway::codec::{self, FrameDecoder, FrameError, FrameWriter, RawFrame};
-use spillway_gateway::codec::{FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD};
-use spillway_gateway::codec::{FRAME_OVERHEAD, MIN_FRAME_MAX, PROTOCOL_HEADER};
 use spillway_gateway::connection::{write_connection_close, Capabilities, Connection};
 use spillway_gateway::connection::{ConnectionError, Handshake, HandshakeStep, Negotiated, Next};
 use spillway_gateway::GatewayConfig;
-use spillway_proto::amqp::{self, closes_only_the_channel, nesting, reply_code, reply_name};
 use spillway_proto::body::{Body, BodyError};
 use spillway_proto::engine::{self as pb, reply, session_command::Command, session_event::Event};
 use spillway_proto::engine::{AuthenticateRequest, LoginResult, SessionCommand, SessionEvent};

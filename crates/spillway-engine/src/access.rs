@@ -450,7 +450,7 @@ pub fn argument_requirements(command: &Command) -> Vec<Requirement> {
     if arguments.is_empty() {
         return Vec::new();
     }
-    let Ok(table) = spillway_proto::amqp::decode_table(arguments) else {
+    let Ok(table) = spillway_amqp::decode_table(arguments) else {
         return Vec::new();
     };
     match command {

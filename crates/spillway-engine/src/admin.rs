@@ -24,7 +24,7 @@ use std::sync::atomic::Ordering;
 use amq_protocol_types::{AMQPValue, FieldTable, ShortString};
 use async_trait::async_trait;
 use bytes::Bytes;
-use spillway_proto::amqp;
+use spillway_amqp as amqp;
 use spillway_proto::cluster::BATCH_BYTES;
 use spillway_proto::engine::engine_admin_server::{EngineAdmin, EngineAdminServer};
 use spillway_proto::engine::{self as pb, session_event::Event, AmqpError, ErrorKind};
@@ -652,7 +652,7 @@ impl EngineAdminApi for Engine {
         request: m::DeleteBindingRequest,
     ) -> Result<m::DeleteBindingResponse, ServiceError> {
         let (binding, arguments) = binding_request(request.binding)?;
-        let table = amqp::decode_table(&arguments).map_err(service_error)?;
+        let table = amqp::decode_table(&arguments).map_err(|error| service_error(error.into()))?;
         self.with_session(&binding.vhost, |broker, session| {
             let destination = if binding.destination_is_exchange {
                 Destination::Exchange(binding.destination.clone())

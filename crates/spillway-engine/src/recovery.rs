@@ -26,7 +26,7 @@ use std::collections::HashSet;
 use std::sync::Weak;
 use std::time::{Duration, Instant};
 
-use spillway_proto::amqp;
+use spillway_amqp as amqp;
 use spillway_proto::backoff::Backoff;
 use spillway_proto::storage::Definitions;
 use spillway_proto::ServiceError;

@@ -2,7 +2,7 @@
 //! behind it (direct keys, topic patterns, headers tables).
 
 use amq_protocol_types::{AMQPValue, FieldTable};
-use spillway_proto::amqp::reply_code;
+use spillway_amqp::reply_code;
 use spillway_proto::engine::{self as pb, AmqpError};
 
 use crate::exchange::Exchange;

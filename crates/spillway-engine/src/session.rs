@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use futures::stream::FuturesOrdered;
 use futures::StreamExt;
-use spillway_proto::amqp::{reply_code, MethodId};
+use spillway_amqp::{reply_code, MethodId};
 use spillway_proto::engine::{
     self as pb, reply, session_command::Command, session_event::Event, AmqpError, Reply,
     SessionCommand, SessionEvent,

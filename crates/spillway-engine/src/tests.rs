@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use amq_protocol_types::{AMQPValue, FieldTable, ShortString};
 use bytes::Bytes;
-use spillway_proto::amqp::{self, reply_code};
+use spillway_amqp::{self as amqp, reply_code};
 use spillway_proto::engine::{
     self as pb, reply, session_command::Command, session_event::Event, ErrorKind,
 };

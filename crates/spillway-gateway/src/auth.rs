@@ -146,7 +146,7 @@ fn parse_plain(response: &[u8]) -> Result<(String, String), AuthError> {
 /// A field table without its length prefix, holding LOGIN and PASSWORD.
 fn parse_amqplain(response: &[u8]) -> Result<(String, String), AuthError> {
     use amq_protocol::types::AMQPValue;
-    use spillway_proto::amqp::nesting;
+    use spillway_amqp::nesting;
     // The table parser recurses: refuse deep nesting before it runs.
     if nesting::check_table_entries(response, nesting::MAX_NESTING).is_err() {
         return Err(AuthError::Malformed("AMQPLAIN"));

@@ -4,7 +4,8 @@
 //! no message beyond the one being assembled per channel.
 //!
 //! Layers, each in its own module:
-//! - [`codec`]: bytes ⇄ frames (no protocol state);
+//! - bytes ⇄ frames (no protocol state) is `spillway_amqp::codec`, a crate
+//!   of its own, shared with the load generator and the fuzz targets;
 //! - [`connection`]: the handshake and the connection/channel state machines
 //!   (no I/O);
 //! - [`server`]: the TCP listeners (plain and TLS) and the per-connection
@@ -25,7 +26,6 @@
 
 pub mod auth;
 pub mod body_loans;
-pub mod codec;
 pub mod connection;
 pub mod heartbeat;
 pub mod limits;

@@ -18,7 +18,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use spillway_proto::amqp::{reply_code, MethodId};
+use spillway_amqp::{reply_code, MethodId};
 
 use crate::connection::{ConnectionError, Enforced};
 use crate::metrics::CHANNEL_MAX;

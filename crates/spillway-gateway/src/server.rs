@@ -19,7 +19,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
-use spillway_proto::amqp::{reply_code, MethodId};
+use spillway_amqp::{reply_code, MethodId};
 use spillway_proto::engine::{
     session_command::Command, DeliveriesWritten, SessionCommand, SessionEvent,
 };
@@ -36,7 +36,6 @@ use tokio_util::task::TaskTracker;
 
 use crate::auth::AuthError;
 use crate::body_loans::{BodyLoans, MAX_LENT_READ_BYTES};
-use crate::codec::{FrameDecoder, FrameError, FrameWriter, MIN_FRAME_MAX, PROTOCOL_HEADER};
 use crate::connection::{
     write_connection_close, Connection, ConnectionError, Enforced, Handshake, HandshakeStep,
     Negotiated, Next,
@@ -46,6 +45,7 @@ use crate::limits::{ConnectionSlots, Slot, REFUSALS_AT_ONCE};
 use crate::metrics::GatewayMetrics;
 use crate::read_room::{MeasuredRead, ReadRoom};
 use crate::GatewayConfig;
+use spillway_amqp::codec::{FrameDecoder, FrameError, FrameWriter, MIN_FRAME_MAX, PROTOCOL_HEADER};
 use spillway_telemetry::{LoginThrottle, MemoryCeiling, RefusalLog, Server};
 
 /// TCP keepalive on client sockets: a peer that vanished without a FIN (a
@@ -1067,7 +1067,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
 /// stream then reads when next polled, as it would have).
 fn buffered_frame<R>(
     frames: &mut FramedRead<R, FrameDecoder>,
-) -> Result<Option<crate::codec::RawFrame>, FrameError> {
+) -> Result<Option<spillway_amqp::codec::RawFrame>, FrameError> {
     let mut buffer = std::mem::take(frames.read_buffer_mut());
     let frame = frames.decoder_mut().decode(&mut buffer);
     *frames.read_buffer_mut() = buffer;
@@ -1080,12 +1080,12 @@ where
 {
     use amq_protocol::protocol::{connection as conn, AMQPClass};
     while let Some(Ok(frame)) = frames.next().await {
-        if frame.kind != crate::codec::FRAME_METHOD || frame.channel != 0 {
+        if frame.kind != spillway_amqp::codec::FRAME_METHOD || frame.channel != 0 {
             continue;
         }
         if let Ok(AMQPClass::Connection(
             conn::AMQPMethod::CloseOk(_) | conn::AMQPMethod::Close(_),
-        )) = crate::codec::parse_method(&frame.payload)
+        )) = spillway_amqp::codec::parse_method(&frame.payload)
         {
             return;
         }

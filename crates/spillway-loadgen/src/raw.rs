@@ -16,7 +16,7 @@
 //!
 //! Hand-written rather than a library: the point is a client whose cost per message is
 //! well below the broker's; lapin (the library) is what costs too much. Framing and the
-//! non-hot methods go through `spillway_gateway::codec` and amq-protocol; only
+//! non-hot methods go through `spillway_amqp::codec` and amq-protocol; only
 //! basic.publish, basic.deliver and basic.ack/nack are encoded or read by hand.
 
 use std::collections::{BTreeSet, VecDeque};
@@ -31,7 +31,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use bytes::{BufMut, Bytes, BytesMut};
 use futures::{StreamExt, TryStreamExt};
 use serde::Serialize;
-use spillway_gateway::codec::{
+use spillway_amqp::codec::{
     parse_content_header, parse_method, FrameDecoder, FrameWriter, RawFrame, FRAME_BODY, FRAME_END,
     FRAME_HEADER, FRAME_METHOD, MIN_FRAME_MAX, PROTOCOL_HEADER,
 };

@@ -26,7 +26,7 @@ pub mod management {
     include!("generated/spillway.management.v1.rs");
 }
 
-pub mod amqp;
+mod amqp_error;
 pub mod backoff;
 pub mod body;
 mod boundary;

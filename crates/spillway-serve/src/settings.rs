@@ -1085,7 +1085,7 @@ impl Settings {
             );
         }
         check(
-            gateway.frame_max >= spillway_gateway::codec::MIN_FRAME_MAX,
+            gateway.frame_max >= spillway_amqp::codec::MIN_FRAME_MAX,
             "gateway.frame_max",
             &gateway.frame_max,
             "at least 4096 (AMQP's smallest frame)",

@@ -3,7 +3,7 @@
 //! the queue's.
 
 use amq_protocol_types::{AMQPValue, FieldTable};
-use spillway_proto::amqp::reply_code;
+use spillway_amqp::reply_code;
 use spillway_proto::engine::AmqpError;
 
 use super::OpResult;

@@ -3,7 +3,7 @@
 //! the client hears they happened.
 
 use rand::distr::{Alphanumeric, SampleString};
-use spillway_proto::amqp::{self, reply_code};
+use spillway_amqp::{self as amqp, reply_code};
 use spillway_proto::engine::{self as pb, session_event::Event, AmqpError};
 use spillway_proto::storage::{self as store, write_op, WriteOp};
 

@@ -3,7 +3,7 @@
 //! gateway's report of deliveries written, and basic.get.
 
 use rand::distr::{Alphanumeric, SampleString};
-use spillway_proto::amqp::{self, reply_code};
+use spillway_amqp::{self as amqp, reply_code};
 use spillway_proto::engine::{self as pb, session_event::Event, AmqpError};
 use spillway_proto::storage::Durability;
 use tokio::sync::oneshot;

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use spillway_proto::amqp::reply_code;
+use spillway_amqp::reply_code;
 use spillway_proto::engine::{self as pb};
 use spillway_proto::management as m;
 use spillway_proto::ServiceError;

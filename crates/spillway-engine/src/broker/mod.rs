@@ -51,7 +51,7 @@ mod tx;
 use foldhash::{HashMap, HashMapExt};
 use std::sync::Arc;
 
-use spillway_proto::amqp::reply_code;
+use spillway_amqp::reply_code;
 use spillway_proto::engine::{self as pb, session_event::Event, AmqpError, SessionEvent};
 use spillway_proto::storage::Durability;
 use tokio::sync::mpsc;

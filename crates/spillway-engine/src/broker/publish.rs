@@ -2,7 +2,7 @@
 //! (within their length limits), write what must be stored, and tell the
 //! session when to confirm.
 
-use spillway_proto::amqp::reply_code;
+use spillway_amqp::reply_code;
 use spillway_proto::engine::{self as pb, session_event::Event, AmqpError};
 use std::sync::Arc;
 

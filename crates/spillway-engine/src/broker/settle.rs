@@ -2,7 +2,7 @@
 //! putting a delivery back on its queue (or letting it go when the queue is
 //! gone).
 
-use spillway_proto::amqp::reply_code;
+use spillway_amqp::reply_code;
 use spillway_proto::engine::{self as pb, AmqpError};
 use spillway_proto::storage::{self as store, write_op, Durability, WriteOp};
 

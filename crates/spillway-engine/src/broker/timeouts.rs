@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use spillway_proto::amqp::reply_code;
+use spillway_amqp::reply_code;
 use spillway_proto::engine::{self as pb, session_event::Event, AmqpError};
 
 use super::Broker;

@@ -29,7 +29,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use spillway_proto::amqp::reply_code;
+use spillway_amqp::reply_code;
 use spillway_proto::engine::{self as pb, session_event::Event, AmqpError};
 use spillway_proto::management as m;
 use spillway_proto::storage::Durability;

@@ -7,7 +7,7 @@
 use amq_protocol::protocol::{
     access, basic, channel as chan, confirm, exchange, queue, tx, AMQPClass,
 };
-use spillway_proto::amqp::{encode_table, reply_code, MethodId};
+use spillway_amqp::{encode_table, reply_code, MethodId};
 use spillway_proto::engine::{self as pb, session_command::Command};
 
 use super::{Answer, ConnectionError};

@@ -8,13 +8,13 @@ use std::net::SocketAddr;
 
 use amq_protocol::protocol::{connection as conn, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable};
-use spillway_proto::amqp::{reply_code, MethodId};
+use spillway_amqp::{reply_code, MethodId};
 use spillway_proto::engine::{AuthenticateRequest, LoginResult};
 
 use super::ConnectionError;
 use crate::auth;
-use crate::codec::{self, FrameWriter, RawFrame};
 use crate::GatewayConfig;
+use spillway_amqp::codec::{self, FrameWriter, RawFrame};
 
 /// What the client said it understands (connection.start-ok capabilities).
 #[derive(Debug, Default, Clone, Copy)]

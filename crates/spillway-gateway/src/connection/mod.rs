@@ -25,16 +25,14 @@ use std::net::SocketAddr;
 
 use amq_protocol::protocol::{channel as chan, connection as conn, AMQPClass};
 use amq_protocol::types::ShortString;
-use spillway_proto::amqp::{
-    closes_only_the_channel, encode_table, reply_code, reply_text, MethodId,
-};
+use spillway_amqp::{closes_only_the_channel, encode_table, reply_code, reply_text, MethodId};
 use spillway_proto::engine::{self as pb, session_command::Command, SessionCommand};
 
-use crate::codec::{self, FrameWriter, RawFrame};
 use crate::GatewayConfig;
 use commands::Translation;
 pub use handshake::{Capabilities, Handshake, HandshakeStep, Negotiated};
 use publish::{PendingPublish, UnfinishedContent};
+use spillway_amqp::codec::{self, FrameWriter, RawFrame};
 
 /// An error that closes the whole connection.
 #[derive(Debug, Clone, PartialEq)]
@@ -689,7 +687,7 @@ fn method_id(method: &AMQPClass) -> MethodId {
 
 /// Text from the engine may exceed a short string; cut it at a char boundary.
 fn short(text: &str) -> ShortString {
-    ShortString::from(crate::codec::short_str_prefix(text))
+    ShortString::from(spillway_amqp::codec::short_str_prefix(text))
 }
 
 /// The error for a method frame amq-protocol cannot parse: a known class is

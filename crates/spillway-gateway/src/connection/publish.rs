@@ -15,13 +15,13 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use foldhash::HashMap;
-use spillway_proto::amqp::nesting::{self, NestingError};
-use spillway_proto::amqp::{reply_code, MethodId};
+use spillway_amqp::nesting::{self, NestingError};
+use spillway_amqp::{reply_code, MethodId};
 use spillway_proto::body::{Body, ENCODING_IDENTITY};
 use spillway_proto::engine::{self as pb, session_command::Command, SessionCommand};
 
 use super::{command, Channel, ChannelPhase, Connection, ConnectionError, Enforced};
-use crate::codec::{self, FrameWriter, RawFrame};
+use spillway_amqp::codec::{self, FrameWriter, RawFrame};
 
 /// The class id content headers carry for basic (the only class with content).
 const BASIC_CLASS: u16 = MethodId::BASIC_PUBLISH.class_id;

@@ -8,13 +8,13 @@ use amq_protocol::protocol::{
     basic, channel as chan, confirm, connection as conn, exchange, queue, tx, AMQPClass,
 };
 use bytes::Bytes;
-use spillway_proto::amqp::{reply_code, MethodId};
+use spillway_amqp::{reply_code, MethodId};
 use spillway_proto::body::Body;
 use spillway_proto::engine::{self as pb, reply, session_event::Event};
 use spillway_proto::engine::{SessionCommand, SessionEvent};
 
 use super::{short, Answer, Connection, ConnectionError};
-use crate::codec::{BasicDeliver, FrameWriter};
+use spillway_amqp::codec::{BasicDeliver, FrameWriter};
 
 impl Connection {
     /// Handles one engine event. `Err` closes the connection.

@@ -8,13 +8,13 @@ use std::sync::Arc;
 use amq_protocol::protocol::{basic, channel as chan, connection as conn, AMQPClass};
 use amq_protocol::types::FieldTable;
 use bytes::BytesMut;
-use spillway_proto::amqp::{reply_code, MethodId};
+use spillway_amqp::{reply_code, MethodId};
 use spillway_proto::engine::{self as pb, reply, session_command::Command, session_event::Event};
 use spillway_proto::engine::{LoginResult, SessionCommand, SessionEvent};
 use tokio_util::codec::Decoder;
 
 use super::*;
-use crate::codec::{FrameDecoder, FRAME_BODY, FRAME_HEADER, FRAME_METHOD};
+use spillway_amqp::codec::{FrameDecoder, FRAME_BODY, FRAME_HEADER, FRAME_METHOD};
 
 fn peer() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 5672))

@@ -3,10 +3,10 @@
 //! encoded with `amq-protocol`; content headers stay raw bytes so message
 //! properties reach consumers exactly as published.
 
+use crate::nesting::{self, NestingError};
 use amq_protocol::frame::{gen_frame, AMQPFrame, WriteContext};
 use amq_protocol::protocol::AMQPClass;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use spillway_proto::amqp::nesting::{self, NestingError};
 use tokio_util::codec::Decoder;
 
 pub const FRAME_METHOD: u8 = 1;

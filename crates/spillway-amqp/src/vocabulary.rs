@@ -1,15 +1,12 @@
-//! The AMQP 0-9-1 vocabulary the gateway, the engine and management share:
-//! reply codes and RabbitMQ's names for them, which codes close only a
-//! channel, class and method ids, field-table encoding, and how an
-//! [`AmqpError`] is built and classified. Nothing else in the workspace keeps
+//! The AMQP 0-9-1 vocabulary every component shares: reply codes and
+//! RabbitMQ's names for them, which codes close only a channel, class and
+//! method ids, and field-table encoding. Nothing else in the workspace keeps
 //! a second table of these.
 
 use amq_protocol::types::FieldTable;
 use bytes::Bytes;
 
-pub mod nesting;
-
-use crate::engine::{AmqpError, ErrorKind};
+use crate::nesting;
 
 /// AMQP 0-9-1 reply codes, as RabbitMQ users know them.
 pub mod reply_code {
@@ -177,76 +174,36 @@ pub fn encode_table(table: &FieldTable) -> Bytes {
     }
 }
 
+/// Why bytes are not a field table. Either way the reply is 502
+/// SYNTAX_ERROR ([`TableError::REPLY_CODE`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TableError {
+    /// Nested past [`nesting::MAX_NESTING`]: refused before parsing.
+    #[error(transparent)]
+    TooDeep(#[from] nesting::NestingError),
+    #[error("malformed field table")]
+    Malformed,
+}
+
+impl TableError {
+    pub const REPLY_CODE: u16 = reply_code::SYNTAX_ERROR;
+}
+
 /// Decodes a field table encoded by [`encode_table`] or sent by a client
 /// (empty bytes = empty table).
-pub fn decode_table(bytes: &[u8]) -> Result<FieldTable, AmqpError> {
+pub fn decode_table(bytes: &[u8]) -> Result<FieldTable, TableError> {
     if bytes.is_empty() {
         return Ok(FieldTable::default());
     }
     // The parser recurses: bytes from the wire are bounded before it runs.
-    let checked = nesting::check_table(bytes, nesting::MAX_NESTING);
-    match checked.map(|_| amq_protocol::types::parsing::parse_field_table(bytes)) {
-        Ok(Ok(([], table))) => Ok(table),
-        Err(error @ nesting::NestingError::TooDeep { .. }) => {
-            Err(AmqpError::new(reply_code::SYNTAX_ERROR, error.to_string()))
-        }
-        _ => Err(AmqpError::new(
-            reply_code::SYNTAX_ERROR,
-            "malformed field table",
-        )),
+    match nesting::check_table(bytes, nesting::MAX_NESTING) {
+        Err(error @ nesting::NestingError::TooDeep { .. }) => return Err(error.into()),
+        Err(_) => return Err(TableError::Malformed),
+        Ok(_) => {}
     }
-}
-
-impl AmqpError {
-    /// An error whose kind follows from its code (see [`AmqpError::effective_kind`]).
-    pub fn new(code: u16, text: impl Into<String>) -> Self {
-        Self {
-            code: u32::from(code),
-            text: text.into(),
-            class_id: 0,
-            method_id: 0,
-            kind: ErrorKind::Unspecified as i32,
-        }
-    }
-
-    /// A 406 for an argument the caller got wrong (management answers it
-    /// with INVALID_ARGUMENT, not FAILED_PRECONDITION).
-    pub fn invalid_argument(code: u16, text: impl Into<String>) -> Self {
-        Self::new(code, text).with_kind(ErrorKind::InvalidArgument)
-    }
-
-    pub fn with_kind(mut self, kind: ErrorKind) -> Self {
-        self.set_kind(kind);
-        self
-    }
-
-    /// Names the method that failed.
-    pub fn on(mut self, method: MethodId) -> Self {
-        self.class_id = u32::from(method.class_id);
-        self.method_id = u32::from(method.method_id);
-        self
-    }
-
-    /// The reply code as AMQP carries it (a code that does not fit is an
-    /// internal error).
-    pub fn reply_code(&self) -> u16 {
-        u16::try_from(self.code).unwrap_or(reply_code::INTERNAL_ERROR)
-    }
-
-    /// What failed: the kind set when the error was made, else the one its
-    /// reply code implies.
-    pub fn effective_kind(&self) -> ErrorKind {
-        use reply_code::*;
-        match self.kind() {
-            ErrorKind::Unspecified => match self.reply_code() {
-                NOT_FOUND | NOT_ALLOWED => ErrorKind::NotFound,
-                ACCESS_REFUSED => ErrorKind::AccessRefused,
-                RESOURCE_LOCKED | PRECONDITION_FAILED => ErrorKind::FailedPrecondition,
-                SYNTAX_ERROR | COMMAND_INVALID => ErrorKind::InvalidArgument,
-                _ => ErrorKind::Internal,
-            },
-            kind => kind,
-        }
+    match amq_protocol::types::parsing::parse_field_table(bytes) {
+        Ok(([], table)) => Ok(table),
+        _ => Err(TableError::Malformed),
     }
 }
 
@@ -287,30 +244,9 @@ mod tests {
         let bytes = encode_table(&table);
         assert_eq!(decode_table(&bytes).ok(), Some(table));
         assert_eq!(decode_table(&[]).ok(), Some(FieldTable::default()));
-        let error = decode_table(&[0, 0, 0, 9, 1]).err();
         assert_eq!(
-            error.map(|e| e.reply_code()),
-            Some(reply_code::SYNTAX_ERROR)
-        );
-    }
-
-    #[test]
-    fn kinds_follow_the_code_unless_set() {
-        assert_eq!(
-            AmqpError::new(404, "x").effective_kind(),
-            ErrorKind::NotFound
-        );
-        assert_eq!(
-            AmqpError::new(406, "x").effective_kind(),
-            ErrorKind::FailedPrecondition
-        );
-        assert_eq!(
-            AmqpError::invalid_argument(406, "x").effective_kind(),
-            ErrorKind::InvalidArgument
-        );
-        assert_eq!(
-            AmqpError::new(541, "x").effective_kind(),
-            ErrorKind::Internal
+            decode_table(&[0, 0, 0, 9, 1]).err(),
+            Some(TableError::Malformed)
         );
     }
 

@@ -15,7 +15,7 @@
 //! `unbind`, `queue.declare`/`bind`/`unbind` and `basic.consume`
 //! ([`check_method`]); the `headers` property of a content header
 //! ([`check_content_header`]); and an AMQPLAIN response, a table without its
-//! length prefix ([`check_table_entries`]). `amqp::decode_table` runs
+//! length prefix ([`check_table_entries`]). `crate::decode_table` runs
 //! [`check_table`] on the table bytes components send each other.
 
 use super::MethodId;
