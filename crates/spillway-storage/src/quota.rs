@@ -8,8 +8,8 @@
 //! already under way may overshoot. Subscribers (the engine) get the state
 //! at once and on every change.
 
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -17,8 +17,6 @@ use rocksdb::DB;
 use spillway_proto::storage::QuotaState;
 use spillway_proto::QuotaStream;
 use tokio::sync::watch;
-
-use crate::store::RocksStore;
 
 const CHECK_EVERY: Duration = Duration::from_millis(500);
 /// While overfull, at most this often: flush the memtables and compact.
@@ -66,12 +64,12 @@ impl Quota {
     }
 }
 
-impl RocksStore {
+impl Quota {
     /// Sets the disk quota: overfull above `overfull_size` bytes (0: no
     /// quota), underfull again below `underfull_size` (0, or above the
     /// overfull size: the overfull size). Takes effect at the next check,
     /// within half a second; logged.
-    pub fn set_quota(&self, overfull_size: u64, underfull_size: u64) {
+    pub(crate) fn set(&self, overfull_size: u64, underfull_size: u64) {
         let underfull = if underfull_size == 0 || underfull_size > overfull_size {
             overfull_size
         } else {
@@ -81,10 +79,10 @@ impl RocksStore {
             overfull: overfull_size,
             underfull,
         };
-        let previous = std::mem::replace(&mut *self.quota.limits.lock(), limits);
+        let previous = std::mem::replace(&mut *self.limits.lock(), limits);
         // Readers see the new limits at once; the state follows at the next
         // measurement.
-        self.quota.state.send_if_modified(|state| {
+        self.state.send_if_modified(|state| {
             let changed =
                 state.overfull_size != limits.overfull || state.underfull_size != limits.underfull;
             state.overfull_size = limits.overfull;
@@ -97,34 +95,31 @@ impl RocksStore {
     }
 
     /// The quota in force: (overfull size, underfull size), 0 = none.
-    pub fn quota_limits(&self) -> (u64, u64) {
-        let limits = self.quota.limits();
+    pub(crate) fn in_force(&self) -> (u64, u64) {
+        let limits = self.limits();
         (limits.overfull, limits.underfull)
     }
+}
 
-    /// Starts measuring disk usage against the quota. The task ends when the
-    /// store is closed.
-    pub fn start_quota_monitor(&self) {
-        let db = Arc::downgrade(&self.db);
-        let path = self.path.clone();
-        let quota = self.quota.clone();
-        tokio::spawn(async move {
-            let mut last_reclaim = Instant::now();
-            loop {
-                tokio::time::sleep(CHECK_EVERY).await;
-                let Some(open) = db.upgrade() else {
-                    return;
-                };
-                let (path, quota) = (path.clone(), quota.clone());
-                let reclaim = last_reclaim.elapsed() >= RECLAIM_EVERY;
-                let checked =
-                    tokio::task::spawn_blocking(move || check(&open, &path, &quota, reclaim)).await;
-                if matches!(checked, Ok(true)) {
-                    last_reclaim = Instant::now();
-                }
+/// Measures the disk usage of the store at `path` against `quota` every
+/// half second, until the store (`db`) is closed.
+pub(crate) fn start_monitor(db: Weak<DB>, path: PathBuf, quota: Arc<Quota>) {
+    tokio::spawn(async move {
+        let mut last_reclaim = Instant::now();
+        loop {
+            tokio::time::sleep(CHECK_EVERY).await;
+            let Some(open) = db.upgrade() else {
+                return;
+            };
+            let (path, quota) = (path.clone(), quota.clone());
+            let reclaim = last_reclaim.elapsed() >= RECLAIM_EVERY;
+            let checked =
+                tokio::task::spawn_blocking(move || check(&open, &path, &quota, reclaim)).await;
+            if matches!(checked, Ok(true)) {
+                last_reclaim = Instant::now();
             }
-        });
-    }
+        }
+    });
 }
 
 /// One measurement; returns whether it flushed and compacted.

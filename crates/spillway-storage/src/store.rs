@@ -199,6 +199,31 @@ pub struct Cleanup {
 }
 
 impl RocksStore {
+    /// Sets the disk quota: overfull above `overfull_size` bytes (0: no
+    /// quota), underfull again below `underfull_size` (0, or above the
+    /// overfull size: the overfull size). Takes effect at the next check,
+    /// within half a second; logged.
+    pub fn set_quota(&self, overfull_size: u64, underfull_size: u64) {
+        self.quota.set(overfull_size, underfull_size);
+    }
+
+    /// The quota in force: (overfull size, underfull size), 0 = none.
+    pub fn quota_limits(&self) -> (u64, u64) {
+        self.quota.in_force()
+    }
+
+    /// Starts measuring disk usage against the quota (`quota.rs`). The task
+    /// ends when the store is closed.
+    pub fn start_quota_monitor(&self) {
+        crate::quota::start_monitor(
+            Arc::downgrade(&self.db),
+            self.path.clone(),
+            self.quota.clone(),
+        );
+    }
+}
+
+impl RocksStore {
     /// Opens (or creates) the store. Payloads that flowed to disk before a
     /// crash stay until the engine starts and asks for
     /// [`RocksStore::remove_orphans`]: a storage node restarting under a

@@ -13,6 +13,7 @@
 //! - `render`: engine events and replies → frames.
 
 mod commands;
+pub mod error;
 pub mod handshake;
 mod publish;
 mod render;
@@ -30,53 +31,10 @@ use spillway_proto::engine::{self as pb, session_command::Command, SessionComman
 
 use crate::GatewayConfig;
 use commands::Translation;
+pub use error::{ConnectionError, Enforced};
 pub use handshake::{Capabilities, Handshake, HandshakeStep, Negotiated};
 use publish::{PendingPublish, UnfinishedContent};
 use spillway_amqp::codec::{self, FrameWriter, RawFrame};
-
-/// An error that closes the whole connection.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ConnectionError {
-    pub code: u16,
-    pub text: String,
-    /// The method that failed ([`MethodId::NONE`] when none did).
-    pub method: MethodId,
-    /// What the gateway enforced with it, for its metrics (None: a protocol
-    /// error, or the engine's own close).
-    pub enforced: Option<Enforced>,
-}
-
-/// A rule of the gateway's own that closes a connection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Enforced {
-    /// A limit, as `spillway_limit_refusals_total` labels it.
-    Limit(&'static str),
-    /// `gateway.max_unfinished_content`: too many partly received bodies.
-    UnfinishedContent,
-}
-
-impl ConnectionError {
-    pub fn new(code: u16, text: impl Into<String>) -> Self {
-        Self {
-            code,
-            text: text.into(),
-            method: MethodId::NONE,
-            enforced: None,
-        }
-    }
-
-    /// Names the method that failed.
-    pub fn on(mut self, method: MethodId) -> Self {
-        self.method = method;
-        self
-    }
-
-    /// Names the gateway's rule it enforces.
-    pub fn enforcing(mut self, enforced: Enforced) -> Self {
-        self.enforced = Some(enforced);
-        self
-    }
-}
 
 /// What the I/O loop should do after a frame or event.
 #[derive(Debug, PartialEq)]
