@@ -447,6 +447,17 @@ fn failed(status: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{:?}: {}", status.code(), status.message())
 }
 
+/// A management call's answer, or the error spillctl prints for it.
+trait Answer<T> {
+    fn answer(self) -> anyhow::Result<T>;
+}
+
+impl<T> Answer<T> for Result<tonic::Response<T>, tonic::Status> {
+    fn answer(self) -> anyhow::Result<T> {
+        self.map(tonic::Response::into_inner).map_err(failed)
+    }
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -484,8 +495,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let status = client
                 .get_broker_status(m::GetBrokerStatusRequest {})
                 .await
-                .map_err(failed)?
-                .into_inner();
+                .answer()?;
             out.print(&status, || {
                 let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
                 key_values(&[
@@ -515,35 +525,28 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Vhost(command) => match command {
             VhostCommand::List => {
-                let list = client
-                    .list_vhosts(m::ListVhostsRequest {})
-                    .await
-                    .map_err(failed)?
-                    .into_inner();
+                let list = client.list_vhosts(m::ListVhostsRequest {}).await.answer()?;
                 out.print(&list, || vhost_table(&list.vhosts))
             }
             VhostCommand::Create { name } => {
                 let v = client
                     .create_vhost(m::CreateVhostRequest { name })
                     .await
-                    .map_err(failed)?
-                    .into_inner();
+                    .answer()?;
                 out.print(&v, || vhost_table(std::slice::from_ref(&v)))
             }
             VhostCommand::Get { name } => {
                 let v = client
                     .get_vhost(m::GetVhostRequest { name })
                     .await
-                    .map_err(failed)?
-                    .into_inner();
+                    .answer()?;
                 out.print(&v, || vhost_table(std::slice::from_ref(&v)))
             }
             VhostCommand::Delete { name } => {
                 let r = client
                     .delete_vhost(m::DeleteVhostRequest { name: name.clone() })
                     .await
-                    .map_err(failed)?
-                    .into_inner();
+                    .answer()?;
                 out.print(&r, || format!("vhost '{name}' deleted"))
             }
         },
@@ -552,8 +555,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 let list = client
                     .list_exchanges(m::ListExchangesRequest { vhost })
                     .await
-                    .map_err(failed)?
-                    .into_inner();
+                    .answer()?;
                 out.print(&list, || exchange_table(&list.exchanges))
             }
             ExchangeCommand::Create {
@@ -575,16 +577,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         arguments: arguments.to_map()?,
                     })
                     .await
-                    .map_err(failed)?
-                    .into_inner();
+                    .answer()?;
                 out.print(&x, || exchange_table(std::slice::from_ref(&x)))
             }
             ExchangeCommand::Get { name } => {
                 let x = client
                     .get_exchange(m::GetExchangeRequest { vhost, name })
                     .await
-                    .map_err(failed)?
-                    .into_inner();
+                    .answer()?;
                 out.print(&x, || exchange_table(std::slice::from_ref(&x)))
             }
             ExchangeCommand::Delete { name, if_unused } => {
@@ -595,8 +595,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         if_unused,
                     })
                     .await
-                    .map_err(failed)?
-                    .into_inner();
+                    .answer()?;
                 out.print(&r, || format!("exchange '{name}' deleted"))
             }
         },
@@ -624,8 +623,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                             destination,
                         })
                         .await
-                        .map_err(failed)?
-                        .into_inner();
+                        .answer()?;
                     out.print(&list, || binding_table(&list.bindings))
                 }
                 BindingCommand::Create(args) => {
@@ -634,8 +632,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                             binding: Some(binding(args, vhost)?),
                         })
                         .await
-                        .map_err(failed)?
-                        .into_inner();
+                        .answer()?;
                     out.print(&b, || binding_table(std::slice::from_ref(&b)))
                 }
                 BindingCommand::Get(args) => {
@@ -644,8 +641,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                             binding: Some(binding(args, vhost)?),
                         })
                         .await
-                        .map_err(failed)?
-                        .into_inner();
+                        .answer()?;
                     out.print(&b, || binding_table(std::slice::from_ref(&b)))
                 }
                 BindingCommand::Delete(args) => {
@@ -654,8 +650,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                             binding: Some(binding(args, vhost)?),
                         })
                         .await
-                        .map_err(failed)?
-                        .into_inner();
+                        .answer()?;
                     out.print(&r, || "binding deleted".to_string())
                 }
             }
@@ -667,16 +662,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         vhost: if only_vhost { vhost } else { String::new() },
                     })
                     .await
-                    .map_err(failed)?
-                    .into_inner();
+                    .answer()?;
                 out.print(&list, || connection_table(&list.connections))
             }
             ConnectionCommand::Close { id, reason } => {
                 let r = client
                     .close_connection(m::CloseConnectionRequest { id, reason })
                     .await
-                    .map_err(failed)?
-                    .into_inner();
+                    .answer()?;
                 out.print(&r, || format!("connection {id} closed"))
             }
         },
@@ -687,8 +680,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     connection_id: connection,
                 })
                 .await
-                .map_err(failed)?
-                .into_inner();
+                .answer()?;
             out.print(&list, || channel_table(&list.channels))
         }
         Command::Settings {
@@ -699,8 +691,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     flow_to_disk_threshold,
                 })
                 .await
-                .map_err(failed)?
-                .into_inner();
+                .answer()?;
             out.print(&r, || "broker settings changed".to_string())
         }
         Command::Limits(command) => limits_command(&mut client, &out, vhost, command).await,
@@ -718,8 +709,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     underfull_size,
                 })
                 .await
-                .map_err(failed)?
-                .into_inner();
+                .answer()?;
             out.print(&r, || "store quota changed".to_string())
         }
         Command::TxTimeouts {
@@ -738,8 +728,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     idle_close_ms: idle_close,
                 })
                 .await
-                .map_err(failed)?
-                .into_inner();
+                .answer()?;
             out.print(&r, || {
                 let show = |ms: u64| match ms {
                     0 => "off".to_string(),
@@ -772,11 +761,7 @@ async fn limits_command(
     };
     match command {
         LimitsCommand::List => {
-            let list = client
-                .list_limits(m::ListLimitsRequest {})
-                .await
-                .map_err(failed)?
-                .into_inner();
+            let list = client.list_limits(m::ListLimitsRequest {}).await.answer()?;
             out.print(&list, || {
                 let show = |limit: i64| match limit {
                     -1 => "unlimited".to_string(),
@@ -812,8 +797,7 @@ async fn limits_command(
                     max_consumers,
                 })
                 .await
-                .map_err(failed)?
-                .into_inner();
+                .answer()?;
             out.print(&limits, || limits_table(std::slice::from_ref(&limits)))
         }
         LimitsCommand::Clear { for_user: user } => {
@@ -826,8 +810,7 @@ async fn limits_command(
             let r = client
                 .clear_limits(m::ClearLimitsRequest { vhost, user })
                 .await
-                .map_err(failed)?
-                .into_inner();
+                .answer()?;
             out.print(&r, || format!("limits of {what} cleared"))
         }
     }
@@ -844,8 +827,7 @@ async fn queue_command(
             let list = client
                 .list_queues(m::ListQueuesRequest { vhost })
                 .await
-                .map_err(failed)?
-                .into_inner();
+                .answer()?;
             out.print(&list, || queue_table(&list.queues))
         }
         QueueCommand::Create {
@@ -863,16 +845,14 @@ async fn queue_command(
                     arguments: arguments.to_map()?,
                 })
                 .await
-                .map_err(failed)?
-                .into_inner();
+                .answer()?;
             out.print(&q, || queue_table(std::slice::from_ref(&q)))
         }
         QueueCommand::Get { name } => {
             let q = client
                 .get_queue(m::GetQueueRequest { vhost, name })
                 .await
-                .map_err(failed)?
-                .into_inner();
+                .answer()?;
             out.print(&q, || queue_table(std::slice::from_ref(&q)))
         }
         QueueCommand::Delete {
@@ -888,8 +868,7 @@ async fn queue_command(
                     if_empty,
                 })
                 .await
-                .map_err(failed)?
-                .into_inner();
+                .answer()?;
             out.print(&r, || {
                 format!("queue '{name}' deleted ({} messages)", r.messages_deleted)
             })
@@ -901,8 +880,7 @@ async fn queue_command(
                     name: name.clone(),
                 })
                 .await
-                .map_err(failed)?
-                .into_inner();
+                .answer()?;
             out.print(&r, || {
                 format!("queue '{name}' purged ({} messages)", r.messages_purged)
             })
@@ -915,8 +893,7 @@ async fn queue_command(
                     count,
                 })
                 .await
-                .map_err(failed)?
-                .into_inner();
+                .answer()?;
             out.print(&r, || peek_table(&r.messages))
         }
         QueueCommand::Move {
@@ -932,8 +909,7 @@ async fn queue_command(
                     max_messages: max,
                 })
                 .await
-                .map_err(failed)?
-                .into_inner();
+                .answer()?;
             out.print(&r, || {
                 let mut text = format!(
                     "moved {} messages from '{source}' to '{destination}', {} left",
@@ -960,8 +936,7 @@ async fn queue_command(
                     max_count,
                 })
                 .await
-                .map_err(failed)?
-                .into_inner();
+                .answer()?;
             out.print(&r, || format!("queue '{name}' updated"))
         }
     }

@@ -8,7 +8,7 @@
 use clap::Subcommand;
 use spillway_proto::management as m;
 
-use super::{failed, table, Client, Printer};
+use super::{table, Answer, Client, Printer};
 
 #[derive(Subcommand)]
 pub(crate) enum UserCommand {
@@ -78,11 +78,7 @@ pub(crate) async fn user_command(
 ) -> anyhow::Result<()> {
     match command {
         UserCommand::List => {
-            let list = client
-                .list_users(m::ListUsersRequest {})
-                .await
-                .map_err(failed)?
-                .into_inner();
+            let list = client.list_users(m::ListUsersRequest {}).await.answer()?;
             out.print(&list, || user_table(&list.users))
         }
         UserCommand::Add {
@@ -117,8 +113,7 @@ pub(crate) async fn user_command(
             let r = client
                 .delete_user(m::DeleteUserRequest { name: name.clone() })
                 .await
-                .map_err(failed)?
-                .into_inner();
+                .answer()?;
             out.print(&r, || {
                 format!(
                     "user '{name}' deleted ({} connections closed)",
@@ -143,8 +138,7 @@ pub(crate) async fn permissions_command(
                     vhost: String::new(),
                 })
                 .await
-                .map_err(failed)?
-                .into_inner();
+                .answer()?;
             out.print(&list, || permission_table(&list.permissions))
         }
         PermissionsCommand::Set {
@@ -162,8 +156,7 @@ pub(crate) async fn permissions_command(
                     read,
                 })
                 .await
-                .map_err(failed)?
-                .into_inner();
+                .answer()?;
             out.print(&p, || permission_table(std::slice::from_ref(&p)))
         }
         PermissionsCommand::Clear { user } => {
@@ -173,8 +166,7 @@ pub(crate) async fn permissions_command(
                     vhost: vhost.clone(),
                 })
                 .await
-                .map_err(failed)?
-                .into_inner();
+                .answer()?;
             out.print(&r, || {
                 format!("permissions of user '{user}' in vhost '{vhost}' cleared")
             })
@@ -189,7 +181,7 @@ async fn put(
     tags: Vec<String>,
     loopback_only: bool,
 ) -> anyhow::Result<m::User> {
-    Ok(client
+    client
         .put_user(m::PutUserRequest {
             name,
             password,
@@ -197,16 +189,14 @@ async fn put(
             loopback_only,
         })
         .await
-        .map_err(failed)?
-        .into_inner())
+        .answer()
 }
 
 async fn find(client: &mut Client, name: &str) -> anyhow::Result<m::User> {
     let users = client
         .list_users(m::ListUsersRequest {})
         .await
-        .map_err(failed)?
-        .into_inner()
+        .answer()?
         .users;
     users
         .into_iter()
