@@ -14,6 +14,7 @@ use super::{find_exchange, op, Broker, OpResult};
 use crate::broker::flow_to_disk::discard;
 use crate::model::*;
 use crate::routing::route;
+use crate::vhost::VHost;
 
 /// What publishing did, for the session to confirm.
 pub enum PublishOutcome {
@@ -24,6 +25,23 @@ pub enum PublishOutcome {
     AfterWrite(oneshot::Receiver<crate::persistence::WriteOutcome>),
     /// A queue's `x-overflow: reject-publish` refused it: nack the publisher.
     Rejected,
+}
+
+/// The queues `cmd` reaches from its exchange: what a publish routes to,
+/// now or (in a transaction) at commit. An internal exchange refuses it.
+pub(super) fn publish_targets(
+    vhost: &VHost,
+    vhost_name: &str,
+    cmd: &pb::Publish,
+) -> OpResult<Vec<String>> {
+    let exchange = find_exchange(vhost, &cmd.exchange, vhost_name)?;
+    if exchange.internal {
+        return Err(AmqpError::new(
+            reply_code::ACCESS_REFUSED,
+            format!("cannot publish to internal exchange '{}'", cmd.exchange),
+        ));
+    }
+    route(vhost, exchange, cmd)
 }
 
 impl Broker {
@@ -37,14 +55,7 @@ impl Broker {
         let message_ttl = message_ttl(&cmd.properties)?;
         let store_failure = self.store_failure.clone();
         let vhost = self.vhost_mut(&vhost_name)?;
-        let exchange = find_exchange(vhost, &cmd.exchange, &vhost_name)?;
-        if exchange.internal {
-            return Err(AmqpError::new(
-                reply_code::ACCESS_REFUSED,
-                format!("cannot publish to internal exchange '{}'", cmd.exchange),
-            ));
-        }
-        let targets = route(vhost, exchange, &cmd)?;
+        let targets = publish_targets(vhost, &vhost_name, &cmd)?;
         let confirm_seq = cmd.confirm_seq;
         let channel = cmd.channel;
         if targets.is_empty() {

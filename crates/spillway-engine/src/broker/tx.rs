@@ -34,10 +34,9 @@ use spillway_proto::engine::{self as pb, session_event::Event, AmqpError};
 use spillway_proto::management as m;
 use spillway_proto::storage::Durability;
 
-use super::{find_exchange, Broker, OpResult};
+use super::{Broker, OpResult};
 use crate::format::thousands;
 use crate::model::*;
-use crate::routing::route;
 use crate::transaction::*;
 
 /// Why the timer closes a connection.
@@ -108,14 +107,7 @@ impl Broker {
         let vhost_name = self.session_vhost(session)?;
         let message_ttl = super::publish::message_ttl(&cmd.properties)?;
         let vhost = self.vhost_mut(&vhost_name)?;
-        let exchange = find_exchange(vhost, &cmd.exchange, &vhost_name)?;
-        if exchange.internal {
-            return Err(AmqpError::new(
-                reply_code::ACCESS_REFUSED,
-                format!("cannot publish to internal exchange '{}'", cmd.exchange),
-            ));
-        }
-        let targets = route(vhost, exchange, &cmd)?;
+        let targets = super::publish::publish_targets(vhost, &vhost_name, &cmd)?;
         let channel = cmd.channel;
         let max_bytes = self.tx.config.max_bytes;
         // Counted as the memory budget counts it (and close to what the
