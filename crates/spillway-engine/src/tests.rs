@@ -696,6 +696,50 @@ async fn an_idle_transaction_closes_its_connection_with_506() {
     assert!(matches!(client.get("q").await, reply::Result::GetEmpty(_)));
 }
 
+/// Transaction timeouts follow the engine's clock: an hour of idleness
+/// passes on a manual clock without any real time going by.
+#[tokio::test]
+async fn an_idle_transaction_times_out_on_the_engine_clock() {
+    use spillway_proto::clock::ManualClock;
+
+    let store = MemoryStore::new();
+    let clock = ManualClock::new();
+    let hour = Duration::from_secs(3600);
+    let config = EngineConfig {
+        transactions: crate::TxConfig {
+            default_timeouts: crate::TxTimeouts {
+                idle_close: hour,
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+        clock: clock.clone(),
+        ..EngineConfig::default()
+    };
+    let engine = Engine::start(Arc::new(store.clone()), config)
+        .await
+        .expect("the engine starts on a memory store");
+    let mut client = Client::open(&engine).await;
+    client.declare("q", false, &FieldTable::default()).await;
+    client.request(tx(Command::TxSelect)).await;
+    client.publish("q", b"held", false, 0).await;
+    // Answered after the publish: the transaction is open by now.
+    client.declare("after", false, &FieldTable::default()).await;
+    assert_eq!(engine.open_transactions(), 1);
+
+    clock.advance(hour + Duration::from_millis(1));
+    // The timer sleeps on tokio's time; wake it to look at the clock again.
+    engine.shared.tx_timer.notify_one();
+    match client.event().await {
+        Event::ConnectionClose(close) => {
+            assert_eq!(close.reply_code, u32::from(reply_code::RESOURCE_ERROR));
+            assert_eq!(close.reason, "Idle transaction timed out");
+        }
+        other => panic!("expected the connection's close, got {other:?}"),
+    }
+    assert_eq!(engine.open_transactions(), 0);
+}
+
 /// An engine with publisher pacing at `window` messages and `stall`.
 async fn paced_engine(window: u32, stall: Duration) -> Engine {
     let config = EngineConfig {
