@@ -664,22 +664,35 @@ async fn transactions_hold_publishes_and_acks_until_commit() {
 }
 
 /// The transaction timer closes the connection of a transaction left idle.
-#[tokio::test]
-async fn an_idle_transaction_closes_its_connection_with_506() {
-    let store = MemoryStore::new();
+/// An engine on a memory store that closes a connection whose transaction
+/// has been idle for `idle_close`, by `clock`.
+async fn engine_closing_idle_transactions(
+    idle_close: Duration,
+    clock: spillway_proto::clock::SharedClock,
+) -> Engine {
     let config = EngineConfig {
         transactions: crate::TxConfig {
             default_timeouts: crate::TxTimeouts {
-                idle_close: Duration::from_millis(50),
+                idle_close,
                 ..Default::default()
             },
             ..Default::default()
         },
+        clock,
         ..EngineConfig::default()
     };
-    let engine = Engine::start(Arc::new(store.clone()), config)
+    Engine::start(Arc::new(MemoryStore::new()), config)
         .await
-        .expect("the engine starts on a memory store");
+        .expect("the engine starts on a memory store")
+}
+
+#[tokio::test]
+async fn an_idle_transaction_closes_its_connection_with_506() {
+    let engine = engine_closing_idle_transactions(
+        Duration::from_millis(50),
+        spillway_proto::clock::SystemClock::shared(),
+    )
+    .await;
     let mut client = Client::open(&engine).await;
     client.declare("q", false, &FieldTable::default()).await;
     client.request(tx(Command::TxSelect)).await;
@@ -702,23 +715,9 @@ async fn an_idle_transaction_closes_its_connection_with_506() {
 async fn an_idle_transaction_times_out_on_the_engine_clock() {
     use spillway_proto::clock::ManualClock;
 
-    let store = MemoryStore::new();
     let clock = ManualClock::new();
     let hour = Duration::from_secs(3600);
-    let config = EngineConfig {
-        transactions: crate::TxConfig {
-            default_timeouts: crate::TxTimeouts {
-                idle_close: hour,
-                ..Default::default()
-            },
-            ..Default::default()
-        },
-        clock: clock.clone(),
-        ..EngineConfig::default()
-    };
-    let engine = Engine::start(Arc::new(store.clone()), config)
-        .await
-        .expect("the engine starts on a memory store");
+    let engine = engine_closing_idle_transactions(hour, clock.clone()).await;
     let mut client = Client::open(&engine).await;
     client.declare("q", false, &FieldTable::default()).await;
     client.request(tx(Command::TxSelect)).await;
