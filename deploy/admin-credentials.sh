@@ -33,7 +33,7 @@ cat >"$dir/users.toml" <<TOML
 # of the user database, read by the engine when the store has no users yet
 # (the first start on an empty volume); afterwards users live in the store
 # (\`spillctl user\`). The password is in deploy/admin-password.
-[[gateway.users]]
+[[engine.users]]
 name = "spillway"
 password = "$password"
 tags = ["administrator"]

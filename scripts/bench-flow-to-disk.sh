@@ -15,7 +15,7 @@
 # /metrics every BENCH_FTD_SAMPLE_MS (200 ms).
 #
 # Targets:
-#   spill      Spillway all-in-one, broker.flow_to_disk_threshold = BENCH_FTD_THRESHOLD (256 MiB)
+#   spill      Spillway all-in-one, engine.flow_to_disk_threshold = BENCH_FTD_THRESHOLD (256 MiB)
 #   memory     Spillway all-in-one, threshold BENCH_FTD_MEMORY_THRESHOLD (8 GiB, above the
 #              backlog: everything stays in memory)
 #   rabbitmq   Debian's rabbitmq-server, vm_memory_high_watermark.absolute =
@@ -260,7 +260,7 @@ bench_run() {
     case "$target" in
         spill | memory)
             if [ "$target" = spill ]; then threshold_cfg="$THRESHOLD"; else threshold_cfg="$MEMORY_THRESHOLD"; fi
-            if ! SPILLWAY_BROKER__FLOW_TO_DISK_THRESHOLD="$threshold_cfg" start_spillway_all_in_one; then
+            if ! SPILLWAY_ENGINE__FLOW_TO_DISK_THRESHOLD="$threshold_cfg" start_spillway_all_in_one; then
                 log "$run: spillway did not start"; FAILED=1; ROWS+=("$run|NOT STARTED"); stop_all_brokers "$run"; return
             fi
             pid="${SPW_SPILLWAY_PGIDS[0]}"

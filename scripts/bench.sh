@@ -16,7 +16,7 @@
 #                    confirms: a backlog of BENCH_COUNT / 10 published with no consumer, its
 #                    resident and disk bytes read, then drained. Spillway without compression
 #                    (the spillway-* targets), with it (target spillway-compressed: all-in-one
-#                    with broker.message_compression_enabled, which runs only this case) and
+#                    with gateway.message_compression_enabled, which runs only this case) and
 #                    RabbitMQ (no compression); see docs/compression.md.
 #   backlog       d. a backlog of BENCH_BACKLOG_BYTES (2 GiB) of 1 KiB transient messages,
 #                    published with confirms into 2 durable queues with no consumer, then
@@ -43,7 +43,7 @@
 #   BENCH_SCENARIOS="transient confirm-ack persistent tx large fixed-rate fanout16 compressible idle backlog"
 #   BENCH_BACKLOG_BYTES=2GiB      case d's backlog
 #   BENCH_BACKLOG_THRESHOLD=256MiB  case d's flow-to-disk threshold and RabbitMQ watermark
-#   BENCH_COMPRESSION_THRESHOLD=8KiB  connection.message_compression_threshold_size of target
+#   BENCH_COMPRESSION_THRESHOLD=8KiB  gateway.message_compression_threshold_size of target
 #                                 spillway-compressed (bodies longer than it are compressed)
 #   BENCH_COMPRESSION_BODY=compressible  case i's bodies: compressible, or random (the cost
 #                                 of trying to compress what does not shrink)
@@ -402,8 +402,8 @@ bench_target() {
 # BENCH_COMPRESSION_THRESHOLD (8KiB): bodies *longer* than it are compressed, so the default
 # 16 KiB would leave the case's 16 KiB bodies alone.
 start_spillway_compressed() {
-    SPILLWAY_BROKER__MESSAGE_COMPRESSION_ENABLED=true \
-        SPILLWAY_CONNECTION__MESSAGE_COMPRESSION_THRESHOLD_SIZE="${BENCH_COMPRESSION_THRESHOLD:-8KiB}" \
+    SPILLWAY_GATEWAY__MESSAGE_COMPRESSION_ENABLED=true \
+        SPILLWAY_GATEWAY__MESSAGE_COMPRESSION_THRESHOLD_SIZE="${BENCH_COMPRESSION_THRESHOLD:-8KiB}" \
         start_spillway_all_in_one
 }
 

@@ -11,7 +11,7 @@ docker_check
 docker image inspect spillway:local >/dev/null 2>&1 || die "no spillway:local image: run 'make images' first"
 compose_setup test
 # The flow-to-disk step publishes a backlog of about 4x this (64 MiB).
-export SPILLWAY_BROKER__FLOW_TO_DISK_THRESHOLD="${SPILLWAY_BROKER__FLOW_TO_DISK_THRESHOLD:-67108864}"
+export SPILLWAY_ENGINE__FLOW_TO_DISK_THRESHOLD="${SPILLWAY_ENGINE__FLOW_TO_DISK_THRESHOLD:-67108864}"
 out="$root/target/compose"
 mkdir -p "$out"
 log="$out/compose-test.log"
@@ -23,7 +23,7 @@ spillctl="${SPILLCTL_BIN:-$root/target/release/spillctl}"
 [[ -x "$spillctl" ]] || die "$spillctl missing: build it first (make test-build)"
 export SPILLWAY_MANAGEMENT_TOKEN="${SPILLWAY_MANAGEMENT_TOKEN:-$(head -c 24 /dev/urandom | base64 | tr -d '/+=')}"
 
-echo "compose-test: project $PROJECT, using ${COMPOSE[*]}, flow-to-disk threshold $SPILLWAY_BROKER__FLOW_TO_DISK_THRESHOLD bytes"
+echo "compose-test: project $PROJECT, using ${COMPOSE[*]}, flow-to-disk threshold $SPILLWAY_ENGINE__FLOW_TO_DISK_THRESHOLD bytes"
 start=$SECONDS
 rc=0
 # The stack first (internal gRPC over mutual TLS), then spillctl, then the

@@ -1,5 +1,5 @@
 """Message compression seen from pika (docs/compression.md): with
-``broker.message_compression_enabled`` on, random and compressible bodies below and above the
+``gateway.message_compression_enabled`` on, random and compressible bodies below and above the
 threshold come back byte-identical through consume and basic.get, and persistent ones across
 a restart. Starts its own broker per wiring (skipped against an external broker).
 """
@@ -22,6 +22,8 @@ WIRINGS = [w.strip() for w in
            os.environ.get("SPILLWAY_TEST_WIRINGS", "all-in-one,separate").split(",")
            if w.strip()]
 
+# Written with Qpid's names on purpose (`broker.*`, `connection.*`): they
+# stay accepted as other names of `gateway.message_compression_*`.
 CONFIG = """
 [broker]
 message_compression_enabled = true

@@ -114,12 +114,12 @@ cert_file = "{pki['server']}"
 key_file = "{pki['server_key']}"
 ca_file = "{pki['ca']}"
 
-[[gateway.users]]
+[[engine.users]]
 name = "guest"
 password = "guest"
 loopback_only = true
 
-[[gateway.users]]
+[[engine.users]]
 name = "{CERT_USER}"
 password = "not-used-with-a-certificate"
 """

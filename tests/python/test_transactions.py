@@ -108,7 +108,7 @@ def timeout_broker(request, tmp_path):
     if os.environ.get("SPILLWAY_TEST_AMQP_URL"):
         pytest.skip("needs a Spillway started with transaction timeouts")
     config = """
-[broker]
+[engine]
 default_transaction_idle_warn = 200
 default_transaction_idle_close = 700
 """

@@ -35,7 +35,7 @@ pub struct ChannelState {
     /// Overfull queues this channel published to: blocked while not empty.
     pub blocked_on: BTreeSet<String>,
     pub blocked_since: Option<Instant>,
-    /// An unacked delivery outlived `broker.consumer_timeout`: the channel
+    /// An unacked delivery outlived `engine.consumer_timeout`: the channel
     /// was told to close and is not told again while it closes.
     pub ack_timed_out: bool,
     /// tx.select was sent: the uncommitted work (`broker/tx.rs`).

@@ -38,18 +38,18 @@ pub struct EngineConfig {
     /// a fixed overhead per delivery.
     pub session_credit_bytes: u64,
     /// Message bytes the engine keeps in memory before payloads flow to
-    /// disk (`broker.flow_to_disk_threshold`).
+    /// disk (`engine.flow_to_disk_threshold`).
     pub flow_to_disk_threshold: u64,
-    /// How often flow to disk is re-evaluated (`broker.housekeeping_interval`).
+    /// How often flow to disk is re-evaluated (`engine.housekeeping_interval`).
     pub housekeeping_interval: Duration,
     /// How long a delivery may stay unacked before its channel is closed
-    /// (`broker.consumer_timeout`; None = for ever).
+    /// (`engine.consumer_timeout`; None = for ever).
     pub consumer_timeout: Option<Duration>,
     /// Deliveries after which a message that comes back is dead-lettered,
     /// for queues without a delivery limit of their own
-    /// (`broker.default_maximum_delivery_count`; 0 = no limit).
+    /// (`engine.default_maximum_delivery_count`; 0 = no limit).
     pub default_max_deliveries: u64,
-    /// Vhost, user and per-connection limits (`broker.default_vhost_max_connections`, ...).
+    /// Vhost, user and per-connection limits (`engine.default_vhost_max_connections`, ...).
     pub limits: crate::limits::LimitConfig,
     /// The bound of the store writer's queue (`engine.store_writer_max_writes`,
     /// `engine.store_writer_max_bytes`).
@@ -58,19 +58,19 @@ pub struct EngineConfig {
     /// renewed every fifth of that.
     pub lease_ttl: Duration,
     /// Transactions: their size limit, unroutable mandatory messages in
-    /// them, and the default timeouts (`broker.max_transaction_bytes`, ...).
+    /// them, and the default timeouts (`engine.max_transaction_bytes`, ...).
     pub transactions: crate::transaction::TxConfig,
-    /// Publisher pacing (`broker.publisher_pacing_window`,
-    /// `broker.publisher_pacing_stall`; docs/flow-control.md).
+    /// Publisher pacing (`engine.publisher_pacing_window`,
+    /// `engine.publisher_pacing_stall`; docs/flow-control.md).
     pub pacing: crate::pacing::PacingConfig,
     /// The largest message body (`gateway.max_message_size`): a compressed
     /// body that declares more is not decoded (management's peek).
     pub max_message_size: u64,
     /// The users a store without any gets on its first start (the
-    /// configuration's `[[gateway.users]]`), each with every permission in
+    /// configuration's `[[engine.users]]`), each with every permission in
     /// the default vhost.
     pub seed_users: Vec<SeedUser>,
-    /// The process's memory ceiling (`broker.memory_high_watermark`): the
+    /// The process's memory ceiling (`engine.memory_high_watermark`): the
     /// engine counts its message bytes against it, and above it blocks
     /// publishers and refuses new connections.
     pub memory_ceiling: Arc<MemoryCeiling>,
@@ -79,12 +79,18 @@ pub struct EngineConfig {
     pub clock: SharedClock,
 }
 
-/// A user of the configuration, stored when the store has no users yet.
-#[derive(Clone, Debug)]
+/// A user of the configuration (`[[engine.users]]`), stored when the store
+/// has no users yet, then managed through management.
+#[derive(Clone, Debug, serde::Deserialize)]
 pub struct SeedUser {
     pub name: String,
+    /// Plain text here; stored as a salted hash.
     pub password: String,
+    /// RabbitMQ's user tags (`administrator`, `monitoring`, `management`).
+    #[serde(default)]
     pub tags: Vec<String>,
+    /// Like RabbitMQ's guest: only accepted from a loopback address.
+    #[serde(default)]
     pub loopback_only: bool,
 }
 
@@ -350,7 +356,7 @@ impl Engine {
         let previous = self.shared.budget.threshold();
         self.shared.budget.set_threshold(bytes);
         tracing::info!(
-            setting = "broker.flow_to_disk_threshold",
+            setting = "engine.flow_to_disk_threshold",
             previous,
             value = bytes,
             "runtime setting changed"

@@ -12,7 +12,7 @@
 //! [`Engine::register_metrics`] puts them on `/metrics`.
 //!
 //! It also owns the memory budget for message bytes: past
-//! `broker.flow_to_disk_threshold` payloads flow to the storage node and are
+//! `engine.flow_to_disk_threshold` payloads flow to the storage node and are
 //! read back ahead of their consumers ([`budget`], `broker/flow_to_disk.rs`).
 //! [`EngineAdminService`] serves the engine's side of the management API
 //! (`admin.rs`) to a management service in another process; in-process,

@@ -10,7 +10,7 @@
 //!   still exist.
 //!
 //! Vhost and user limits default to the configuration
-//! (`broker.default_vhost_max_connections`, ...) and can be overridden per
+//! (`engine.default_vhost_max_connections`, ...) and can be overridden per
 //! vhost or user through management; like vhosts created through
 //! management, overrides are not persisted. Per-connection limits come from
 //! the configuration only. Each check runs under the broker lock when
@@ -38,7 +38,7 @@ pub const MAX_CONSUMERS_PER_CONNECTION: &str = "max_consumers_per_connection";
 pub const MAX_QUEUES_PER_CONNECTION: &str = "max_queues_per_connection";
 pub const VHOST_MAX_CONSUMERS: &str = "vhost_max_consumers";
 pub const USER_MAX_CONSUMERS: &str = "user_max_consumers";
-/// Not a count: the process's memory ceiling (`broker.memory_high_watermark`).
+/// Not a count: the process's memory ceiling (`engine.memory_high_watermark`).
 pub const MEMORY_HIGH_WATERMARK: &str = "memory_high_watermark";
 
 const ENGINE_LIMITS: [&str; 11] = [
@@ -58,29 +58,29 @@ const ENGINE_LIMITS: [&str; 11] = [
 /// The configuration's limits; 0 = no limit.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LimitConfig {
-    /// Connections open at once to one vhost (`broker.default_vhost_max_connections`).
+    /// Connections open at once to one vhost (`engine.default_vhost_max_connections`).
     pub vhost_max_connections: u32,
-    /// Queues in one vhost (`broker.default_vhost_max_queues`).
+    /// Queues in one vhost (`engine.default_vhost_max_queues`).
     pub vhost_max_queues: u32,
     /// Exchanges declared in one vhost, the built-in ones not counted
-    /// (`broker.default_vhost_max_exchanges`).
+    /// (`engine.default_vhost_max_exchanges`).
     pub vhost_max_exchanges: u32,
-    /// Bindings in one vhost (`broker.default_vhost_max_bindings`).
+    /// Bindings in one vhost (`engine.default_vhost_max_bindings`).
     pub vhost_max_bindings: u32,
-    /// Consumers on one vhost's queues (`broker.default_vhost_max_consumers`).
+    /// Consumers on one vhost's queues (`engine.default_vhost_max_consumers`).
     pub vhost_max_consumers: u32,
     /// Consumers on all of one user's connections
-    /// (`broker.default_user_max_consumers`).
+    /// (`engine.default_user_max_consumers`).
     pub user_max_consumers: u32,
-    /// Connections open at once by one user (`broker.default_user_max_connections`).
+    /// Connections open at once by one user (`engine.default_user_max_connections`).
     pub user_max_connections: u32,
     /// Channels open at once by one user, over all their connections
-    /// (`broker.default_user_max_channels`).
+    /// (`engine.default_user_max_channels`).
     pub user_max_channels: u32,
-    /// Consumers on one connection (`broker.max_consumers_per_connection`).
+    /// Consumers on one connection (`engine.max_consumers_per_connection`).
     pub max_consumers_per_connection: u32,
     /// Queues one connection created that still exist
-    /// (`broker.max_queues_per_connection`).
+    /// (`engine.max_queues_per_connection`).
     pub max_queues_per_connection: u32,
 }
 

@@ -373,6 +373,6 @@ pub struct Unacked {
     pub message: QueuedMessage,
     /// None for basic.get.
     pub consumer_tag: Option<String>,
-    /// When it was handed to the session, for `broker.consumer_timeout`.
+    /// When it was handed to the session, for `engine.consumer_timeout`.
     pub delivered_at: Instant,
 }

@@ -1,6 +1,6 @@
 //! Publisher pacing: a queue that is busy delivering holds its publishers to
 //! the rate it delivers at, so that at steady state its backlog stays short
-//! (`broker.publisher_pacing_window`, docs/flow-control.md#publisher-pacing).
+//! (`engine.publisher_pacing_window`, docs/flow-control.md#publisher-pacing).
 //!
 //! A queue with at least one consumer has a credit of messages. Every
 //! message published to it spends one; every first delivery from it (to a
@@ -28,7 +28,7 @@ pub const DEFAULT_PACING_WINDOW: u32 = 2000;
 /// before pacing is suspended for it, by default.
 pub const DEFAULT_PACING_STALL: Duration = Duration::from_millis(100);
 
-/// `broker.publisher_pacing_window` and `broker.publisher_pacing_stall`.
+/// `engine.publisher_pacing_window` and `engine.publisher_pacing_stall`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PacingConfig {
     /// Messages; 0 turns pacing off.

@@ -46,7 +46,7 @@ pub struct Queue {
     /// is active (`u64::MAX` otherwise): resident bytes above it go to disk.
     pub target_bytes: u64,
     /// Every ready message with an id at or above this one has flowed to
-    /// disk (or is being read back): eviction starts below it.
+    /// disk (or is being read back): spilling starts below it.
     pub spilled_from: u64,
     /// Every ready message with an id below this one is resident or being
     /// read back: read-ahead continues from it.
@@ -178,7 +178,7 @@ impl Queue {
     pub fn enqueue(&mut self, message: QueuedMessage) -> Vec<QueuedMessage> {
         self.count_in(&message);
         if message.message.is_some() {
-            // The tail is resident again: eviction must look at it.
+            // The tail is resident again: spilling must look at it.
             self.spilled_from = u64::MAX;
         }
         self.messages.push_back(message);
@@ -225,7 +225,7 @@ impl Queue {
             .last()
             .zip(self.messages.front())
             .is_none_or(|(last, front)| last.id < front.id));
-        // Nothing resident behind them: eviction may start at them.
+        // Nothing resident behind them: spilling may start at them.
         let tail_spilled = self
             .messages
             .front()
@@ -260,7 +260,7 @@ impl Queue {
 
     /// Drops the payload of the ready message at `position` from memory (its
     /// record is in the store, or on its way there).
-    pub fn evict_at(&mut self, position: usize) {
+    pub fn spill_at(&mut self, position: usize) {
         let Some(entry) = self.messages.get_mut(position) else {
             return;
         };

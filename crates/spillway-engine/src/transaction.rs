@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 
 use crate::model::*;
 
-/// `broker.max_transaction_bytes` by default: 16 MiB of bodies.
+/// `engine.max_transaction_bytes` by default: 16 MiB of bodies.
 pub const DEFAULT_MAX_TRANSACTION_BYTES: u64 = 16 << 20;
 
 /// A vhost's producer transaction timeouts (zero = off).
@@ -49,10 +49,10 @@ impl TxTimeouts {
 #[derive(Clone, Debug)]
 pub struct TxConfig {
     /// Message bytes one transaction may hold, counted as the memory budget
-    /// counts them (`broker.max_transaction_bytes`).
+    /// counts them (`engine.max_transaction_bytes`).
     pub max_bytes: u64,
     /// An unroutable mandatory publish in a transaction closes the
-    /// connection with 312 (`broker.close_when_no_route`), as Qpid does;
+    /// connection with 312 (`engine.close_when_no_route`), as Qpid does;
     /// false: basic.return, as RabbitMQ does.
     pub close_when_no_route: bool,
     /// Every vhost's timeouts unless management set its own

@@ -10,33 +10,7 @@
 
 use std::net::IpAddr;
 
-use serde::Deserialize;
 use spillway_proto::engine::{AuthenticateRequest, LoginResult};
-
-/// A user of the configuration (`[[gateway.users]]`): stored by the engine
-/// when its store has no users yet, then managed through management.
-#[derive(Clone, Debug, Deserialize)]
-pub struct User {
-    pub name: String,
-    pub password: String,
-    /// Like RabbitMQ's guest: only accepted from a loopback address.
-    #[serde(default)]
-    pub loopback_only: bool,
-    /// RabbitMQ's user tags (`administrator`, `monitoring`, `management`).
-    #[serde(default)]
-    pub tags: Vec<String>,
-}
-
-impl User {
-    pub fn guest() -> Self {
-        Self {
-            name: "guest".into(),
-            password: "guest".into(),
-            loopback_only: true,
-            tags: vec!["administrator".into()],
-        }
-    }
-}
 
 /// The mechanisms offered on a connection without a verified client
 /// certificate (plain TCP, or TLS without one).

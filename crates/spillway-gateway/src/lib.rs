@@ -34,7 +34,6 @@ pub mod read_room;
 pub mod server;
 pub mod tls;
 
-pub use auth::User;
 pub use metrics::GatewayMetrics;
 pub use server::{AmqpServer, Listeners};
 
@@ -71,9 +70,9 @@ pub struct GatewayConfig {
     /// Bytes of message bodies a connection may have partly received, over
     /// all its channels, before it is closed with 506 RESOURCE_ERROR.
     pub max_unfinished_content: u64,
-    /// Message compression (`broker.message_compression_enabled`): bodies
+    /// Message compression (`gateway.message_compression_enabled`): bodies
     /// longer than this many bytes
-    /// (`connection.message_compression_threshold_size`) are compressed as
+    /// (`gateway.message_compression_threshold_size`) are compressed as
     /// they are published when that makes them at least an eighth smaller,
     /// and decoded as they are delivered. None: off.
     pub compress_above: Option<u64>,

@@ -43,7 +43,7 @@ type TlsFailures = Family<Vec<(&'static str, &'static str)>, Counter>;
 /// The gateway's labels in `spillway_limit_refusals_total`.
 pub const MAX_CONNECTIONS: &str = "max_connections";
 pub const CHANNEL_MAX: &str = "channel_max";
-/// Not a count: the process's memory ceiling (`broker.memory_high_watermark`).
+/// Not a count: the process's memory ceiling (`engine.memory_high_watermark`).
 pub const MEMORY_HIGH_WATERMARK: &str = "memory_high_watermark";
 
 impl GatewayMetrics {
@@ -76,7 +76,7 @@ impl GatewayMetrics {
         );
         metrics.register(
             "spillway_messages_compressed",
-            "Published bodies the gateway compressed (broker.message_compression_enabled; bodies over the threshold that lz4 made at least an eighth smaller)",
+            "Published bodies the gateway compressed (gateway.message_compression_enabled; bodies over the threshold that lz4 made at least an eighth smaller)",
             self.compressed.clone(),
         );
         metrics.register(

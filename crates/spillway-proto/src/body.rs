@@ -2,8 +2,8 @@
 //! (as published, or lz4-compressed) and the size the client published.
 //!
 //! The gateway compresses a large body as it is published
-//! (`broker.message_compression_enabled`, above
-//! `connection.message_compression_threshold_size`; see
+//! (`gateway.message_compression_enabled`, above
+//! `gateway.message_compression_threshold_size`; see
 //! `docs/compression.md`) and decompresses it as it is delivered, so clients
 //! see exactly the bytes they published. In between, the engine, its memory
 //! budget, flow to disk and the storage node carry the compressed bytes as

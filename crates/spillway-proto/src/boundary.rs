@@ -65,8 +65,8 @@ pub trait StorageApi: Send + Sync + 'static {
     /// (or fails) when the storage node goes away: watch again.
     async fn watch_quota(&self) -> Result<QuotaStream, ServiceError>;
 
-    /// Management's runtime store quota (`store.overfull_size`,
-    /// `store.underfull_size`).
+    /// Management's runtime store quota (`storage.overfull_size`,
+    /// `storage.underfull_size`).
     async fn set_quota(
         &self,
         request: crate::management::SetStoreQuotaRequest,

@@ -184,7 +184,7 @@ pub async fn run_with_metrics(
     let auth = ClusterAuth::new(secret);
     // One ceiling per process, over what its components hold for clients,
     // and one clock.
-    let memory = MemoryCeiling::new(settings.broker.memory_high_watermark());
+    let memory = MemoryCeiling::new(settings.engine.memory_high_watermark());
     let clock = SystemClock::shared();
     if matches!(role, Role::AllInOne | Role::Engine | Role::Gateway) {
         metrics.register_collector(memory.collector());
@@ -337,8 +337,8 @@ fn open_store(settings: &Settings) -> anyhow::Result<RocksStore> {
         .with_context(|| format!("creating the data directory {}", data_dir.display()))?;
     let store = RocksStore::open_with(data_dir, settings.storage.create_if_missing)?;
     store.set_quota(
-        settings.store.overfull_size.unwrap_or(0),
-        settings.store.underfull_size.unwrap_or(0),
+        settings.storage.overfull_size.unwrap_or(0),
+        settings.storage.underfull_size.unwrap_or(0),
     );
     store.start_quota_monitor();
     Ok(store)
@@ -354,12 +354,12 @@ async fn start_engine(
     let config = EngineConfig {
         session_credit: settings.engine.session_credit,
         session_credit_bytes: settings.engine.session_credit_bytes,
-        flow_to_disk_threshold: settings.broker.flow_to_disk_threshold(),
-        housekeeping_interval: settings.broker.housekeeping_interval,
-        consumer_timeout: Some(settings.broker.consumer_timeout).filter(|t| !t.is_zero()),
-        default_max_deliveries: settings.broker.default_maximum_delivery_count,
-        limits: settings.broker.limits(),
-        pacing: settings.broker.pacing(),
+        flow_to_disk_threshold: settings.engine.flow_to_disk_threshold(),
+        housekeeping_interval: settings.engine.housekeeping_interval,
+        consumer_timeout: Some(settings.engine.consumer_timeout).filter(|t| !t.is_zero()),
+        default_max_deliveries: settings.engine.default_maximum_delivery_count,
+        limits: settings.engine.limits(),
+        pacing: settings.engine.pacing(),
         writer_limits: spillway_engine::WriterLimits {
             max_writes: settings.engine.store_writer_max_writes,
             max_bytes: settings.engine.store_writer_max_bytes,
@@ -367,18 +367,8 @@ async fn start_engine(
         lease_ttl: spillway_engine::DEFAULT_LEASE_TTL,
         max_message_size: settings.gateway.max_message_size,
         // The configuration's users are the seed of a store without users.
-        seed_users: settings
-            .gateway
-            .users
-            .iter()
-            .map(|user| spillway_engine::SeedUser {
-                name: user.name.clone(),
-                password: user.password.clone(),
-                tags: user.tags.clone(),
-                loopback_only: user.loopback_only,
-            })
-            .collect(),
-        transactions: settings.broker.transactions(),
+        seed_users: settings.engine.users.clone(),
+        transactions: settings.engine.transactions(),
         memory_ceiling: memory_ceiling.clone(),
         clock,
     };
@@ -506,7 +496,7 @@ async fn start_amqp(
         engine,
         spillway_gateway::GatewayConfig {
             clock,
-            ..settings.gateway_protocol()
+            ..settings.gateway.protocol()
         },
         gateway_metrics,
         memory,

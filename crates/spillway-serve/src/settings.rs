@@ -17,15 +17,14 @@ use std::time::Duration;
 use serde::Deserialize;
 use spillway_gateway::GatewayConfig;
 
+pub mod aliases;
+
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default)]
 pub struct Settings {
     pub gateway: GatewaySettings,
-    pub broker: BrokerSettings,
-    pub connection: ConnectionSettings,
     pub engine: EngineSettings,
     pub storage: StorageSettings,
-    pub store: StoreSettings,
     pub management: ManagementSettings,
     pub telemetry: TelemetrySettings,
     pub cluster: ClusterSettings,
@@ -311,9 +310,16 @@ pub struct GatewaySettings {
     /// too); 0 = no maximum.
     pub max_heartbeat: u16,
     pub max_message_size: u64,
-    /// The seed of the user database: stored by the engine when its store
-    /// has no users (read by the engine process, not the gateway).
-    pub users: Vec<spillway_gateway::User>,
+    /// Compress message bodies above `message_compression_threshold_size`
+    /// as they are published (lz4; kept only when at least an eighth
+    /// smaller), hold them so in memory and on disk, and decode them on
+    /// delivery (Qpid's `broker.messageCompressionEnabled`). docs/compression.md.
+    pub message_compression_enabled: bool,
+    /// Bodies longer than this are compressed when
+    /// `message_compression_enabled` is on: a size (`16KiB`; Qpid's
+    /// `connection.messageCompressionThresholdSize`).
+    #[serde(deserialize_with = "sizes::required")]
+    pub message_compression_threshold_size: u64,
     /// Body bytes a connection blocked by producer flow control may still
     /// publish before the gateway stops reading it.
     #[serde(deserialize_with = "sizes::required")]
@@ -346,7 +352,8 @@ impl Default for GatewaySettings {
             min_heartbeat: protocol.min_heartbeat,
             max_heartbeat: protocol.max_heartbeat,
             max_message_size: protocol.max_message_size,
-            users: vec![spillway_gateway::User::guest()],
+            message_compression_enabled: false,
+            message_compression_threshold_size: DEFAULT_COMPRESSION_THRESHOLD,
             blocked_overdraft: protocol.blocked_overdraft,
             handshake_timeout: protocol.handshake_timeout,
             max_connections: protocol.max_connections,
@@ -383,18 +390,39 @@ impl GatewaySettings {
             max_connections: self.max_connections,
             write_timeout: self.write_timeout,
             max_unfinished_content: self.max_unfinished_content,
-            // Set from `[broker]` and `[connection]`: Settings::gateway_protocol.
-            compress_above: None,
+            compress_above: self
+                .message_compression_enabled
+                .then_some(self.message_compression_threshold_size),
             // The wiring hands the process's own clock.
             clock: spillway_proto::clock::SystemClock::shared(),
         }
     }
 }
 
-/// The queue engine's memory budget (Qpid's `broker.*` names).
+/// The queue engine: its addresses, its sessions' credit, the memory budget
+/// (flow to disk), limits, transactions, publisher pacing and the seed users.
+/// Qpid's `broker.*` names are read as these (`aliases`).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(default)]
-pub struct BrokerSettings {
+pub struct EngineSettings {
+    /// The engine's gRPC address for gateways, when it runs alone.
+    pub listen: String,
+    /// The storage node's gRPC address, when the engine runs alone.
+    pub storage_addr: String,
+    /// Deliveries in flight to one connection before the engine waits for the
+    /// gateway to write them.
+    pub session_credit: u32,
+    /// The same bound in bytes: a size (`8MiB`).
+    #[serde(deserialize_with = "sizes::required")]
+    pub session_credit_bytes: u64,
+    /// Writes queued for the storage node at most before publishers wait.
+    pub store_writer_max_writes: u64,
+    /// The same bound in encoded bytes: a size (`64MiB`).
+    #[serde(deserialize_with = "sizes::required")]
+    pub store_writer_max_bytes: u64,
+    /// The seed of the user database: stored by the engine when its store
+    /// has no users.
+    pub users: Vec<spillway_engine::SeedUser>,
     /// Resident message bytes above which payloads flow to disk. Unset: 40%
     /// of the memory available to the process (its cgroup limit, else
     /// physical memory). Plain bytes or with a unit: `268435456`, `256MiB`.
@@ -433,11 +461,6 @@ pub struct BrokerSettings {
     pub default_user_max_consumers: u32,
     pub max_consumers_per_connection: u32,
     pub max_queues_per_connection: u32,
-    /// Compress message bodies above `connection.message_compression_threshold_size`
-    /// as they are published (lz4; kept only when at least an eighth
-    /// smaller), hold them so in memory and on disk, and decode them on
-    /// delivery (Qpid's `broker.messageCompressionEnabled`). docs/compression.md.
-    pub message_compression_enabled: bool,
     /// Message bytes one transaction may hold before commit (as the memory
     /// budget counts them: body, properties, names, 192 bytes each); a publish
     /// that would pass it closes the channel with 406 (docs/transactions.md).
@@ -470,7 +493,7 @@ pub struct BrokerSettings {
     pub publisher_pacing_stall: Duration,
 }
 
-impl BrokerSettings {
+impl EngineSettings {
     /// The flow-to-disk threshold in force: the configured one, else 40% of
     /// the memory available.
     pub fn flow_to_disk_threshold(&self) -> u64 {
@@ -526,9 +549,16 @@ impl BrokerSettings {
     }
 }
 
-impl Default for BrokerSettings {
+impl Default for EngineSettings {
     fn default() -> Self {
         Self {
+            listen: "127.0.0.1:50061".into(),
+            storage_addr: "http://127.0.0.1:50071".into(),
+            session_credit: 2048,
+            session_credit_bytes: spillway_engine::DEFAULT_SESSION_CREDIT_BYTES,
+            store_writer_max_writes: spillway_engine::DEFAULT_MAX_QUEUED_WRITES,
+            store_writer_max_bytes: spillway_engine::DEFAULT_MAX_QUEUED_BYTES,
+            users: vec![spillway_engine::SeedUser::guest()],
             flow_to_disk_threshold: None,
             memory_high_watermark: None,
             housekeeping_interval: Duration::from_secs(1),
@@ -550,80 +580,14 @@ impl Default for BrokerSettings {
             default_transaction_open_close: Duration::ZERO,
             default_transaction_idle_warn: Duration::ZERO,
             default_transaction_idle_close: Duration::ZERO,
-            message_compression_enabled: false,
             publisher_pacing_window: spillway_engine::DEFAULT_PACING_WINDOW,
             publisher_pacing_stall: spillway_engine::DEFAULT_PACING_STALL,
         }
     }
 }
 
-/// Per-connection message settings (Qpid's `connection.*` names).
-#[derive(Clone, Debug, Deserialize)]
-#[serde(default)]
-pub struct ConnectionSettings {
-    /// Bodies longer than this are compressed when
-    /// `broker.message_compression_enabled` is on: a size (`16KiB`).
-    #[serde(deserialize_with = "sizes::required")]
-    pub message_compression_threshold_size: u64,
-}
-
-/// `connection.message_compression_threshold_size` by default: 16 KiB.
+/// `gateway.message_compression_threshold_size` by default: 16 KiB.
 pub const DEFAULT_COMPRESSION_THRESHOLD: u64 = 16 * 1024;
-
-impl Default for ConnectionSettings {
-    fn default() -> Self {
-        Self {
-            message_compression_threshold_size: DEFAULT_COMPRESSION_THRESHOLD,
-        }
-    }
-}
-
-impl Settings {
-    /// The gateway's protocol settings, with message compression as
-    /// `broker.message_compression_enabled` and the connection threshold say.
-    pub fn gateway_protocol(&self) -> GatewayConfig {
-        GatewayConfig {
-            compress_above: self
-                .broker
-                .message_compression_enabled
-                .then_some(self.connection.message_compression_threshold_size),
-            ..self.gateway.protocol()
-        }
-    }
-}
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(default)]
-pub struct EngineSettings {
-    /// The engine's gRPC address for gateways, when it runs alone.
-    pub listen: String,
-    /// The storage node's gRPC address, when the engine runs alone.
-    pub storage_addr: String,
-    /// Deliveries in flight to one connection before the engine waits for the
-    /// gateway to write them.
-    pub session_credit: u32,
-    /// The same bound in bytes: a size (`8MiB`).
-    #[serde(deserialize_with = "sizes::required")]
-    pub session_credit_bytes: u64,
-    /// Writes queued for the storage node at most before publishers wait.
-    pub store_writer_max_writes: u64,
-    /// The same bound in encoded bytes: a size (`64MiB`).
-    #[serde(deserialize_with = "sizes::required")]
-    pub store_writer_max_bytes: u64,
-}
-
-impl Default for EngineSettings {
-    fn default() -> Self {
-        Self {
-            listen: "127.0.0.1:50061".into(),
-            storage_addr: "http://127.0.0.1:50071".into(),
-            session_credit: 2048,
-            session_credit_bytes: spillway_engine::DEFAULT_SESSION_CREDIT_BYTES,
-            store_writer_max_writes: spillway_engine::DEFAULT_MAX_QUEUED_WRITES,
-            store_writer_max_bytes: spillway_engine::DEFAULT_MAX_QUEUED_BYTES,
-        }
-    }
-}
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(default)]
@@ -636,6 +600,14 @@ pub struct StorageSettings {
     /// start (a data volume that is not mounted must not look like an
     /// empty broker).
     pub create_if_missing: bool,
+    /// The disk quota (Qpid's `store.*` names): bytes on disk above which
+    /// every producer is blocked (`MST-1008`). Unset: none.
+    #[serde(deserialize_with = "sizes::optional")]
+    pub overfull_size: Option<u64>,
+    /// Bytes on disk below which they are released again (`MST-1009`).
+    /// Unset: the overfull size.
+    #[serde(deserialize_with = "sizes::optional")]
+    pub underfull_size: Option<u64>,
 }
 
 impl Default for StorageSettings {
@@ -644,21 +616,10 @@ impl Default for StorageSettings {
             listen: "127.0.0.1:50071".into(),
             data_dir: PathBuf::from("./data"),
             create_if_missing: true,
+            overfull_size: None,
+            underfull_size: None,
         }
     }
-}
-
-/// The storage node's disk quota (Qpid's `store.*` names). Unset: none.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(default)]
-pub struct StoreSettings {
-    /// Bytes on disk above which every producer is blocked (`MST-1008`).
-    #[serde(deserialize_with = "sizes::optional")]
-    pub overfull_size: Option<u64>,
-    /// Bytes on disk below which they are released again (`MST-1009`).
-    /// Unset: the overfull size.
-    #[serde(deserialize_with = "sizes::optional")]
-    pub underfull_size: Option<u64>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -809,6 +770,13 @@ pub enum Problem {
     },
     /// A value of the wrong type or format (`frame_max = "big"`, `12 parsecs`).
     BadValue { origin: Origin, error: String },
+    /// One key set under its name and under an alias of it in one layer
+    /// (`broker.consumer_timeout` and `engine.consumer_timeout`).
+    SetTwice {
+        alias: String,
+        name: String,
+        origin: Origin,
+    },
     /// A value of the right type outside what the setting allows.
     OutOfRange {
         key: String,
@@ -843,6 +811,27 @@ impl fmt::Display for Problem {
                 }
             }
             Problem::BadValue { origin, error } => write!(f, "in {origin}: {error}"),
+            Problem::SetTwice {
+                alias,
+                name,
+                origin,
+            } => {
+                match origin {
+                    Origin::File(path) => {
+                        write!(f, "`{alias}` and `{name}` both set in {}", path.display())?
+                    }
+                    Origin::Env(_) => write!(
+                        f,
+                        "environment variables {} and {} both set",
+                        env_name(alias),
+                        env_name(name)
+                    )?,
+                }
+                write!(
+                    f,
+                    ": `{alias}` is another name of `{name}`; set one of them"
+                )
+            }
             Problem::OutOfRange {
                 key,
                 value,
@@ -909,37 +898,71 @@ fn env_source<'a>(vars: impl IntoIterator<Item = &'a EnvVar>) -> config::Environ
         .source(Some(map))
 }
 
-/// Reads one layer on its own: a [`Problem`] for each key in it no setting
-/// reads and for a value that does not deserialise.
+/// One layer, built (sections as tables) and its aliases moved to their own
+/// names.
+fn canonical_layer(
+    source: impl config::Source + Send + Sync + 'static,
+    origin: &Origin,
+) -> Result<aliases::Canonical, SettingsError> {
+    let read_error = |error| SettingsError::Read {
+        origin: origin.clone(),
+        error: Box::new(error),
+    };
+    let layer = config::Config::builder()
+        .add_source(source)
+        .build()
+        .map_err(read_error)?;
+    Ok(aliases::canonical(
+        config::Source::collect(&layer).map_err(read_error)?,
+    ))
+}
+
+/// Reads one layer on its own, its aliases moved to their own names
+/// ([`aliases`]): a [`Problem`] for each key in it no setting reads, for a
+/// key it sets under two names, and for a value that does not deserialise.
+/// The unknown keys come back as the layer wrote them.
 fn check_layer(
     source: impl config::Source + Send + Sync + 'static,
     origin: &Origin,
     problems: &mut Vec<Problem>,
-) -> Result<(config::Config, Vec<Vec<keys::Segment>>), SettingsError> {
-    let layer = config::Config::builder()
-        .add_source(source)
-        .build()
-        .map_err(|error| SettingsError::Read {
+) -> Result<(aliases::Canonical, Vec<String>), SettingsError> {
+    let layer = canonical_layer(source, origin)?;
+    for twice in &layer.twice {
+        problems.push(Problem::SetTwice {
+            alias: twice.alias.clone(),
+            name: twice.name.clone(),
             origin: origin.clone(),
-            error: Box::new(error),
-        })?;
+        });
+    }
     let mut ignored = Vec::new();
-    let read: Result<Settings, _> =
-        serde_ignored::deserialize(layer.clone(), |path| ignored.push(keys::segments(&path)));
+    let read: Result<Settings, _> = serde_ignored::deserialize(layer.value(), |path| {
+        ignored.push(keys::render(&keys::segments(&path)))
+    });
     if let Err(error) = read {
         problems.push(Problem::BadValue {
             origin: origin.clone(),
             error: error.to_string(),
         });
     }
+    let ignored = ignored.iter().map(|key| layer.as_written(key)).collect();
     Ok((layer, ignored))
 }
 
-fn unknown_key(path: &[keys::Segment], origin: &Origin) -> Problem {
+/// `key` (as written, aliases included) as an unknown key of `origin`, with
+/// the nearest known key written the same way.
+fn unknown_key(key: &str, origin: &Origin) -> Problem {
+    let (name, alias) = aliases::resolve(key);
+    let suggestion = keys::suggest::<Settings>(&keys::parse(&name)).map(|known| {
+        let known = keys::render(&known);
+        match alias {
+            Some((alias, name)) => aliases::written_as(&known, name, alias),
+            None => known,
+        }
+    });
     Problem::UnknownKey {
-        key: keys::render(path),
+        key: key.to_string(),
         origin: origin.clone(),
-        suggestion: keys::suggest::<Settings>(path).map(|known| keys::render(&known)),
+        suggestion,
     }
 }
 
@@ -974,13 +997,12 @@ impl Settings {
             }
         };
         let file_origin = Origin::File(file_path);
-        let (file_layer, mut ignored) =
-            check_layer(file_source.clone(), &file_origin, &mut problems)?;
+        let (file_layer, mut ignored) = check_layer(file_source, &file_origin, &mut problems)?;
         // The `config` crate keeps keys in a hash map: sorted, the report
         // does not change from one start to the next.
-        ignored.sort_by_key(|path| keys::render(path));
-        for path in &ignored {
-            problems.push(unknown_key(path, &file_origin));
+        ignored.sort();
+        for key in &ignored {
+            problems.push(unknown_key(key, &file_origin));
         }
 
         let vars = config_vars(vars);
@@ -998,28 +1020,36 @@ impl Settings {
                 // The variable's own key, not the ignored part of it: for
                 // `SPILLWAY_GATWAY__HEARTBEAT` that is `gatway.heartbeat`,
                 // whose nearest known key is `gateway.heartbeat`.
-                let path: Vec<_> = var
-                    .key
-                    .split('.')
-                    .map(|key| keys::Segment::Key(key.to_string()))
-                    .collect();
-                problems.push(unknown_key(&path, &origin));
+                problems.push(unknown_key(&var.key, &origin));
             }
+        }
+        // Two variables naming one key under its two names.
+        let env_layer = canonical_layer(env_source(&vars), &Origin::Env(ENV_PREFIX.into()))?;
+        for twice in &env_layer.twice {
+            problems.push(Problem::SetTwice {
+                alias: twice.alias.clone(),
+                name: twice.name.clone(),
+                origin: Origin::Env(ENV_PREFIX.into()),
+            });
         }
         if !problems.is_empty() {
             return Err(SettingsError::Invalid(problems));
         }
 
+        let file_layer = config::Config::builder()
+            .add_source(file_layer)
+            .build()
+            .map_err(|error| SettingsError::Merge(Box::new(error)))?;
         let settings: Settings = config::Config::builder()
-            .add_source(file_source)
-            .add_source(env_source(&vars))
+            .add_source(file_layer.clone())
+            .add_source(env_layer)
             .build()
             .and_then(config::Config::try_deserialize)
             .map_err(|error| SettingsError::Merge(Box::new(error)))?;
         let origin_of = |key: &str| {
             vars.iter()
                 .rev()
-                .find(|var| var.key == key)
+                .find(|var| aliases::resolve(&var.key).0 == key)
                 .map(|var| Origin::Env(var.name.clone()))
                 .or_else(|| {
                     file_layer
@@ -1124,32 +1154,32 @@ impl Settings {
             "more than 0",
         );
         check_users(
-            "gateway.users",
-            gateway.users.iter().map(|user| user.name.as_str()),
+            "engine.users",
+            self.engine.users.iter().map(|user| user.name.as_str()),
             &mut check,
         );
         check(
-            self.broker.flow_to_disk_threshold != Some(0),
-            "broker.flow_to_disk_threshold",
+            self.engine.flow_to_disk_threshold != Some(0),
+            "engine.flow_to_disk_threshold",
             &0,
             "at least 1 byte, or unset for 40% of the memory available",
         );
-        if let Some(watermark) = self.broker.memory_high_watermark.filter(|w| *w != 0) {
-            let threshold = self.broker.flow_to_disk_threshold();
+        if let Some(watermark) = self.engine.memory_high_watermark.filter(|w| *w != 0) {
+            let threshold = self.engine.flow_to_disk_threshold();
             check(
                 watermark > threshold,
-                "broker.memory_high_watermark",
+                "engine.memory_high_watermark",
                 &watermark,
                 &format!(
-                    "above broker.flow_to_disk_threshold ({threshold} bytes), so that \
+                    "above engine.flow_to_disk_threshold ({threshold} bytes), so that \
                      payloads flow to disk before publishers are blocked; 0 turns it off"
                 ),
             );
         }
         check(
-            !self.broker.publisher_pacing_stall.is_zero(),
-            "broker.publisher_pacing_stall",
-            &Millis(self.broker.publisher_pacing_stall),
+            !self.engine.publisher_pacing_stall.is_zero(),
+            "engine.publisher_pacing_stall",
+            &Millis(self.engine.publisher_pacing_stall),
             "more than 0",
         );
         check(
@@ -1274,6 +1304,22 @@ pub mod keys {
                 }
                 Segment::Index(Some(index)) => out.push_str(&format!("[{index}]")),
                 Segment::Index(None) => out.push_str("[]"),
+            }
+        }
+        out
+    }
+
+    /// The steps of a rendered key: the reverse of [`render`].
+    pub fn parse(key: &str) -> Vec<Segment> {
+        let mut out = Vec::new();
+        for part in key.split('.') {
+            let mut pieces = part.split('[');
+            if let Some(name) = pieces.next().filter(|name| !name.is_empty()) {
+                out.push(Segment::Key(name.to_string()));
+            }
+            for index in pieces {
+                let index = index.trim_end_matches(']');
+                out.push(Segment::Index(index.parse().ok()));
             }
         }
         out
@@ -1562,50 +1608,138 @@ mod tests {
     }
 
     #[test]
-    fn the_broker_section_reads_from_a_file_with_units() -> anyhow::Result<()> {
+    fn the_engine_section_reads_from_a_file_with_units() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
         let file = dir.path().join("spillway.toml");
         std::fs::write(
             &file,
-            "[broker]\nflow_to_disk_threshold = \"32MiB\"\nhousekeeping_interval = \"250ms\"\n",
+            "[engine]\nflow_to_disk_threshold = \"32MiB\"\nhousekeeping_interval = \"250ms\"\n",
         )?;
         let settings = Settings::load(Some(&file))?;
-        assert_eq!(settings.broker.flow_to_disk_threshold, Some(32 << 20));
+        assert_eq!(settings.engine.flow_to_disk_threshold, Some(32 << 20));
         assert_eq!(
-            settings.broker.housekeeping_interval,
+            settings.engine.housekeeping_interval,
             Duration::from_millis(250)
         );
         std::fs::write(
             &file,
-            "[broker]\nflow_to_disk_threshold = 1048576\nhousekeeping_interval = 100\n",
+            "[engine]\nflow_to_disk_threshold = 1048576\nhousekeeping_interval = 100\n",
         )?;
         let settings = Settings::load(Some(&file))?;
-        assert_eq!(settings.broker.flow_to_disk_threshold, Some(1 << 20));
+        assert_eq!(settings.engine.flow_to_disk_threshold, Some(1 << 20));
         assert_eq!(
-            settings.broker.housekeeping_interval,
+            settings.engine.housekeeping_interval,
             Duration::from_millis(100)
         );
         Ok(())
     }
 
     #[test]
+    fn qpid_section_names_are_read_as_the_owning_sections() -> anyhow::Result<()> {
+        let (_, result) = load(
+            "[broker]\nflow_to_disk_threshold = \"32MiB\"\nconsumer_timeout = \"5s\"\n\
+             [store]\noverfull_size = \"1GiB\"\n\
+             [[gateway.users]]\nname = \"app\"\npassword = \"p\"\n",
+            &[
+                ("SPILLWAY_BROKER__SESSION_CREDIT", "7"),
+                ("SPILLWAY_STORE__UNDERFULL_SIZE", "1000"),
+            ],
+        );
+        let settings = result?;
+        assert_eq!(settings.engine.flow_to_disk_threshold, Some(32 << 20));
+        assert_eq!(settings.engine.consumer_timeout, Duration::from_secs(5));
+        assert_eq!(settings.engine.session_credit, 7);
+        assert_eq!(settings.storage.overfull_size, Some(1 << 30));
+        assert_eq!(settings.storage.underfull_size, Some(1000));
+        let users: Vec<_> = settings.engine.users.iter().map(|u| &u.name).collect();
+        assert_eq!(users, ["app"]);
+        Ok(())
+    }
+
+    #[test]
+    fn a_key_set_under_both_its_names_in_one_layer_is_refused() {
+        let (file, result) = load(
+            "[broker]\nconsumer_timeout = 5\n[engine]\nconsumer_timeout = 6\n",
+            &[
+                ("SPILLWAY_STORE__OVERFULL_SIZE", "1"),
+                ("SPILLWAY_STORAGE__OVERFULL_SIZE", "2"),
+            ],
+        );
+        let lines: Vec<String> = problems(result).iter().map(ToString::to_string).collect();
+        assert_eq!(
+            lines,
+            [
+                format!(
+                    "`broker.consumer_timeout` and `engine.consumer_timeout` both set in {}: \
+                     `broker.consumer_timeout` is another name of `engine.consumer_timeout`; \
+                     set one of them",
+                    file.display()
+                ),
+                "environment variables SPILLWAY_STORE__OVERFULL_SIZE and \
+                 SPILLWAY_STORAGE__OVERFULL_SIZE both set: `store.overfull_size` is another \
+                 name of `storage.overfull_size`; set one of them"
+                    .to_string(),
+            ]
+        );
+        // Across layers the environment wins, whichever name each uses.
+        let (_, result) = load(
+            "[engine]\nconsumer_timeout = 6\n",
+            &[("SPILLWAY_BROKER__CONSUMER_TIMEOUT", "5")],
+        );
+        assert_eq!(
+            result.map(|s| s.engine.consumer_timeout).ok(),
+            Some(Duration::from_millis(5))
+        );
+    }
+
+    #[test]
+    fn an_unknown_key_under_an_alias_is_named_and_suggested_as_written() {
+        let (file, result) = load(
+            "[broker]\nconsumer_timout = 5\n\
+             [[gateway.users]]\nname = \"a\"\npassword = \"p\"\nnme = \"b\"\n",
+            &[("SPILLWAY_STORE__OVERFUL_SIZE", "1")],
+        );
+        let origin = Origin::File(file);
+        assert_eq!(
+            problems(result),
+            [
+                unknown(
+                    "broker.consumer_timout",
+                    origin.clone(),
+                    Some("broker.consumer_timeout")
+                ),
+                unknown(
+                    "gateway.users[0].nme",
+                    origin,
+                    Some("gateway.users[0].name")
+                ),
+                unknown(
+                    "store.overful_size",
+                    Origin::Env("SPILLWAY_STORE__OVERFUL_SIZE".into()),
+                    Some("store.overfull_size")
+                ),
+            ]
+        );
+    }
+
+    #[test]
     fn publisher_pacing_is_on_by_default_and_can_be_set_or_turned_off() -> anyhow::Result<()> {
         let (_, result) = load("", &[]);
-        let pacing = result?.broker.pacing();
+        let pacing = result?.engine.pacing();
         assert_eq!(pacing, spillway_engine::PacingConfig::default());
         assert_eq!(pacing.window, spillway_engine::DEFAULT_PACING_WINDOW);
         let (_, result) = load(
-            "[broker]\npublisher_pacing_window = 500\npublisher_pacing_stall = \"250ms\"\n",
-            &[("SPILLWAY_BROKER__PUBLISHER_PACING_WINDOW", "0")],
+            "[engine]\npublisher_pacing_window = 500\npublisher_pacing_stall = \"250ms\"\n",
+            &[("SPILLWAY_ENGINE__PUBLISHER_PACING_WINDOW", "0")],
         );
-        let pacing = result?.broker.pacing();
+        let pacing = result?.engine.pacing();
         assert_eq!(pacing.window, 0, "the environment wins");
         assert_eq!(pacing.stall, Duration::from_millis(250));
-        let (_, result) = load("[broker]\npublisher_pacing_stall = 0\n", &[]);
+        let (_, result) = load("[engine]\npublisher_pacing_stall = 0\n", &[]);
         let lines: Vec<String> = problems(result).iter().map(ToString::to_string).collect();
         assert_eq!(lines.len(), 1, "{lines:?}");
         assert!(
-            lines[0].starts_with("`broker.publisher_pacing_stall` = "),
+            lines[0].starts_with("`engine.publisher_pacing_stall` = "),
             "{lines:?}"
         );
         Ok(())
@@ -1615,17 +1749,18 @@ mod tests {
     fn message_compression_is_off_by_default_and_takes_its_threshold() -> anyhow::Result<()> {
         let (_, result) = load("", &[]);
         let settings = result?;
-        assert_eq!(settings.gateway_protocol().compress_above, None);
+        assert_eq!(settings.gateway.protocol().compress_above, None);
         assert_eq!(
-            settings.connection.message_compression_threshold_size,
+            settings.gateway.message_compression_threshold_size,
             16 * 1024
         );
         let (_, result) = load(
-            "[broker]\nmessage_compression_enabled = true\n\
-             [connection]\nmessage_compression_threshold_size = \"32KiB\"\n",
+            "[gateway]\nmessage_compression_enabled = true\n\
+             message_compression_threshold_size = \"32KiB\"\n",
             &[],
         );
-        assert_eq!(result?.gateway_protocol().compress_above, Some(32 * 1024));
+        assert_eq!(result?.gateway.protocol().compress_above, Some(32 * 1024));
+        // Qpid's names, as the design brief first gave them.
         let (_, result) = load(
             "",
             &[
@@ -1636,7 +1771,7 @@ mod tests {
                 ),
             ],
         );
-        assert_eq!(result?.gateway_protocol().compress_above, Some(1024));
+        assert_eq!(result?.gateway.protocol().compress_above, Some(1024));
         Ok(())
     }
 
@@ -1721,8 +1856,8 @@ mod tests {
 
     #[test]
     fn keys_inside_list_entries_are_checked() {
-        let toml = "[[gateway.users]]\nname = \"a\"\npassword = \"p\"\n\
-                    [[gateway.users]]\nname = \"b\"\npassword = \"p\"\nloopback_onyl = true\n\
+        let toml = "[[engine.users]]\nname = \"a\"\npassword = \"p\"\n\
+                    [[engine.users]]\nname = \"b\"\npassword = \"p\"\nloopback_onyl = true\n\
                     [[management.users]]\nname = \"m\"\npassword = \"p\"\nrole = \"admin\"\n";
         let (file, result) = load(toml, &[]);
         let origin = Origin::File(file);
@@ -1730,9 +1865,9 @@ mod tests {
             problems(result),
             [
                 unknown(
-                    "gateway.users[1].loopback_onyl",
+                    "engine.users[1].loopback_onyl",
                     origin.clone(),
-                    Some("gateway.users[1].loopback_only")
+                    Some("engine.users[1].loopback_only")
                 ),
                 unknown("management.users[0].role", origin, None),
             ]
@@ -1817,10 +1952,10 @@ mod tests {
     fn out_of_range_values_name_key_value_origin_and_range() {
         let toml = "[gateway]\nchannel_max = 0\nhandshake_timeout = 0\nmax_message_size = 0\n\
                     amqp_listen = \"localhost:5672\"\n\
-                    [[gateway.users]]\nname = \"app\"\npassword = \"p\"\n\
-                    [[gateway.users]]\nname = \"app\"\npassword = \"q\"\n\
-                    [[gateway.users]]\nname = \"\"\npassword = \"q\"\n\
-                    [broker]\nflow_to_disk_threshold = 0\n\
+                    [engine]\nflow_to_disk_threshold = 0\n\
+                    [[engine.users]]\nname = \"app\"\npassword = \"p\"\n\
+                    [[engine.users]]\nname = \"app\"\npassword = \"q\"\n\
+                    [[engine.users]]\nname = \"\"\npassword = \"q\"\n\
                     [storage]\ndata_dir = \"\"\n\
                     [telemetry]\nlog_format = \"jsno\"\nmetrics_listen = \"metrics:9471\"\n";
         let (file, result) = load(toml, &[("SPILLWAY_GATEWAY__FRAME_MAX", "1024")]);
@@ -1844,12 +1979,12 @@ mod tests {
                 ),
                 format!("`gateway.handshake_timeout` = 0 (in {file}) is out of range: more than 0"),
                 format!(
-                    "`gateway.users[1].name` = \"app\" (in {file}) is out of range: a name \
-                     not already given to gateway.users[0]"
+                    "`engine.users[1].name` = \"app\" (in {file}) is out of range: a name \
+                     not already given to engine.users[0]"
                 ),
-                format!("`gateway.users[2].name` = \"\" (in {file}) is out of range: a name"),
+                format!("`engine.users[2].name` = \"\" (in {file}) is out of range: a name"),
                 format!(
-                    "`broker.flow_to_disk_threshold` = 0 (in {file}) is out of range: at \
+                    "`engine.flow_to_disk_threshold` = 0 (in {file}) is out of range: at \
                      least 1 byte, or unset for 40% of the memory available"
                 ),
                 format!("`storage.data_dir` = \"\" (in {file}) is out of range: a directory"),
@@ -2191,15 +2326,15 @@ mod tests {
                     max_message_size = 1\nblocked_overdraft = 0\nhandshake_timeout = 1\n\
                     max_connections = 0\n\
                     [engine]\nsession_credit = 0\n\
-                    [broker]\nflow_to_disk_threshold = 1\nhousekeeping_interval = 0\n\
+                    flow_to_disk_threshold = 1\nhousekeeping_interval = 0\n\
                     consumer_timeout = 0\n\
-                    [store]\noverfull_size = 0\nunderfull_size = 0\n\
+                    [storage]\noverfull_size = 0\nunderfull_size = 0\n\
                     [telemetry]\nlog_format = \"json\"\n";
         let (_, result) = load(toml, &[("SPILLWAY_GATEWAY__CHANNEL_MAX", "65535")]);
         let settings = result?;
         assert_eq!(settings.gateway.frame_max, 4096);
         assert_eq!(settings.gateway.channel_max, 65535);
-        assert_eq!(settings.broker.consumer_timeout, Duration::ZERO);
+        assert_eq!(settings.engine.consumer_timeout, Duration::ZERO);
         Ok(())
     }
 
@@ -2217,8 +2352,8 @@ mod tests {
             .ok_or_else(|| anyhow::anyhow!("no example in docs/configuration.md"))?;
         let (_, result) = load(example, &[]);
         let settings = result?;
-        assert_eq!(settings.store.underfull_size, Some(8 << 30));
-        assert_eq!(settings.gateway.users.len(), 2);
+        assert_eq!(settings.storage.underfull_size, Some(8 << 30));
+        assert_eq!(settings.engine.users.len(), 2);
 
         // deploy/users.toml is made on each machine by
         // deploy/admin-credentials.sh: the file it writes, with a password.
@@ -2231,7 +2366,7 @@ mod tests {
             .replace("$password", "made-on-this-machine")
             .replace("\\`", "`");
         let (_, result) = load(&users, &[]);
-        let seeded = result?.gateway.users;
+        let seeded = result?.engine.users;
         assert_eq!(seeded[0].name, "spillway");
         assert_eq!(seeded[0].password, "made-on-this-machine");
         Ok(())
@@ -2266,11 +2401,8 @@ mod tests {
                     .collect();
                 let vars = config_vars([(OsString::from(&name), OsString::new())]);
                 let Some(var) = vars.first() else { continue };
-                let path: Vec<_> = var
-                    .key
-                    .split('.')
-                    .map(|key| keys::Segment::Key(key.into()))
-                    .collect();
+                // Aliases (`broker.*`) are known keys too.
+                let path = keys::parse(&aliases::resolve(&var.key).0);
                 let known = (1..=path.len()).all(|len| {
                     let (parent, last) = path[..len].split_at(len - 1);
                     matches!((keys::fields_at::<Settings>(parent), &last[0]),

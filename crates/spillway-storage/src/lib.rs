@@ -4,7 +4,7 @@
 //! and the messages the engine hands over (persistent messages on durable
 //! queues). It knows nothing of AMQP: it stores what the engine sends, in the
 //! order the engine sends it, and reports disk usage against its quota
-//! (`store.overfull_size`, `MST-1008`/`MST-1009`), streamed to the engine.
+//! (`storage.overfull_size`, `MST-1008`/`MST-1009`), streamed to the engine.
 //!
 //! - [`RocksStore`]: the database and the in-process [`StorageApi`] the
 //!   all-in-one broker calls directly.

@@ -1,4 +1,4 @@
-//! The store's disk quota (`store.overfull_size` / `store.underfull_size`).
+//! The store's disk quota (`storage.overfull_size` / `storage.underfull_size`).
 //!
 //! A monitor task measures the store's files every half second. Above the
 //! overfull size the store is overfull (`MST-1008`) until it falls below the

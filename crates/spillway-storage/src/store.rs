@@ -49,7 +49,7 @@ pub const BLOCK_CACHE_BYTES: usize = 16 << 20;
 pub const DATA_BLOCK_BYTES: usize = 32 << 10;
 /// Largest table file a compaction writes. RocksDB's 64 MiB default, with
 /// compressible payloads, made the whole spilled backlog one bottom-level
-/// file: payloads evicted from a queue's tail have lower ids than arrivals
+/// file: payloads spilled from a queue's tail have lower ids than arrivals
 /// that went straight to the store, so every flush overlapped that file and
 /// each compaction rewrote all of it (1.9M records, 27 times in one 2 GiB
 /// fill; 44% of the broker's CPU). Smaller files confine a compaction to

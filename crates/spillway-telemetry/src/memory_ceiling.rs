@@ -1,4 +1,4 @@
-//! The process's memory ceiling (`broker.memory_high_watermark`): one high
+//! The process's memory ceiling (`engine.memory_high_watermark`): one high
 //! watermark over the bytes the broker holds for its clients, counted by the
 //! components that hold them, not sampled from the operating system.
 //!
@@ -58,7 +58,7 @@ impl fmt::Display for OverCeiling {
         write!(
             f,
             "memory high watermark reached: {} bytes held for clients, watermark {} bytes \
-             (broker.memory_high_watermark)",
+             (engine.memory_high_watermark)",
             self.held, self.high_watermark
         )
     }
@@ -140,7 +140,7 @@ impl Collector for CeilingCollector {
         let parts = ceiling.parts();
         let mut family = encoder.encode_descriptor(
             "spillway_memory_held_bytes",
-            "Bytes held for clients, by the part that holds them, counted against broker.memory_high_watermark",
+            "Bytes held for clients, by the part that holds them, counted against engine.memory_high_watermark",
             None,
             MetricType::Gauge,
         )?;
@@ -150,7 +150,7 @@ impl Collector for CeilingCollector {
         }
         let watermark = encoder.encode_descriptor(
             "spillway_memory_high_watermark_bytes",
-            "broker.memory_high_watermark in bytes (0: no ceiling)",
+            "engine.memory_high_watermark in bytes (0: no ceiling)",
             None,
             MetricType::Gauge,
         )?;
@@ -159,7 +159,7 @@ impl Collector for CeilingCollector {
         let alarm = ceiling.high_watermark != 0 && held > ceiling.high_watermark;
         let family = encoder.encode_descriptor(
             "spillway_memory_alarm",
-            "1 while the bytes held for clients are above broker.memory_high_watermark",
+            "1 while the bytes held for clients are above engine.memory_high_watermark",
             None,
             MetricType::Gauge,
         )?;

@@ -1,9 +1,9 @@
 //! Flow to disk: the broker's side of the memory budget.
 //!
-//! - [`Broker::housekeeping`] runs every `broker.housekeeping_interval` (and
+//! - [`Broker::housekeeping`] runs every `engine.housekeeping_interval` (and
 //!   at once when a publish takes resident bytes over the threshold). Above
 //!   the threshold it turns flow to disk on (`BRK-1014`), gives each queue a
-//!   target (threshold × its bytes ÷ all queues' bytes) and evicts payloads
+//!   target (threshold × its bytes ÷ all queues' bytes) and spills payloads
 //!   from the tail of every queue over its target. Flow to disk stays on
 //!   until the whole backlog, resident or not, fits under the threshold
 //!   again (`BRK-1015`): no flapping while a spilled backlog drains.
@@ -15,7 +15,7 @@
 //! - Every place a message leaves a queue for good calls [`discard`], which
 //!   deletes what the store holds for it once nothing references it.
 //!
-//! Evicting a payload never waits for its write: the store writer keeps the
+//! Spilling a payload never waits for its write: the store writer keeps the
 //! record until it has landed and readers look there first, and its bytes
 //! count as in flight meanwhile.
 
@@ -77,7 +77,7 @@ pub struct FlowStatus {
     pub spilled_bytes: u64,
 }
 
-/// Payloads being moved to the store by one eviction pass.
+/// Payloads being moved to the store by one spill pass.
 #[derive(Default)]
 struct Spill {
     ops: Vec<WriteOp>,
@@ -87,7 +87,7 @@ struct Spill {
 }
 
 impl Broker {
-    /// One housekeeping cycle: turns flow to disk on or off and evicts.
+    /// One housekeeping cycle: turns flow to disk on or off and spills.
     pub fn housekeeping(&mut self) {
         let threshold = self.budget.threshold();
         // A queue that drained keeps its entries' allocation unless given
@@ -163,7 +163,7 @@ impl Broker {
             if queue.resident_bytes <= queue.target_bytes {
                 continue;
             }
-            evict_tail(queue, &mut spill);
+            spill_tail(queue, &mut spill);
             if spill.bytes >= SPILL_CHUNK_BYTES {
                 submit_spill(persist, &mut spill);
             }
@@ -191,7 +191,7 @@ impl Broker {
             if delivered_before.is_none_or(|before| unacked.delivered_at > before) {
                 continue;
             }
-            room = room.saturating_sub(evict_unacked(&mut unacked.message, &mut spill));
+            room = room.saturating_sub(spill_unacked(&mut unacked.message, &mut spill));
             if spill.bytes >= SPILL_CHUNK_BYTES {
                 submit_spill(persist, &mut spill);
             }
@@ -491,9 +491,9 @@ pub(crate) fn read_ahead_window(queue: &Queue) -> u64 {
     (READ_AHEAD_BYTES / average).clamp(READ_AHEAD_MIN_MESSAGES, READ_AHEAD_MAX_MESSAGES)
 }
 
-/// Evicts from the tail until the queue is within its target, leaving the
+/// Spills from the tail until the queue is within its target, leaving the
 /// read-ahead region alone.
-fn evict_tail(queue: &mut Queue, spill: &mut Spill) {
+fn spill_tail(queue: &mut Queue, spill: &mut Spill) {
     let mut position = queue
         .messages
         .partition_point(|m| m.id < queue.spilled_from);
@@ -516,7 +516,7 @@ fn evict_tail(queue: &mut Queue, spill: &mut Spill) {
     }
 }
 
-/// Evicts the message at `position`, writing its record first unless the
+/// Spills the message at `position`, writing its record first unless the
 /// store already has (or is getting) one.
 fn spill_entry(queue: &mut Queue, position: usize, spill: &mut Spill) {
     let Some(entry) = queue.messages.get(position) else {
@@ -526,7 +526,7 @@ fn spill_entry(queue: &mut Queue, position: usize, spill: &mut Spill) {
         return;
     };
     write_unless_stored(message, entry.id, spill);
-    queue.evict_at(position);
+    queue.spill_at(position);
 }
 
 /// Adds the record of message `id` to the spill unless the store already
@@ -539,7 +539,7 @@ fn write_unless_stored(message: Arc<Message>, id: u64, spill: &mut Spill) {
         .ops
         .push(op(write_op::Op::PutMessage(message.record(id))));
     spill.bytes += message.accounted_size();
-    // Marked now so a sibling queue evicting the same message in this pass
+    // Marked now so a sibling queue spilling the same message in this pass
     // does not write it twice; the real sequence number follows.
     message.mark_stored(u64::MAX);
     spill.messages.push(message);
@@ -558,7 +558,7 @@ pub(crate) fn release_stored_payload(entry: &mut QueuedMessage) {
 /// Moves a delivered, unacknowledged message's payload to the store,
 /// writing its record first unless the store has (or is getting) one.
 /// Returns the bytes that adds to the spill.
-fn evict_unacked(entry: &mut QueuedMessage, spill: &mut Spill) -> u64 {
+fn spill_unacked(entry: &mut QueuedMessage, spill: &mut Spill) -> u64 {
     let before = spill.bytes;
     if let Some(message) = entry.message.take() {
         write_unless_stored(message, entry.id, spill);

@@ -117,7 +117,7 @@ pub struct Broker {
     /// Time as the broker reads it ([`spillway_proto::clock`]).
     pub(crate) clock: spillway_proto::clock::SharedClock,
     pub(crate) consumer_timeout: Option<std::time::Duration>,
-    /// `broker.default_maximum_delivery_count` (0 = no limit).
+    /// `engine.default_maximum_delivery_count` (0 = no limit).
     pub(crate) default_max_deliveries: u64,
     /// Vhost, user and per-connection limits (`crate::limits`).
     pub(crate) limits: crate::limits::Limits,
@@ -139,22 +139,22 @@ pub struct BrokerContext {
     pub session_credit_bytes: u64,
     pub budget: Arc<MemoryBudget>,
     pub loads: mpsc::UnboundedSender<LoadRequest>,
-    /// `broker.consumer_timeout`: how long a delivery may stay unacked
+    /// `engine.consumer_timeout`: how long a delivery may stay unacked
     /// before its channel is closed (None = for ever).
     pub consumer_timeout: Option<std::time::Duration>,
     /// Deliveries after which a message that comes back is dead-lettered,
     /// for queues without a limit of their own (0 = no limit).
     pub default_max_deliveries: u64,
     pub limits: crate::limits::LimitConfig,
-    /// `broker.max_transaction_bytes`, `broker.close_when_no_route` and the
+    /// `engine.max_transaction_bytes`, `engine.close_when_no_route` and the
     /// default transaction timeouts.
     pub transactions: TxConfig,
-    /// `broker.publisher_pacing_window` and `broker.publisher_pacing_stall`.
+    /// `engine.publisher_pacing_window` and `engine.publisher_pacing_stall`.
     pub pacing: PacingConfig,
-    /// `broker.housekeeping_interval`: an unacknowledged delivery's payload
+    /// `engine.housekeeping_interval`: an unacknowledged delivery's payload
     /// stays in memory for half of it before flow to disk may move it.
     pub housekeeping_interval: std::time::Duration,
-    /// `broker.memory_high_watermark` and the parts counted against it.
+    /// `engine.memory_high_watermark` and the parts counted against it.
     pub memory_ceiling: Arc<spillway_telemetry::MemoryCeiling>,
     pub clock: spillway_proto::clock::SharedClock,
 }

@@ -36,7 +36,7 @@ pub struct BlockedChannel {
     /// quota or the memory ceiling holds it.
     pub queues: Vec<String>,
     pub store_overfull: bool,
-    /// Held by the memory ceiling (`broker.memory_high_watermark`).
+    /// Held by the memory ceiling (`engine.memory_high_watermark`).
     pub memory_alarm: bool,
     pub blocked_for: Duration,
 }
@@ -217,7 +217,7 @@ impl Broker {
     }
 
     /// Compares what the process holds for clients with
-    /// `broker.memory_high_watermark` (after each publish, and at each
+    /// `engine.memory_high_watermark` (after each publish, and at each
     /// housekeeping). Passing it blocks every connection that has published
     /// (`BRK-1101`) until it is back under (`BRK-1102`); while passed, new
     /// connections are refused ([`Broker::admit_session`]).

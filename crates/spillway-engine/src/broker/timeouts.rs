@@ -1,4 +1,4 @@
-//! `broker.consumer_timeout` (RabbitMQ's `consumer_timeout`): a delivery left
+//! `engine.consumer_timeout` (RabbitMQ's `consumer_timeout`): a delivery left
 //! unacknowledged longer than the timeout closes its channel with 406
 //! PRECONDITION_FAILED, which returns the channel's unacked messages to their
 //! queues (redelivered), so a stuck consumer cannot hold them for ever.

@@ -123,7 +123,7 @@ impl Broker {
                 reply_code::PRECONDITION_FAILED,
                 format!(
                     "transaction too large: {} bytes held and {} more would pass \
-                     broker.max_transaction_bytes ({} bytes); commit more often",
+                     engine.max_transaction_bytes ({} bytes); commit more often",
                     thousands(held),
                     thousands(size),
                     thousands(max_bytes)

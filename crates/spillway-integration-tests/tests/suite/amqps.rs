@@ -61,11 +61,11 @@ fn config(pki: &Pki, verify_peer: bool, extra: &str) -> String {
          key_file = {key:?}\n\
          ca_file = {ca:?}\n\
          verify_peer = {verify_peer}\n\
-         [[gateway.users]]\n\
+         [[engine.users]]\n\
          name = \"guest\"\n\
          password = \"guest\"\n\
          loopback_only = true\n\
-         [[gateway.users]]\n\
+         [[engine.users]]\n\
          name = \"{CERT_USER}\"\n\
          password = \"not-used-by-the-certificate-test\"\n",
         cert = pki.server.cert.display().to_string(),

@@ -1,5 +1,5 @@
 //! Message compression through lapin, in both wirings
-//! (`broker.message_compression_enabled`, docs/compression.md): random and
+//! (`gateway.message_compression_enabled`, docs/compression.md): random and
 //! compressible binary bodies, below, at and above the threshold, come back
 //! byte-identical through memory, through flow to disk, across a restart,
 //! through basic.get, dead-lettering and management's peek; compressible
@@ -30,9 +30,10 @@ const THRESHOLD: usize = 16 * 1024;
 
 fn config(compression: bool, flow_to_disk_threshold: &str) -> String {
     format!(
-        "[broker]\nmessage_compression_enabled = {compression}\n\
-         flow_to_disk_threshold = \"{flow_to_disk_threshold}\"\nhousekeeping_interval = \"100ms\"\n\
-         [connection]\nmessage_compression_threshold_size = \"16KiB\"\n"
+        "[gateway]\nmessage_compression_enabled = {compression}\n\
+         message_compression_threshold_size = \"16KiB\"\n\
+         [engine]\nflow_to_disk_threshold = \"{flow_to_disk_threshold}\"\n\
+         housekeeping_interval = \"100ms\"\n"
     )
 }
 

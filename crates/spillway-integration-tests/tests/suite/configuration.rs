@@ -100,7 +100,7 @@ async fn a_misspelt_key_in_the_config_file_stops_every_role() -> anyhow::Result<
     let config = dir.path().join("broker.toml");
     std::fs::write(
         &config,
-        "[gateway]\nheartbeat_timout = 30\n\n[[gateway.users]]\nname = \"app\"\n\
+        "[gateway]\nheartbeat_timout = 30\n\n[[engine.users]]\nname = \"app\"\n\
          password = \"p\"\nloopback_onyl = true\n",
     )?;
     for role in ROLES {
@@ -114,8 +114,8 @@ async fn a_misspelt_key_in_the_config_file_stops_every_role() -> anyhow::Result<
                     config.display()
                 ),
                 &format!(
-                    "unknown key `gateway.users[0].loopback_onyl` in {}; did you mean \
-                     `gateway.users[0].loopback_only`?",
+                    "unknown key `engine.users[0].loopback_onyl` in {}; did you mean \
+                     `engine.users[0].loopback_only`?",
                     config.display()
                 ),
             ],

@@ -1,4 +1,4 @@
-//! `broker.consumer_timeout` through lapin, in both wirings: a consumer that
+//! `engine.consumer_timeout` through lapin, in both wirings: a consumer that
 //! leaves deliveries unacknowledged past the timeout has its channel closed
 //! with 406 PRECONDITION_FAILED, as RabbitMQ does, and the messages go back
 //! to the queue for the next consumer, flagged redelivered. A consumer that
@@ -22,7 +22,7 @@ const TIMEOUT: Duration = Duration::from_secs(1);
 async fn unacked_deliveries_past_the_consumer_timeout_close_the_channel(
     wiring: Wiring,
 ) -> anyhow::Result<()> {
-    let config = "[broker]\nconsumer_timeout = \"1s\"\nhousekeeping_interval = \"100ms\"\n";
+    let config = "[engine]\nconsumer_timeout = \"1s\"\nhousekeeping_interval = \"100ms\"\n";
     let sandbox = Sandbox::start_with_config(wiring, config).await?;
     let connection = sandbox.connect().await?;
     let setup = connection.create_channel().await?;

@@ -474,7 +474,7 @@ async fn bad_dead_letter_arguments_are_refused(sb: &mut Sandbox) -> anyhow::Resu
 async fn a_dead_letter_whose_payload_flowed_to_disk_is_read_back(
     sb: &mut Sandbox,
 ) -> anyhow::Result<()> {
-    let config = "[broker]\nflow_to_disk_threshold = 65536\nhousekeeping_interval = \"100ms\"\n";
+    let config = "[engine]\nflow_to_disk_threshold = 65536\nhousekeeping_interval = \"100ms\"\n";
     let sandbox = Sandbox::start_with_config(sb.wiring(), config).await?;
     let conn = sandbox.connect().await?;
     let ch = conn.create_channel().await?;
@@ -516,10 +516,10 @@ async fn a_dead_letter_whose_payload_flowed_to_disk_is_read_back(
     close(ch, conn).await
 }
 
-/// `broker.default_maximum_delivery_count` applies to a queue without a
+/// `engine.default_maximum_delivery_count` applies to a queue without a
 /// limit of its own; `basic.recover` returns count like rejects.
 async fn the_broker_default_limit_counts_recovers(sb: &mut Sandbox) -> anyhow::Result<()> {
-    let config = "[broker]\ndefault_maximum_delivery_count = 2\n";
+    let config = "[engine]\ndefault_maximum_delivery_count = 2\n";
     let sandbox = Sandbox::start_with_config(sb.wiring(), config).await?;
     let conn = sandbox.connect().await?;
     let ch = conn.create_channel().await?;

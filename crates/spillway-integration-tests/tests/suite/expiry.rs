@@ -274,7 +274,7 @@ async fn unacked_messages_do_not_expire_and_requeued_ones_do(
 async fn expired_payloads_that_flowed_to_disk_leave_the_store(
     sb: &mut Sandbox,
 ) -> anyhow::Result<()> {
-    let config = "[broker]\nflow_to_disk_threshold = 65536\nhousekeeping_interval = \"100ms\"\n";
+    let config = "[engine]\nflow_to_disk_threshold = 65536\nhousekeeping_interval = \"100ms\"\n";
     let sandbox = Sandbox::start_with_config(sb.wiring(), config).await?;
     let conn = sandbox.connect().await?;
     let ch = conn.create_channel().await?;
@@ -302,7 +302,7 @@ async fn expired_payloads_that_flowed_to_disk_leave_the_store(
         .await?;
     }
     // Both flowed to disk (transient payloads spilled, persistent ones
-    // stored and evicted) before their time.
+    // stored and spilled) before their time.
     let spilled = |queue: &'static str| {
         format!("spillway_queue_spilled_bytes{{vhost=\"/\",queue=\"{queue}\"}}")
     };

@@ -34,7 +34,7 @@ const QUEUES: [&str; 3] = ["spill-a", "spill-b", "spill-c"];
 const SIZES: [usize; 8] = [1, 512, 4096, 16384, 65536, 131072, 262144, 1 << 20];
 
 fn config(threshold: u64) -> String {
-    format!("[broker]\nflow_to_disk_threshold = {threshold}\nhousekeeping_interval = \"100ms\"\n")
+    format!("[engine]\nflow_to_disk_threshold = {threshold}\nhousekeeping_interval = \"100ms\"\n")
 }
 
 /// The body of message `seq` of queue number `queue`: its size from

@@ -162,7 +162,7 @@ async fn a_consumer_that_never_acks_a_spilled_backlog_stays_within_the_budget(
     const MESSAGES: u32 = 600;
     const SIZE: usize = 256 * 1024;
     const THRESHOLD: u64 = 16 * MIB as u64;
-    let config = "[broker]\nflow_to_disk_threshold = \"16MiB\"\nconsumer_timeout = \"20s\"\n\
+    let config = "[engine]\nflow_to_disk_threshold = \"16MiB\"\nconsumer_timeout = \"20s\"\n\
                   housekeeping_interval = \"100ms\"\n";
     let sandbox = Sandbox::start_with_config(wiring, config).await?;
     let connection = sandbox.connect().await?;

@@ -96,14 +96,14 @@ fn ensure_refusal(error: &str, code: &str, text: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `broker.default_vhost_max_connections = 2`: the third connection to `/`
+/// `engine.default_vhost_max_connections = 2`: the third connection to `/`
 /// is refused with 530 in RabbitMQ's words, and a slot freed by a close is
 /// taken again. Then, at runtime through spillctl: the vhost limit is
 /// lifted and a per-user limit set (a fourth connection of guest refused,
 /// then allowed once the user limit is cleared).
 async fn vhost_and_user_connection_limits(wiring: Wiring) -> anyhow::Result<()> {
     let sandbox =
-        Sandbox::start_with_config(wiring, "[broker]\ndefault_vhost_max_connections = 2\n").await?;
+        Sandbox::start_with_config(wiring, "[engine]\ndefault_vhost_max_connections = 2\n").await?;
     let first = sandbox.connect().await?;
     let second = sandbox.connect().await?;
     let error = refused(sandbox.connect().await, "a third connection to '/'")?;
@@ -211,8 +211,8 @@ async fn heartbeat_bounds(wiring: Wiring) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `broker.max_queues_per_connection = 2` and
-/// `broker.max_consumers_per_connection = 2`: the third of each is refused
+/// `engine.max_queues_per_connection = 2` and
+/// `engine.max_consumers_per_connection = 2`: the third of each is refused
 /// with 406 on its channel and the connection serves on; a deleted queue no
 /// longer counts, and another connection has its own allowance. A vhost
 /// created through management with `max-queues 1` set by spillctl refuses
@@ -220,7 +220,7 @@ async fn heartbeat_bounds(wiring: Wiring) -> anyhow::Result<()> {
 async fn queue_and_consumer_limits(wiring: Wiring) -> anyhow::Result<()> {
     let sandbox = Sandbox::start_with_config(
         wiring,
-        "[broker]\nmax_queues_per_connection = 2\nmax_consumers_per_connection = 2\n",
+        "[engine]\nmax_queues_per_connection = 2\nmax_consumers_per_connection = 2\n",
     )
     .await?;
     let connection = sandbox.connect().await?;

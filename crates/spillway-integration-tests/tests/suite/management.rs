@@ -973,7 +973,7 @@ async fn spillctl_end_to_end(sb: &mut Sandbox) -> anyhow::Result<()> {
 }
 
 /// The runtime settings act at once: lowering the flow-to-disk threshold
-/// evicts (BRK-1014), raising it again ends flow to disk (BRK-1015); a
+/// spills (BRK-1014), raising it again ends flow to disk (BRK-1015); a
 /// queue capacity lowered below its depth blocks the next publish and is
 /// refused with its resume capacity above it; the store quota changes.
 async fn runtime_settings_take_effect(sb: &mut Sandbox) -> anyhow::Result<()> {

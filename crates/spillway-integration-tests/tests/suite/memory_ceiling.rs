@@ -1,4 +1,4 @@
-//! The memory ceiling (`broker.memory_high_watermark`, docs/limits.md) through
+//! The memory ceiling (`engine.memory_high_watermark`, docs/limits.md) through
 //! real clients in both wirings. Publishes held by an open transaction cannot
 //! flow to disk, so they take what the broker holds for clients over the
 //! watermark: every connection that has published is blocked (lapin hears
@@ -27,7 +27,7 @@ both_wirings!(
 
 /// Flow to disk from 1 MiB, the ceiling at 4 MiB: three uncommitted 1.5 MiB
 /// publishes pass it, two do not.
-const CONFIG: &str = "[broker]\n\
+const CONFIG: &str = "[engine]\n\
     flow_to_disk_threshold = \"1MiB\"\n\
     memory_high_watermark = \"4MiB\"\n\
     housekeeping_interval = \"100ms\"\n";
@@ -124,7 +124,7 @@ async fn past_the_watermark_publishers_are_blocked_and_connections_refused(
     anyhow::ensure!(
         refused.contains("RESOURCE_ERROR")
             && refused.contains("memory high watermark reached")
-            && refused.contains("broker.memory_high_watermark"),
+            && refused.contains("engine.memory_high_watermark"),
         "refused with: {refused}"
     );
     // Counted by the process that refused: the gateway in-process, the

@@ -207,7 +207,7 @@ async fn a_resume_capacity_above_the_capacity_is_refused(wiring: Wiring) -> anyh
 
 /// The store quota the test configures: small, so 64 KiB messages fill it
 /// quickly.
-const STORE_QUOTA: &str = "[store]\noverfull_size = \"4MiB\"\nunderfull_size = \"3MiB\"\n";
+const STORE_QUOTA: &str = "[storage]\noverfull_size = \"4MiB\"\nunderfull_size = \"3MiB\"\n";
 /// Most messages of 64 KiB published before the quota must have blocked.
 const FILL_LIMIT: u64 = 2000;
 

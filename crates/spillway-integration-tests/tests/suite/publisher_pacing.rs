@@ -33,10 +33,10 @@ const SIZE: usize = 256;
 
 /// Window 100; a stall long enough that a consumer descheduled on a busy
 /// machine does not suspend pacing (the depth bound would not hold then).
-const PACED: &str = "[broker]\npublisher_pacing_window = 100\npublisher_pacing_stall = \"3s\"\n";
+const PACED: &str = "[engine]\npublisher_pacing_window = 100\npublisher_pacing_stall = \"3s\"\n";
 /// Window 100, the default stall (100 ms).
-const PACED_DEFAULT_STALL: &str = "[broker]\npublisher_pacing_window = 100\n";
-const OFF: &str = "[broker]\npublisher_pacing_window = 0\n";
+const PACED_DEFAULT_STALL: &str = "[engine]\npublisher_pacing_window = 100\n";
+const OFF: &str = "[engine]\npublisher_pacing_window = 0\n";
 
 async fn declare(connection: &Connection, queue: &str) -> anyhow::Result<()> {
     let channel = connection.create_channel().await?;

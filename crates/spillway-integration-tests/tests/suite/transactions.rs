@@ -3,7 +3,7 @@
 //! a rollback returns acked messages to their queue (redelivered, Qpid's
 //! behaviour); a closed channel rolls back; committed persistent messages
 //! survive a restart, and a SIGKILL between two commits leaves all of the
-//! first and none of the second; `broker.max_transaction_bytes` (406);
+//! first and none of the second; `engine.max_transaction_bytes` (406);
 //! an unroutable mandatory message in a transaction closes the connection
 //! (312); the open and idle timeouts close it with 506 and log CHN-1007,
 //! CHN-1008 and CHN-1003.
@@ -459,7 +459,7 @@ async fn sigkill_between_two_commits_leaves_all_of_the_first_and_none_of_the_sec
 async fn a_transaction_past_max_transaction_bytes_closes_the_channel(
     wiring: Wiring,
 ) -> anyhow::Result<()> {
-    let sb = Sandbox::start_with_config(wiring, "[broker]\nmax_transaction_bytes = 2000\n").await?;
+    let sb = Sandbox::start_with_config(wiring, "[engine]\nmax_transaction_bytes = 2000\n").await?;
     let conn = sb.connect().await?;
     let ch = conn.create_channel().await?;
     declare(&ch, "tx-big", false).await?;
@@ -478,7 +478,7 @@ async fn a_transaction_past_max_transaction_bytes_closes_the_channel(
     anyhow::ensure!(code(&error) == Some(406), "{error}");
     let text = error.to_string();
     anyhow::ensure!(
-        text.contains("PRECONDITION_FAILED") && text.contains("broker.max_transaction_bytes"),
+        text.contains("PRECONDITION_FAILED") && text.contains("engine.max_transaction_bytes"),
         "{text}"
     );
     // Rolled back with the channel; the connection goes on.
@@ -495,7 +495,7 @@ async fn a_transaction_past_max_transaction_bytes_closes_the_channel(
 async fn unroutable_mandatory_is_returned_when_close_when_no_route_is_off(
     wiring: Wiring,
 ) -> anyhow::Result<()> {
-    let sb = Sandbox::start_with_config(wiring, "[broker]\nclose_when_no_route = false\n").await?;
+    let sb = Sandbox::start_with_config(wiring, "[engine]\nclose_when_no_route = false\n").await?;
     let conn = sb.connect().await?;
     let ch = conn.create_channel().await?;
     declare(&ch, "tx-routed", false).await?;
@@ -600,7 +600,7 @@ async fn an_open_transaction_times_out_with_506(wiring: Wiring) -> anyhow::Resul
 
 async fn an_idle_transaction_times_out_with_506(wiring: Wiring) -> anyhow::Result<()> {
     let wiring = with_logs(wiring);
-    let config = "[broker]\ndefault_transaction_idle_warn = 300\n\
+    let config = "[engine]\ndefault_transaction_idle_warn = 300\n\
                   default_transaction_idle_close = \"1500ms\"\n";
     let sb = Sandbox::start_with_config(wiring, config).await?;
     let conn = sb.connect().await?;

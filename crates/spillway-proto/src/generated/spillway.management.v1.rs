@@ -493,7 +493,7 @@ pub struct BrokerStatus {
     pub flow_to_disk_active: ::core::option::Option<bool>,
     #[prost(uint64, optional, tag = "14")]
     pub resident_message_bytes: ::core::option::Option<u64>,
-    /// The store's disk quota (store.overfull_size; 0 = none) and state.
+    /// The store's disk quota (storage.overfull_size; 0 = none) and state.
     #[prost(uint64, optional, tag = "15")]
     pub store_quota_bytes: ::core::option::Option<u64>,
     #[prost(uint64, tag = "16")]

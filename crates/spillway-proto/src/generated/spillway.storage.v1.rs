@@ -62,7 +62,7 @@ pub struct SetQuotaRequest {
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct WatchQuotaRequest {}
-/// store.overfull_size / store.underfull_size against bytes on disk.
+/// storage.overfull_size / storage.underfull_size against bytes on disk.
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct QuotaState {
