@@ -10,13 +10,16 @@
 //! - the vocabulary every component shares: reply codes and RabbitMQ's names
 //!   for them ([`reply_code`], [`reply_text`]), which codes close only the
 //!   channel, [`MethodId`], and field tables as they travel between
-//!   components ([`encode_table`], [`decode_table`]).
+//!   components ([`encode_table`], [`decode_table`]);
+//! - [`properties`]: what the broker reads of a published message's
+//!   properties, parsed once where the message comes in.
 //!
 //! The gateway's connection and channel state machines use it; so do the
 //! load generator and the fuzz targets, without the gateway's server.
 
 pub mod codec;
 pub mod nesting;
+pub mod properties;
 mod vocabulary;
 
 pub use vocabulary::{

@@ -82,7 +82,7 @@ pub(super) fn queue_limits(
 }
 
 /// RabbitMQ's largest TTL (`rabbit_misc:check_expiry`): 2^32 - 1 ms.
-pub(crate) const MAX_EXPIRY: u64 = u32::MAX as u64;
+pub(crate) const MAX_EXPIRY: u64 = spillway_amqp::properties::MAX_EXPIRY_MS;
 
 /// `x-message-ttl` (a non-negative integer) or `x-expires` (a positive
 /// one), milliseconds, refused in RabbitMQ's (3.10) words: `invalid arg
@@ -146,35 +146,6 @@ fn rabbit_type_name(value: &AMQPValue) -> &'static str {
         AMQPValue::FieldTable(_) => "table",
         AMQPValue::ByteArray(_) => "binary",
         AMQPValue::Void => "void",
-    }
-}
-
-/// The `expiration` property: a string of digits, milliseconds. Refused
-/// as RabbitMQ refuses it (`rabbit_basic:parse_expiration`), the text
-/// after `invalid expiration '…': `.
-pub(crate) fn parse_expiration(text: &str) -> Result<u64, String> {
-    // Erlang's string:to_integer: an optional sign, then digits.
-    let digits_start = usize::from(text.starts_with(['-', '+']));
-    let digits_end = text[digits_start..]
-        .find(|c: char| !c.is_ascii_digit())
-        .map_or(text.len(), |end| digits_start + end);
-    if digits_end == digits_start {
-        return Err("no_integer".to_string());
-    }
-    let leftover = &text[digits_end..];
-    if !leftover.is_empty() {
-        return Err(format!("{{leftover_string,{leftover:?}}}"));
-    }
-    let number: i128 = match text[..digits_end].trim_start_matches('+').parse() {
-        Ok(n) => n,
-        Err(_) => return Err(format!("{{value_too_large,{}}}", &text[..digits_end])),
-    };
-    if number < 0 {
-        return Err(format!("{{value_negative,{number}}}"));
-    }
-    match u64::try_from(number) {
-        Ok(ms) if ms <= MAX_EXPIRY => Ok(ms),
-        _ => Err(format!("{{value_too_large,{number}}}")),
     }
 }
 
@@ -299,26 +270,6 @@ pub fn recovered_dead_letter(queue: &str, arguments: &FieldTable) -> Option<Dead
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn expirations_are_read_and_refused_as_rabbitmq_does() {
-        assert_eq!(parse_expiration("0"), Ok(0));
-        assert_eq!(parse_expiration("60000"), Ok(60_000));
-        assert_eq!(parse_expiration("abc").err().as_deref(), Some("no_integer"));
-        assert_eq!(parse_expiration("").err().as_deref(), Some("no_integer"));
-        assert_eq!(
-            parse_expiration("10x").err().as_deref(),
-            Some("{leftover_string,\"x\"}")
-        );
-        assert_eq!(
-            parse_expiration("-1").err().as_deref(),
-            Some("{value_negative,-1}")
-        );
-        assert_eq!(
-            parse_expiration("4294967296").err().as_deref(),
-            Some("{value_too_large,4294967296}")
-        );
-    }
 
     #[test]
     fn ttl_arguments_are_checked() {

@@ -51,8 +51,8 @@ impl Broker {
             return self.tx_publish(session, cmd).map(|()| PublishOutcome::Done);
         }
         let vhost_name = self.session_vhost(session)?;
-        // Refused before routing, as RabbitMQ does.
-        let message_ttl = message_ttl(&cmd.properties)?;
+        // Read (and a bad one refused) by the gateway.
+        let message_ttl = cmd.expiration_ms;
         let store_failure = self.store_failure.clone();
         let vhost = self.vhost_mut(&vhost_name)?;
         let targets = publish_targets(vhost, &vhost_name, &cmd)?;
@@ -288,36 +288,6 @@ impl Broker {
         }
         enqueued
     }
-}
-
-/// The message's `expiration` (ms), if it has one; one that is not a
-/// non-negative integer is refused with 406 in RabbitMQ's words
-/// (`invalid expiration 'abc': no_integer`). Only a message whose property
-/// flags announce an expiration is parsed.
-pub(super) fn message_ttl(properties: &bytes::Bytes) -> OpResult<Option<u64>> {
-    const EXPIRATION_FLAG: u16 = 0x0100;
-    let flags = match properties.get(..2) {
-        Some(&[high, low]) => u16::from_be_bytes([high, low]),
-        _ => return Ok(None),
-    };
-    if flags & EXPIRATION_FLAG == 0 {
-        return Ok(None);
-    }
-    // Malformed properties are the gateway's to refuse.
-    let Ok((_, props)) = amq_protocol::protocol::basic::parse_properties(&properties[..]) else {
-        return Ok(None);
-    };
-    let Some(expiration) = props.expiration() else {
-        return Ok(None);
-    };
-    super::arguments::parse_expiration(expiration.as_str())
-        .map(Some)
-        .map_err(|why| {
-            AmqpError::new(
-                reply_code::PRECONDITION_FAILED,
-                format!("invalid expiration '{}': {why}", expiration.as_str()),
-            )
-        })
 }
 
 /// The `basic.return` of a mandatory message no queue took, its body as

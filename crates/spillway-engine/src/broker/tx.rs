@@ -105,7 +105,7 @@ impl Broker {
     /// commit.
     pub(super) fn tx_publish(&mut self, session: SessionId, cmd: pb::Publish) -> OpResult<()> {
         let vhost_name = self.session_vhost(session)?;
-        let message_ttl = super::publish::message_ttl(&cmd.properties)?;
+        let message_ttl = cmd.expiration_ms;
         let vhost = self.vhost_mut(&vhost_name)?;
         let targets = super::publish::publish_targets(vhost, &vhost_name, &cmd)?;
         let channel = cmd.channel;

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use foldhash::HashMap;
 use spillway_amqp::nesting::{self, NestingError};
+use spillway_amqp::properties::PublishProperties;
 use spillway_amqp::{reply_code, MethodId};
 use spillway_proto::body::{Body, ENCODING_IDENTITY};
 use spillway_proto::engine::{self as pb, session_command::Command, SessionCommand};
@@ -38,8 +39,8 @@ pub(super) struct PendingPublish {
 impl PendingPublish {
     pub(super) fn new(method: basic::Publish, unfinished: UnfinishedContent) -> Self {
         Self {
-            exchange: method.exchange.to_string(),
-            routing_key: method.routing_key.to_string(),
+            exchange: method.exchange.into(),
+            routing_key: method.routing_key.into(),
             mandatory: method.mandatory,
             header: None,
             body: PendingBody::new(unfinished),
@@ -300,13 +301,13 @@ impl Connection {
         if self.is_blocked() {
             self.overdraft_left = self.overdraft_left.saturating_sub(header.body_size.max(1));
         }
-        let properties = match basic::parse_properties(&header.properties[..]) {
-            Ok(([], properties)) => properties,
-            _ => {
+        let properties = match PublishProperties::read(&header.properties) {
+            Ok(properties) => properties,
+            Err(error) => {
                 self.close_channel(
                     channel_id,
-                    reply_code::SYNTAX_ERROR,
-                    "malformed message properties",
+                    error.reply_code(),
+                    &error.to_string(),
                     MethodId::BASIC_PUBLISH,
                     out,
                     commands,
@@ -314,8 +315,8 @@ impl Connection {
                 return Ok(());
             }
         };
-        if let Some(user_id) = properties.user_id() {
-            if user_id.as_str() != self.negotiated.user {
+        if let Some(user_id) = properties.user_id {
+            if user_id != self.negotiated.user {
                 let text = format!(
                     "user_id property set to '{}' but authenticated user was '{}'",
                     user_id, self.negotiated.user
@@ -365,7 +366,8 @@ impl Connection {
             body_encoding,
             body_size,
             confirm_seq,
-            persistent: properties.delivery_mode() == &Some(2),
+            persistent: properties.persistent,
+            expiration_ms: properties.expiration_ms,
         })));
         Ok(())
     }

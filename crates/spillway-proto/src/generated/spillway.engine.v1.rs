@@ -257,7 +257,8 @@ pub struct Publish {
     /// Publisher-confirm sequence number; 0 when the channel is not in confirm mode.
     #[prost(uint64, tag = "7")]
     pub confirm_seq: u64,
-    /// delivery-mode 2, decoded from `properties` by the gateway.
+    /// delivery-mode 2, decoded from `properties` by the gateway (which parses
+    /// them once: spillway_amqp::properties).
     #[prost(bool, tag = "8")]
     pub persistent: bool,
     /// W3C trace context (`traceparent`, `tracestate`) of the gateway's
@@ -274,6 +275,10 @@ pub struct Publish {
     /// The body's size as published (what `body` decodes to).
     #[prost(uint64, tag = "11")]
     pub body_size: u64,
+    /// The `expiration` property in milliseconds, decoded (and a bad one
+    /// refused with 406) by the gateway; unset: none.
+    #[prost(uint64, optional, tag = "12")]
+    pub expiration_ms: ::core::option::Option<u64>,
 }
 /// tx.select, tx.commit or tx.rollback on a channel. Answered with `ok`
 /// (commit: once the transaction's writes are synced) or an error.
