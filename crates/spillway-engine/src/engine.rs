@@ -21,7 +21,7 @@ use spillway_proto::clock::{SharedClock, SystemClock};
 use spillway_telemetry::MemoryCeiling;
 
 use crate::broker::flow_to_disk::{FlowStatus, LoadRequest};
-use crate::broker::{Broker, BrokerContext};
+use crate::broker::{Broker, BrokerParts};
 use crate::budget::{self, MemoryBudget};
 use crate::persistence::{FailureSource, StoreWriter, WriterLimits};
 use crate::recovery;
@@ -208,21 +208,14 @@ impl Engine {
         );
         let (loads, load_requests) = mpsc::unbounded_channel();
         let housekeeping_kick = Arc::new(Notify::new());
-        let mut broker = Broker::new(BrokerContext {
-            persist: writer.clone(),
-            session_credit: config.session_credit,
-            session_credit_bytes: config.session_credit_bytes,
-            budget: budget.clone(),
-            loads,
-            consumer_timeout: config.consumer_timeout,
-            default_max_deliveries: config.default_max_deliveries,
-            limits: config.limits,
-            transactions: config.transactions.clone(),
-            pacing: config.pacing,
-            housekeeping_interval: config.housekeeping_interval,
-            memory_ceiling: config.memory_ceiling.clone(),
-            clock: config.clock.clone(),
-        });
+        let mut broker = Broker::new(
+            &config,
+            BrokerParts {
+                persist: writer.clone(),
+                budget: budget.clone(),
+                loads,
+            },
+        );
         let mut access = AccessControl::from_definitions(
             std::mem::take(&mut definitions.users),
             std::mem::take(&mut definitions.permissions),

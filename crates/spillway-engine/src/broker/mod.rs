@@ -63,7 +63,7 @@ use crate::model::*;
 use crate::pacing::{PacingConfig, PacingStats};
 use crate::persistence::StoreWriter;
 use crate::queue::Queue;
-use crate::transaction::{TxConfig, TxState};
+use crate::transaction::TxState;
 use crate::vhost::VHost;
 use flow_to_disk::LoadRequest;
 
@@ -132,65 +132,50 @@ pub struct Broker {
     pacing_stats: PacingStats,
 }
 
-/// What the broker needs from the engine around it.
-pub struct BrokerContext {
+/// What the broker needs from the engine around it besides its
+/// configuration: the store writer, the budget it shares with the writer
+/// and housekeeping, and the loader task's inbox.
+pub struct BrokerParts {
     pub persist: StoreWriter,
-    pub session_credit: u32,
-    pub session_credit_bytes: u64,
     pub budget: Arc<MemoryBudget>,
     pub loads: mpsc::UnboundedSender<LoadRequest>,
-    /// `engine.consumer_timeout`: how long a delivery may stay unacked
-    /// before its channel is closed (None = for ever).
-    pub consumer_timeout: Option<std::time::Duration>,
-    /// Deliveries after which a message that comes back is dead-lettered,
-    /// for queues without a limit of their own (0 = no limit).
-    pub default_max_deliveries: u64,
-    pub limits: crate::limits::LimitConfig,
-    /// `engine.max_transaction_bytes`, `engine.close_when_no_route` and the
-    /// default transaction timeouts.
-    pub transactions: TxConfig,
-    /// `engine.publisher_pacing_window` and `engine.publisher_pacing_stall`.
-    pub pacing: PacingConfig,
-    /// `engine.housekeeping_interval`: an unacknowledged delivery's payload
-    /// stays in memory for half of it before flow to disk may move it.
-    pub housekeeping_interval: std::time::Duration,
-    /// `engine.memory_high_watermark` and the parts counted against it.
-    pub memory_ceiling: Arc<spillway_telemetry::MemoryCeiling>,
-    pub clock: spillway_proto::clock::SharedClock,
 }
 
 impl Broker {
-    pub fn new(context: BrokerContext) -> Self {
+    /// A broker with only the default vhost. Each part of the state takes
+    /// its own piece of `config` (the one the wiring built); nothing is
+    /// copied on the way.
+    pub fn new(config: &crate::EngineConfig, parts: BrokerParts) -> Self {
         let mut vhosts = HashMap::new();
         vhosts.insert("/".to_string(), VHost::new("/"));
         Self {
             vhosts,
             sessions: HashMap::new(),
             next_message_id: 1,
-            persist: context.persist,
-            session_credit: context.session_credit.max(1),
-            session_credit_bytes: context.session_credit_bytes.max(1),
-            budget: context.budget,
+            persist: parts.persist,
+            session_credit: config.session_credit.max(1),
+            session_credit_bytes: config.session_credit_bytes.max(1),
+            budget: parts.budget,
             flow_active: false,
             unacked_pressure: false,
-            unacked_grace: context.housekeeping_interval / 2,
+            unacked_grace: config.housekeeping_interval / 2,
             shared_refs: HashMap::new(),
-            loads: context.loads,
+            loads: parts.loads,
             store_overfull: false,
             store_overfull_since: None,
             store_failure: None,
             store_failed_since: None,
-            memory_ceiling: context.memory_ceiling,
+            memory_ceiling: config.memory_ceiling.clone(),
             memory_alarm: None,
             memory_alarm_since: None,
-            clock: context.clock,
-            consumer_timeout: context.consumer_timeout,
-            default_max_deliveries: context.default_max_deliveries,
-            limits: crate::limits::Limits::new(context.limits),
+            clock: config.clock.clone(),
+            consumer_timeout: config.consumer_timeout,
+            default_max_deliveries: config.default_max_deliveries,
+            limits: crate::limits::Limits::new(config.limits),
             recovery: recovery::Recovery::none(),
             expiry: expiry::ExpiryTimers::default(),
-            tx: TxState::new(context.transactions),
-            pacing: context.pacing,
+            tx: TxState::new(config.transactions.clone()),
+            pacing: config.pacing,
             pacing_stats: PacingStats::default(),
         }
     }
