@@ -321,7 +321,7 @@ pub fn check_handshake(data: &[u8]) -> HandshakeOutcome {
             Err(error) => {
                 check_error(&error, true);
                 write_connection_close(&error, &mut out);
-                break HandshakeOutcome::Refused(error.code);
+                break HandshakeOutcome::Refused(error.code());
             }
         }
     };
@@ -408,17 +408,17 @@ fn check_negotiated(
 /// `in_handshake`: a refused login closes with 403.
 fn check_error(error: &ConnectionError, in_handshake: bool) {
     assert_ne!(
-        reply_name(error.code),
+        reply_name(error.code()),
         "ERROR",
         "unknown reply code {}",
-        error.code
+        error.code()
     );
-    let soft_allowed = in_handshake && error.code == reply_code::ACCESS_REFUSED;
+    let soft_allowed = in_handshake && error.code() == reply_code::ACCESS_REFUSED;
     assert!(
-        !closes_only_the_channel(error.code) || soft_allowed,
+        !closes_only_the_channel(error.code()) || soft_allowed,
         "the connection closed with the channel-level code {} ({})",
-        error.code,
-        error.text
+        error.code(),
+        error.text()
     );
     let mut out = FrameWriter::default();
     write_connection_close(error, &mut out);
@@ -426,12 +426,12 @@ fn check_error(error: &ConnectionError, in_handshake: bool) {
     let [(0, AMQPClass::Connection(conn::AMQPMethod::Close(close)))] = written.as_slice() else {
         panic!("the error {error:?} did not become one connection.close: {written:?}");
     };
-    assert_eq!(close.reply_code, error.code);
+    assert_eq!(close.reply_code, error.code());
     assert!(
         close
             .reply_text
             .as_str()
-            .starts_with(reply_name(error.code)),
+            .starts_with(reply_name(error.code())),
         "reply text {:?} does not start with the code's name",
         close.reply_text
     );
@@ -558,7 +558,7 @@ pub fn check_connection(data: &[u8]) -> ConnectionOutcome {
             Ok(Next::Closed) => engine.outcome.end = ConnectionEnd::ClosedByClient,
             Err(error) => {
                 check_error(&error, false);
-                engine.outcome.end = ConnectionEnd::Closed(error.code);
+                engine.outcome.end = ConnectionEnd::Closed(error.code());
                 break;
             }
         }
@@ -572,12 +572,13 @@ pub fn check_connection(data: &[u8]) -> ConnectionOutcome {
     if let Err(error) = result {
         // Only what the engine said may close the connection from its side.
         assert_eq!(
-            error.code, engine.error_code,
+            error.code(),
+            engine.error_code,
             "the connection closed with {error:?} after the engine said {}",
             engine.error_code
         );
         check_error(&error, false);
-        engine.outcome.end = ConnectionEnd::Closed(error.code);
+        engine.outcome.end = ConnectionEnd::Closed(error.code());
     }
     check_output(&out.take(), frame_max as usize);
     engine.outcome

@@ -114,18 +114,18 @@ mod tests {
         let Some(full) = channel_max(3, 2, 2) else {
             panic!("a third channel past channel_max 2 was allowed");
         };
-        assert_eq!(full.code, reply_code::NOT_ALLOWED);
-        assert_eq!(full.method, MethodId::CHANNEL_OPEN);
+        assert_eq!(full.code(), reply_code::NOT_ALLOWED);
+        assert_eq!(full.method(), MethodId::CHANNEL_OPEN);
         assert_eq!(full.enforced, Some(Enforced::Limit(CHANNEL_MAX)));
         assert_eq!(
-            full.text,
+            full.text(),
             "number of channels opened (2) has reached the negotiated channel_max (2)"
         );
         let Some(above) = channel_max(17, 1, 16) else {
             panic!("channel 17 past channel_max 16 was allowed");
         };
         assert_eq!(
-            above.text,
+            above.text(),
             "channel number (17) exceeds the negotiated channel_max (16)"
         );
     }

@@ -535,14 +535,14 @@ async fn serve_connection<S: ClientStream>(
     };
     let closing = read_loop(&mut io, &mut connection, &context, stopped).await;
     if let Some(error) = closing {
-        tracing::debug!(%peer, code = error.code, text = %error.text, "closing connection");
+        tracing::debug!(%peer, code = error.code(), text = %error.text(), "closing connection");
         match error.enforced {
             Some(Enforced::UnfinishedContent) => {
-                tracing::warn!(%peer, text = %error.text, "closing a connection holding too much unfinished content");
+                tracing::warn!(%peer, text = %error.text(), "closing a connection holding too much unfinished content");
                 context.metrics.count_unfinished_content_close();
             }
             Some(Enforced::Limit(limit)) => {
-                tracing::warn!(%peer, limit, reason = %error.text, "refused by a limit");
+                tracing::warn!(%peer, limit, reason = %error.text(), "refused by a limit");
                 context.metrics.count_refusal(limit);
             }
             None => {}

@@ -35,6 +35,14 @@ impl AmqpError {
         self
     }
 
+    /// The method that failed ([`MethodId::NONE`] when none is named).
+    pub fn method(&self) -> MethodId {
+        MethodId {
+            class_id: u16::try_from(self.class_id).unwrap_or(0),
+            method_id: u16::try_from(self.method_id).unwrap_or(0),
+        }
+    }
+
     /// The reply code as AMQP carries it (a code that does not fit is an
     /// internal error).
     pub fn reply_code(&self) -> u16 {

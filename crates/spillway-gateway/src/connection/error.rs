@@ -2,14 +2,14 @@
 //! gateway's own it enforces (for the metrics).
 
 use spillway_amqp::MethodId;
+use spillway_proto::engine::AmqpError;
 
-/// An error that closes the whole connection.
+/// An error that closes the whole connection: the AMQP error every
+/// component uses ([`AmqpError`]: reply code, text, failed method, kind)
+/// and, when it is one, the gateway's own rule that it enforces.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConnectionError {
-    pub code: u16,
-    pub text: String,
-    /// The method that failed ([`MethodId::NONE`] when none did).
-    pub method: MethodId,
+    pub error: AmqpError,
     /// What the gateway enforced with it, for its metrics (None: a protocol
     /// error, or the engine's own close).
     pub enforced: Option<Enforced>,
@@ -26,17 +26,12 @@ pub enum Enforced {
 
 impl ConnectionError {
     pub fn new(code: u16, text: impl Into<String>) -> Self {
-        Self {
-            code,
-            text: text.into(),
-            method: MethodId::NONE,
-            enforced: None,
-        }
+        AmqpError::new(code, text).into()
     }
 
     /// Names the method that failed.
     pub fn on(mut self, method: MethodId) -> Self {
-        self.method = method;
+        self.error = self.error.on(method);
         self
     }
 
@@ -44,5 +39,28 @@ impl ConnectionError {
     pub fn enforcing(mut self, enforced: Enforced) -> Self {
         self.enforced = Some(enforced);
         self
+    }
+
+    /// The reply code `connection.close` carries.
+    pub fn code(&self) -> u16 {
+        self.error.reply_code()
+    }
+
+    pub fn text(&self) -> &str {
+        &self.error.text
+    }
+
+    /// The method that failed ([`MethodId::NONE`] when none did).
+    pub fn method(&self) -> MethodId {
+        self.error.method()
+    }
+}
+
+impl From<AmqpError> for ConnectionError {
+    fn from(error: AmqpError) -> Self {
+        Self {
+            error,
+            enforced: None,
+        }
     }
 }

@@ -614,7 +614,7 @@ impl Connection {
             self.close_channel(channel_id, code, &error.text, failed, out, commands);
             return Ok(());
         }
-        Err(ConnectionError::new(code, error.text).on(failed))
+        Err(error.on(failed).into())
     }
 
     fn is_live(&self, channel_id: u16) -> bool {
@@ -631,10 +631,10 @@ pub fn write_connection_close(error: &ConnectionError, out: &mut FrameWriter) {
     out.method(
         0,
         AMQPClass::Connection(conn::AMQPMethod::Close(conn::Close {
-            reply_code: error.code,
-            reply_text: short(&reply_text(error.code, &error.text)),
-            class_id: error.method.class_id,
-            method_id: error.method.method_id,
+            reply_code: error.code(),
+            reply_text: short(&reply_text(error.code(), error.text())),
+            class_id: error.method().class_id,
+            method_id: error.method().method_id,
         })),
     );
 }

@@ -276,12 +276,12 @@ fn unfinished_bodies_are_counted_over_channels_until_finished_or_dropped() {
         result = connection.on_frame(frame, &mut out, &mut commands);
     }
     let error = result.expect_err("3000 + 3500 unfinished bytes pass 6000");
-    assert_eq!(error.code, reply_code::RESOURCE_ERROR);
+    assert_eq!(error.code(), reply_code::RESOURCE_ERROR);
     assert_eq!(error.enforced, Some(super::Enforced::UnfinishedContent));
     assert!(
-        error.text.contains("gateway.max_unfinished_content"),
+        error.text().contains("gateway.max_unfinished_content"),
         "{}",
-        error.text
+        error.text()
     );
 }
 
@@ -310,7 +310,7 @@ fn a_message_cut_off_by_a_method_gives_its_bytes_back() {
     let error = connection
         .on_frame(close, &mut out, &mut commands)
         .expect_err("a method in the middle of a message");
-    assert_eq!(error.code, reply_code::UNEXPECTED_FRAME);
+    assert_eq!(error.code(), reply_code::UNEXPECTED_FRAME);
     // The connection closes; what its half-received body held goes with it.
     let unfinished = connection.unfinished.clone();
     drop(connection);
@@ -334,8 +334,8 @@ fn a_refused_login_names_access_refused_once() {
     let Err(error) = handshake.on_login(Ok(LoginResult::InvalidCredentials), &mut out) else {
         panic!("a refused login went on");
     };
-    assert_eq!(error.code, reply_code::ACCESS_REFUSED);
-    assert_eq!(error.method, MethodId::CONNECTION_START_OK);
+    assert_eq!(error.code(), reply_code::ACCESS_REFUSED);
+    assert_eq!(error.method(), MethodId::CONNECTION_START_OK);
     write_connection_close(&error, &mut out);
     let sent = methods(&written(&mut out));
     let [(0, AMQPClass::Connection(conn::AMQPMethod::Close(close)))] = sent.as_slice() else {
@@ -417,8 +417,8 @@ fn a_method_on_an_unopened_channel_is_a_channel_error() {
     let Err(error) = connection.on_frame(qos, &mut out, &mut commands) else {
         panic!("a method on channel 7 was accepted");
     };
-    assert_eq!(error.code, reply_code::CHANNEL_ERROR);
-    assert_eq!(error.method, MethodId::BASIC_QOS);
+    assert_eq!(error.code(), reply_code::CHANNEL_ERROR);
+    assert_eq!(error.method(), MethodId::BASIC_QOS);
     assert!(commands.is_empty());
 }
 
@@ -469,14 +469,14 @@ fn a_delivery_is_rendered_as_deliver_header_and_body_frames() {
 #[test]
 fn an_unparsable_method_names_its_class() {
     let known = unparsable_method(&[0, 60, 0, 40, 1]);
-    assert_eq!(known.code, reply_code::SYNTAX_ERROR);
-    assert_eq!(known.method, MethodId::BASIC_PUBLISH);
+    assert_eq!(known.code(), reply_code::SYNTAX_ERROR);
+    assert_eq!(known.method(), MethodId::BASIC_PUBLISH);
     let unknown = unparsable_method(&[0, 99, 0, 1]);
-    assert_eq!(unknown.code, reply_code::COMMAND_INVALID);
-    assert_eq!(unknown.method, MethodId::new(99, 1));
+    assert_eq!(unknown.code(), reply_code::COMMAND_INVALID);
+    assert_eq!(unknown.method(), MethodId::new(99, 1));
     let short = unparsable_method(&[0, 60]);
-    assert_eq!(short.code, reply_code::SYNTAX_ERROR);
-    assert_eq!(short.method, MethodId::new(60, 0));
+    assert_eq!(short.code(), reply_code::SYNTAX_ERROR);
+    assert_eq!(short.method(), MethodId::new(60, 0));
 }
 
 #[test]
@@ -570,7 +570,7 @@ fn compression_shrinks_large_publishes_and_deliveries_come_out_as_published() {
     let error = connection
         .on_event(corrupt, &mut out, &mut commands)
         .expect_err("a corrupt body closes the connection");
-    assert_eq!(error.code, reply_code::INTERNAL_ERROR);
+    assert_eq!(error.code(), reply_code::INTERNAL_ERROR);
     let frames = written(&mut out);
     assert!(
         frames.iter().all(|frame| frame.kind != FRAME_BODY),
