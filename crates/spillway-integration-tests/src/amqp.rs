@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use lapin::message::BasicGetMessage;
 use lapin::options::{
-    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions,
+    ConfirmSelectOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Connection};
@@ -175,5 +176,66 @@ pub async fn publish_numbered(
     for confirm in confirms {
         anyhow::ensure!(confirm.await?.is_ack(), "publish nacked");
     }
+    Ok(())
+}
+
+/// The confirmed round trip through every hop: declares durable `queue` on
+/// a channel of its own, publishes `count` persistent messages (`m0`, `m1`,
+/// …), each confirmed before the next, then consumes and acks them,
+/// checking they come back in order, and closes the channel.
+pub async fn confirmed_round_trip(
+    conn: &Connection,
+    queue: &str,
+    count: usize,
+) -> anyhow::Result<()> {
+    use futures::StreamExt;
+    let channel = conn.create_channel().await?;
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    for i in 0..count {
+        let confirm = channel
+            .basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions::default(),
+                format!("m{i}").as_bytes(),
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await?
+            .await?;
+        anyhow::ensure!(confirm.is_ack(), "publish {i} to {queue} not confirmed");
+    }
+    let mut consumer = channel
+        .basic_consume(
+            queue.into(),
+            "round-trip".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    for i in 0..count {
+        let delivery = tokio::time::timeout(Duration::from_secs(10), consumer.next())
+            .await
+            .map_err(|_| anyhow::anyhow!("message {i} of {queue} not delivered within 10 s"))?
+            .ok_or_else(|| anyhow::anyhow!("the consumer of {queue} ended"))??;
+        anyhow::ensure!(
+            delivery.data == format!("m{i}").as_bytes(),
+            "message {i} of {queue} came back as {:?}",
+            String::from_utf8_lossy(&delivery.data)
+        );
+        delivery.ack(BasicAckOptions::default()).await?;
+    }
+    channel.close(200, s("bye")).await?;
     Ok(())
 }

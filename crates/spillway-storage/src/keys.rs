@@ -16,6 +16,7 @@
 //!
 //! Message ids increase, so a queue's entries iterate oldest first, and the
 //! message records of a backlog that flowed to disk lie close together.
+use spillway_proto::storage::BindingDefinition;
 
 pub const VHOST: u8 = b'v';
 pub const USER: u8 = b'u';
@@ -50,6 +51,21 @@ pub fn key(kind: u8, components: &[&[u8]]) -> Vec<u8> {
         key.extend_from_slice(component);
     }
     key
+}
+
+/// The key a binding is filed under: every field is part of it.
+pub fn binding_key(def: &BindingDefinition) -> Vec<u8> {
+    key(
+        BINDING,
+        &[
+            def.vhost.as_bytes(),
+            def.exchange.as_bytes(),
+            def.queue.as_bytes(),
+            def.routing_key.as_bytes(),
+            &def.arguments,
+            &[u8::from(def.to_exchange)],
+        ],
+    )
 }
 
 pub fn entry_key(vhost: &str, queue: &str, id: u64) -> Vec<u8> {

@@ -206,10 +206,10 @@ fn apply(map: &mut BTreeMap<Vec<u8>, Vec<u8>>, op: &write_op::Op) {
             }
         }
         Op::PutBinding(def) => {
-            map.insert(binding_key(def), def.encode_to_vec());
+            map.insert(keys::binding_key(def), def.encode_to_vec());
         }
         Op::DeleteBinding(def) => {
-            map.remove(&binding_key(def));
+            map.remove(&keys::binding_key(def));
         }
         Op::PutMessage(message) => {
             map.insert(
@@ -230,21 +230,6 @@ fn apply(map: &mut BTreeMap<Vec<u8>, Vec<u8>>, op: &write_op::Op) {
             map.remove(&keys::entry_key(&key.vhost, &key.queue, key.id));
         }
     }
-}
-
-/// The key RocksStore files a binding under: every field is part of it.
-fn binding_key(def: &BindingDefinition) -> Vec<u8> {
-    keys::key(
-        keys::BINDING,
-        &[
-            def.vhost.as_bytes(),
-            def.exchange.as_bytes(),
-            def.queue.as_bytes(),
-            def.routing_key.as_bytes(),
-            &def.arguments,
-            &[u8::from(def.to_exchange)],
-        ],
-    )
 }
 
 /// Every key under `prefix`, in order, with its value.

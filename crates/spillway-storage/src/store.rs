@@ -723,8 +723,8 @@ fn apply(batch: &mut rocksdb::WriteBatch, op: &write_op::Op) {
             ));
             delete_queue_entries(batch, &key.vhost, &key.name);
         }
-        Op::PutBinding(def) => batch.put(binding_key(def), def.encode_to_vec()),
-        Op::DeleteBinding(def) => batch.delete(binding_key(def)),
+        Op::PutBinding(def) => batch.put(keys::binding_key(def), def.encode_to_vec()),
+        Op::DeleteBinding(def) => batch.delete(keys::binding_key(def)),
         Op::PutMessage(message) => {
             batch.put(keys::message_key(message.id), message.encode_to_vec())
         }
@@ -740,20 +740,6 @@ fn apply(batch: &mut rocksdb::WriteBatch, op: &write_op::Op) {
 fn delete_queue_entries(batch: &mut rocksdb::WriteBatch, vhost: &str, queue: &str) {
     let prefix = keys::queue_entries_prefix(vhost, queue);
     batch.delete_range(&prefix, &keys::prefix_end(&prefix));
-}
-
-fn binding_key(def: &BindingDefinition) -> Vec<u8> {
-    keys::key(
-        keys::BINDING,
-        &[
-            def.vhost.as_bytes(),
-            def.exchange.as_bytes(),
-            def.queue.as_bytes(),
-            def.routing_key.as_bytes(),
-            &def.arguments,
-            &[u8::from(def.to_exchange)],
-        ],
-    )
 }
 
 pub(crate) fn directory_size(path: &Path) -> u64 {

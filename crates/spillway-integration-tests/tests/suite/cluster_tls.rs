@@ -17,10 +17,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use futures::StreamExt;
-use lapin::options::*;
-use lapin::types::FieldTable;
-use lapin::BasicProperties;
+use spillway_integration_tests::amqp::confirmed_round_trip;
 use spillway_integration_tests::pki::{Identity, Pki};
 use spillway_integration_tests::{eventually, spillway_bin, Sandbox, Wiring};
 use spillway_proto::cluster::SECRET_METADATA_KEY;
@@ -135,53 +132,7 @@ async fn separate_processes_serve_amqp_over_cluster_mtls() {
 
         // gateway -> engine -> storage, each hop over mutual TLS.
         let conn = sandbox.connect().await?;
-        let channel = conn.create_channel().await?;
-        channel
-            .queue_declare(
-                "cluster-tls".into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
-        for i in 0..20 {
-            let confirm = channel
-                .basic_publish(
-                    "".into(),
-                    "cluster-tls".into(),
-                    BasicPublishOptions::default(),
-                    format!("m{i}").as_bytes(),
-                    BasicProperties::default().with_delivery_mode(2),
-                )
-                .await?
-                .await?;
-            anyhow::ensure!(confirm.is_ack(), "publish {i} not confirmed");
-        }
-        let mut consumer = channel
-            .basic_consume(
-                "cluster-tls".into(),
-                "tls-consumer".into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await?;
-        for i in 0..20 {
-            let delivery = tokio::time::timeout(Duration::from_secs(10), consumer.next())
-                .await?
-                .ok_or_else(|| anyhow::anyhow!("consumer ended"))??;
-            anyhow::ensure!(
-                delivery.data == format!("m{i}").as_bytes(),
-                "message {i} came back as {:?}",
-                String::from_utf8_lossy(&delivery.data)
-            );
-            delivery.ack(BasicAckOptions::default()).await?;
-        }
-        channel.close(200, "bye".into()).await?;
+        confirmed_round_trip(&conn, "cluster-tls", 20).await?;
         conn.close(200, "bye".into()).await?;
 
         // The persistent messages went through storage (over TLS) and are

@@ -22,6 +22,7 @@ use futures::StreamExt;
 use lapin::options::*;
 use lapin::types::FieldTable;
 use lapin::BasicProperties;
+use spillway_integration_tests::amqp::confirmed_round_trip;
 use spillway_integration_tests::{
     eventually, http_get, metric_value, spillway_bin, Component, Sandbox, Wiring,
 };
@@ -163,51 +164,7 @@ async fn with_the_secret_every_service_and_amqp_clients_are_served() {
 
         // gateway -> engine -> storage, each hop with the secret.
         let conn = sandbox.connect().await?;
-        let channel = conn.create_channel().await?;
-        channel
-            .queue_declare(
-                "internal-auth".into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
-        for i in 0..10 {
-            let confirm = channel
-                .basic_publish(
-                    "".into(),
-                    "internal-auth".into(),
-                    BasicPublishOptions::default(),
-                    format!("m{i}").as_bytes(),
-                    BasicProperties::default().with_delivery_mode(2),
-                )
-                .await?
-                .await?;
-            anyhow::ensure!(confirm.is_ack(), "publish {i} not confirmed");
-        }
-        let mut consumer = channel
-            .basic_consume(
-                "internal-auth".into(),
-                "auth-consumer".into(),
-                BasicConsumeOptions {
-                    no_ack: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await?;
-        for i in 0..10 {
-            let delivery = tokio::time::timeout(Duration::from_secs(10), consumer.next())
-                .await?
-                .ok_or_else(|| anyhow::anyhow!("consumer ended"))??;
-            anyhow::ensure!(delivery.data == format!("m{i}").as_bytes());
-        }
-        channel.close(200, "bye".into()).await?;
+        confirmed_round_trip(&conn, "internal-auth", 10).await?;
         conn.close(200, "bye".into()).await?;
 
         let failures = "spillway_grpc_auth_failures_total{service=\"engine\"}";
