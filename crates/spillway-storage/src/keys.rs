@@ -16,6 +16,7 @@
 //!
 //! Message ids increase, so a queue's entries iterate oldest first, and the
 //! message records of a backlog that flowed to disk lie close together.
+
 use spillway_proto::storage::BindingDefinition;
 
 pub const VHOST: u8 = b'v';
