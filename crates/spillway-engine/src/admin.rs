@@ -722,7 +722,7 @@ impl EngineAdminApi for Engine {
             resident_message_bytes: Some(flow.resident_bytes),
             spilled_messages: flow.spilled_messages,
             spilled_bytes: flow.spilled_bytes,
-            store_overfull: broker.store_overfull,
+            store_overfull: broker.alarms.store_overfull(),
             blocked_channels: broker.blocked_channels().len() as u32,
             version: env!("CARGO_PKG_VERSION").to_string(),
             vhosts: broker.vhosts.len() as u32,

@@ -45,6 +45,7 @@
 pub mod access;
 mod access_admin;
 mod admin;
+mod alarms;
 mod bindings;
 mod broker;
 pub mod budget;

@@ -102,18 +102,12 @@ pub struct Broker {
     pub(crate) shared_refs: HashMap<u64, u32>,
     /// To the loader task: payloads to read back from the store.
     pub(crate) loads: mpsc::UnboundedSender<LoadRequest>,
-    /// The storage node is over its disk quota: every producer is blocked.
-    pub(crate) store_overfull: bool,
-    pub(crate) store_overfull_since: Option<std::time::Instant>,
-    /// The store failed permanently (`MST-1101`): producers of persistent
-    /// messages are blocked and new persistent messages refused.
-    pub(crate) store_failure: Option<String>,
-    pub(crate) store_failed_since: Option<std::time::Instant>,
-    /// The process's memory ceiling, and whether it is passed (then every
-    /// producer is blocked and new connections are refused).
+    /// The store over its quota or failed, the memory ceiling passed: what
+    /// holds producers back broker-wide (`crate::alarms`).
+    pub(crate) alarms: crate::alarms::Alarms,
+    /// The process's memory ceiling: what it holds for clients, checked
+    /// after each publish and at each housekeeping.
     pub(crate) memory_ceiling: Arc<spillway_telemetry::MemoryCeiling>,
-    pub(crate) memory_alarm: Option<spillway_telemetry::OverCeiling>,
-    pub(crate) memory_alarm_since: Option<std::time::Instant>,
     /// Time as the broker reads it ([`spillway_proto::clock`]).
     pub(crate) clock: spillway_proto::clock::SharedClock,
     pub(crate) consumer_timeout: Option<std::time::Duration>,
@@ -161,13 +155,8 @@ impl Broker {
             unacked_grace: config.housekeeping_interval / 2,
             shared_refs: HashMap::new(),
             loads: parts.loads,
-            store_overfull: false,
-            store_overfull_since: None,
-            store_failure: None,
-            store_failed_since: None,
+            alarms: crate::alarms::Alarms::default(),
             memory_ceiling: config.memory_ceiling.clone(),
-            memory_alarm: None,
-            memory_alarm_since: None,
             clock: config.clock.clone(),
             consumer_timeout: config.consumer_timeout,
             default_max_deliveries: config.default_max_deliveries,

@@ -195,7 +195,7 @@ impl Broker {
             return;
         }
         state.has_published = true;
-        if self.store_overfull || self.memory_alarm.is_some() {
+        if self.alarms.store_overfull() || self.alarms.memory().is_some() {
             self.update_session_flow(session);
         }
     }
@@ -204,11 +204,9 @@ impl Broker {
     /// connection that publishes is blocked (connections that only consume
     /// go on, so that they can free space).
     pub fn set_store_overfull(&mut self, overfull: bool) {
-        if self.store_overfull == overfull {
+        if !self.alarms.set_store_overfull(overfull, self.clock.now()) {
             return;
         }
-        self.store_overfull = overfull;
-        self.store_overfull_since = overfull.then(|| self.clock.now());
         tracing::info!(store_overfull = overfull, "store quota state changed");
         let sessions: Vec<SessionId> = self.sessions.keys().copied().collect();
         for session in sessions {
@@ -223,9 +221,7 @@ impl Broker {
     /// connections are refused ([`Broker::admit_session`]).
     pub(crate) fn check_memory_ceiling(&mut self) {
         let over = self.memory_ceiling.over();
-        let changed = over.is_some() != self.memory_alarm.is_some();
-        self.memory_alarm = over;
-        if !changed {
+        if !self.alarms.set_memory(over, self.clock.now()) {
             return;
         }
         match over {
@@ -246,7 +242,6 @@ impl Broker {
                 thousands(self.memory_ceiling.high_watermark())
             ),
         }
-        self.memory_alarm_since = over.map(|_| self.clock.now());
         let sessions: Vec<SessionId> = self.sessions.keys().copied().collect();
         for session in sessions {
             self.update_session_flow(session);
@@ -258,17 +253,11 @@ impl Broker {
     /// blocked, as the disk quota blocks producers; transient traffic goes
     /// on.
     pub fn set_store_failure(&mut self, failure: Option<String>) {
-        if self.store_failure == failure {
+        if !self.alarms.set_store_failure(failure, self.clock.now()) {
             return;
         }
-        let was_failed = self.store_failure.is_some();
-        self.store_failure = failure;
-        if was_failed == self.store_failure.is_some() {
-            return;
-        }
-        self.store_failed_since = self.store_failure.is_some().then(|| self.clock.now());
         tracing::info!(
-            store_failed = self.store_failure.is_some(),
+            store_failed = self.alarms.store_failure().is_some(),
             "store failure state changed"
         );
         let sessions: Vec<SessionId> = self.sessions.keys().copied().collect();
@@ -287,16 +276,16 @@ impl Broker {
             return;
         }
         state.has_published_persistent = true;
-        if self.store_failure.is_some() {
+        if self.alarms.store_failure().is_some() {
             self.update_session_flow(session);
         }
     }
 
     /// Tells the gateway when the connection's flow state changed.
     pub(crate) fn update_session_flow(&mut self, session: SessionId) {
-        let store_overfull = self.store_overfull;
-        let memory_alarm = self.memory_alarm;
-        let store_failure = self.store_failure.clone();
+        let store_overfull = self.alarms.store_overfull();
+        let memory_alarm = self.alarms.memory();
+        let store_failure = self.alarms.store_failure().map(str::to_string);
         let Some(state) = self.sessions.get_mut(&session) else {
             return;
         };
@@ -337,10 +326,14 @@ impl Broker {
         let now = self.clock.now();
         let mut blocked = Vec::new();
         for (id, session) in &self.sessions {
-            let overfull_since = self.store_overfull_since.filter(|_| session.has_published);
-            let memory_since = self.memory_alarm_since.filter(|_| session.has_published);
+            let overfull_since = self
+                .alarms
+                .store_overfull_since()
+                .filter(|_| session.has_published);
+            let memory_since = self.alarms.memory_since().filter(|_| session.has_published);
             let failed_since = self
-                .store_failed_since
+                .alarms
+                .store_failed_since()
                 .filter(|_| session.has_published_persistent);
             let store_since = [overfull_since, failed_since, memory_since]
                 .into_iter()

@@ -53,7 +53,7 @@ impl Broker {
         let vhost_name = self.session_vhost(session)?;
         // Read (and a bad one refused) by the gateway.
         let message_ttl = cmd.expiration_ms;
-        let store_failure = self.store_failure.clone();
+        let store_failure = self.alarms.store_failure().map(str::to_string);
         let vhost = self.vhost_mut(&vhost_name)?;
         let targets = publish_targets(vhost, &vhost_name, &cmd)?;
         let confirm_seq = cmd.confirm_seq;

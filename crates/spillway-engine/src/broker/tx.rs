@@ -207,7 +207,7 @@ impl Broker {
         let vhost_name = self.session_vhost(session)?;
         let work = self.tx_mut(session, channel)?.take();
         self.tx.open.remove(&(session, channel));
-        if let Some(failure) = self.store_failure.clone() {
+        if let Some(failure) = self.alarms.store_failure().map(str::to_string) {
             if work.publishes.iter().any(|p| p.message.persistent) {
                 let touched = self.tx_undo(&vhost_name, work);
                 self.dispatch_all(&vhost_name, touched);
