@@ -50,6 +50,7 @@ mod bindings;
 mod broker;
 pub mod budget;
 mod channels;
+mod config;
 mod credit;
 mod engine;
 mod exchange;
@@ -73,10 +74,11 @@ mod vhost;
 pub use admin::EngineAdminService;
 pub use broker::flow_to_disk::FlowStatus;
 pub use broker::producer_flow::BlockedChannel;
-pub use engine::{
-    Engine, EngineConfig, EngineError, SeedUser, DEFAULT_CONSUMER_TIMEOUT, DEFAULT_LEASE_TTL,
+pub use config::{
+    EngineConfig, SeedUser, DEFAULT_CONSUMER_TIMEOUT, DEFAULT_LEASE_TTL, DEFAULT_MAX_MESSAGE_SIZE,
     DEFAULT_SESSION_CREDIT_BYTES,
 };
+pub use engine::{Engine, EngineError};
 pub use format::thousands;
 pub use limits::LimitConfig;
 pub use pacing::{PacingConfig, PacingStats, DEFAULT_PACING_STALL, DEFAULT_PACING_WINDOW};

@@ -375,7 +375,7 @@ mod tests {
     use spillway_storage::MemoryStore;
 
     use super::*;
-    use crate::engine::EngineConfig;
+    use crate::config::EngineConfig;
 
     async fn send(session: &SessionStreams, command: Command) {
         let command = pb::SessionCommand {

@@ -139,7 +139,7 @@ impl Broker {
     /// A broker with only the default vhost. Each part of the state takes
     /// its own piece of `config` (the one the wiring built); nothing is
     /// copied on the way.
-    pub fn new(config: &crate::EngineConfig, parts: BrokerParts) -> Self {
+    pub fn new(config: &crate::config::EngineConfig, parts: BrokerParts) -> Self {
         let mut vhosts = HashMap::new();
         vhosts.insert("/".to_string(), VHost::new("/"));
         Self {
