@@ -1095,3 +1095,165 @@ where
 fn frame_error(error: FrameError) -> ConnectionError {
     ConnectionError::new(reply_code::FRAME_ERROR, error.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use amq_protocol::protocol::{connection as conn, AMQPClass};
+    use spillway_amqp::codec::{parse_method, FRAME_METHOD};
+    use tokio::io::{duplex, AsyncReadExt};
+
+    use super::*;
+
+    const PEER: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+        std::net::Ipv4Addr::LOCALHOST,
+        40000,
+    ));
+
+    fn frames<R: AsyncRead>(read: R) -> Frames<R> {
+        FramedRead::new(
+            MeasuredRead::new(read),
+            FrameDecoder {
+                frame_max: MIN_FRAME_MAX as usize,
+            },
+        )
+    }
+
+    fn deadline(timeout: Duration) -> WriteDeadline {
+        WriteDeadline {
+            peer: PEER,
+            timeout: Some(timeout),
+        }
+    }
+
+    /// The methods on channel 0 a client receives, until the broker shuts
+    /// the socket.
+    async fn methods_until_eof<R: AsyncRead + Unpin>(read: R) -> Vec<AMQPClass> {
+        let mut frames = frames(read);
+        let mut methods = Vec::new();
+        while let Some(Ok(frame)) = frames.next().await {
+            if frame.kind == FRAME_METHOD && frame.channel == 0 {
+                if let Ok(method) = parse_method(&frame.payload) {
+                    methods.push(method);
+                }
+            }
+        }
+        methods
+    }
+
+    #[tokio::test]
+    async fn segments_arrive_whole_and_in_order_through_partial_writes() {
+        // An 8-byte pipe: every write is partial, most end inside a segment.
+        let (mut broker, mut client) = duplex(8);
+        let segments: Vec<Bytes> = (0..20u8)
+            .map(|n| Bytes::from(vec![n; usize::from(n % 7) + 1]))
+            .collect();
+        let expected: Vec<u8> = segments.iter().flat_map(|s| s.to_vec()).collect();
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            let _ = client.read_to_end(&mut got).await;
+            got
+        });
+        let written = deadline(Duration::from_secs(5))
+            .write_all(&mut broker, &segments)
+            .await;
+        assert!(written.is_ok(), "{written:?}");
+        drop(broker);
+        assert_eq!(reader.await.ok(), Some(expected));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_reads_nothing_times_out_but_a_slow_one_does_not() {
+        let segments = [Bytes::from(vec![7u8; 64])];
+        let (mut broker, _client) = duplex(16);
+        let written = deadline(Duration::from_secs(5))
+            .write_all(&mut broker, &segments)
+            .await;
+        assert_eq!(
+            written.map_err(|e| e.kind()),
+            Err(std::io::ErrorKind::TimedOut)
+        );
+
+        // Eight bytes a second: the whole write takes longer than the
+        // timeout, but no single write waits that long.
+        let (mut broker, mut client) = duplex(16);
+        let reader = tokio::spawn(async move {
+            let mut got = 0;
+            let mut buffer = [0u8; 8];
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                match client.read(&mut buffer).await {
+                    Ok(0) | Err(_) => return got,
+                    Ok(n) => got += n,
+                }
+            }
+        });
+        let started = tokio::time::Instant::now();
+        let written = deadline(Duration::from_secs(5))
+            .write_all(&mut broker, &segments)
+            .await;
+        assert!(written.is_ok(), "{written:?}");
+        assert!(started.elapsed() > Duration::from_secs(5));
+        drop(broker);
+        assert_eq!(reader.await.ok(), Some(64));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unopened_connection_is_closed_with_its_error_then_shut() {
+        let error =
+            ConnectionError::new(reply_code::NOT_ALLOWED, "no room").on(MethodId::CONNECTION_OPEN);
+        // A client that answers close-ok.
+        let (broker, client) = duplex(4096);
+        let (broker_read, broker_write) = tokio::io::split(broker);
+        let (client_read, mut client_write) = tokio::io::split(client);
+        let client = tokio::spawn(async move {
+            let mut frames = frames(client_read);
+            let mut out = FrameWriter::default();
+            let mut seen = Vec::new();
+            while let Some(Ok(frame)) = frames.next().await {
+                let Ok(method) = parse_method(&frame.payload) else {
+                    continue;
+                };
+                if matches!(method, AMQPClass::Connection(conn::AMQPMethod::Close(_))) {
+                    out.method(
+                        0,
+                        AMQPClass::Connection(conn::AMQPMethod::CloseOk(conn::CloseOk {})),
+                    );
+                    let _ = client_write.write_all(&out.take()).await;
+                }
+                seen.push(method);
+            }
+            seen
+        });
+        let started = tokio::time::Instant::now();
+        let mut out = FrameWriter::default();
+        close_unopened(&error, &mut out, broker_write, &mut frames(broker_read)).await;
+        assert!(
+            started.elapsed() < CLOSE_TIMEOUT,
+            "waited past the close-ok"
+        );
+        let seen = client.await.unwrap_or_default();
+        let [AMQPClass::Connection(conn::AMQPMethod::Close(close))] = seen.as_slice() else {
+            panic!("the client saw {seen:?}");
+        };
+        assert_eq!(close.reply_code, reply_code::NOT_ALLOWED);
+        assert_eq!(close.reply_text.as_str(), "NOT_ALLOWED - no room");
+        assert_eq!(
+            (close.class_id, close.method_id),
+            (
+                MethodId::CONNECTION_OPEN.class_id,
+                MethodId::CONNECTION_OPEN.method_id
+            )
+        );
+
+        // A client that never answers: shut after the close timeout.
+        let (broker, client) = duplex(4096);
+        let (broker_read, broker_write) = tokio::io::split(broker);
+        let (client_read, _client_write) = tokio::io::split(client);
+        let client = tokio::spawn(methods_until_eof(client_read));
+        let started = tokio::time::Instant::now();
+        let mut out = FrameWriter::default();
+        close_unopened(&error, &mut out, broker_write, &mut frames(broker_read)).await;
+        assert!(started.elapsed() >= CLOSE_TIMEOUT);
+        assert_eq!(client.await.map(|m| m.len()).ok(), Some(1));
+    }
+}
