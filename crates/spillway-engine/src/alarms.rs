@@ -47,17 +47,7 @@ impl Alarms {
     /// Returns whether the store went from working to failed or back; a
     /// new reason while failed is kept without a change (nor a new start).
     pub fn set_store_failure(&mut self, failure: Option<String>, now: Instant) -> bool {
-        match (&mut self.store_failure, failure) {
-            (Some((why, _)), Some(failure)) => {
-                *why = failure;
-                false
-            }
-            (None, None) => false,
-            (slot, failure) => {
-                *slot = failure.map(|why| (why, now));
-                true
-            }
-        }
+        set_keeping_start(&mut self.store_failure, failure, now)
     }
 
     /// The figures of a passed memory ceiling.
@@ -72,16 +62,22 @@ impl Alarms {
     /// Returns whether the ceiling went from passed to not or back; while
     /// passed, the figures follow the latest check.
     pub fn set_memory(&mut self, over: Option<OverCeiling>, now: Instant) -> bool {
-        match (&mut self.memory, over) {
-            (Some((figures, _)), Some(over)) => {
-                *figures = over;
-                false
-            }
-            (None, None) => false,
-            (slot, over) => {
-                *slot = over.map(|over| (over, now));
-                true
-            }
+        set_keeping_start(&mut self.memory, over, now)
+    }
+}
+
+/// Sets an alarm that carries a value: a new value while it is on replaces
+/// the old one and keeps its start; returns whether it turned on or off.
+fn set_keeping_start<T>(slot: &mut Option<(T, Instant)>, value: Option<T>, now: Instant) -> bool {
+    match (slot.as_mut(), value) {
+        (Some((held, _)), Some(value)) => {
+            *held = value;
+            false
+        }
+        (None, None) => false,
+        (_, value) => {
+            *slot = value.map(|value| (value, now));
+            true
         }
     }
 }
