@@ -68,6 +68,11 @@ pub(super) fn queue_limits(
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };
+    // A quorum queue has RabbitMQ 4's delivery limit unless one is set.
+    let max_deliveries = match queue_type(arguments) {
+        Some(QUORUM) => max_deliveries.or(Some(QUORUM_DELIVERY_LIMIT + 1)),
+        _ => max_deliveries,
+    };
     Ok(QueueLimits {
         max_deliveries,
         message_ttl: ttl_argument(arguments, "x-message-ttl", queue, vhost)?,
@@ -79,6 +84,74 @@ pub(super) fn queue_limits(
         resume_capacity: capacity.map(|capacity| resume_capacity.unwrap_or(capacity)),
         max_count: count("qpid.max_count")?.filter(|count| *count > 0),
     })
+}
+
+const QUORUM: &[u8] = b"quorum";
+/// RabbitMQ 4's default `x-delivery-limit` of a quorum queue.
+pub(crate) const QUORUM_DELIVERY_LIMIT: u64 = 20;
+
+fn queue_type(arguments: &FieldTable) -> Option<&[u8]> {
+    match arguments.inner().get("x-queue-type") {
+        Some(AMQPValue::LongString(kind)) => Some(kind.as_bytes()),
+        _ => None,
+    }
+}
+
+/// `x-queue-type` as RabbitMQ users write it: `classic` and `quorum` are
+/// served (a quorum queue must be durable, not exclusive and not
+/// auto-delete, as in RabbitMQ; every durable queue is replicated when the
+/// store is a storage group); `stream` is refused until streams exist.
+pub(super) fn check_queue_type(
+    arguments: &FieldTable,
+    durable: bool,
+    exclusive: bool,
+    auto_delete: bool,
+    queue: &str,
+    vhost: &str,
+) -> OpResult<()> {
+    let Some(value) = arguments.inner().get("x-queue-type") else {
+        return Ok(());
+    };
+    let refuse = |why: &str| {
+        AmqpError::invalid_argument(
+            reply_code::PRECONDITION_FAILED,
+            format!("invalid arg 'x-queue-type' for queue '{queue}' in vhost '{vhost}': {why}"),
+        )
+    };
+    let AMQPValue::LongString(kind) = value else {
+        return Err(refuse(&format!(
+            "\"expected longstr, got {}\"",
+            rabbit_type_name(value)
+        )));
+    };
+    match kind.as_bytes() {
+        b"classic" => Ok(()),
+        QUORUM => {
+            let property = if !durable {
+                Some("non-durable")
+            } else if exclusive {
+                Some("exclusive-owner")
+            } else if auto_delete {
+                Some("auto-delete")
+            } else {
+                None
+            };
+            match property {
+                Some(property) => Err(AmqpError::new(
+                    reply_code::PRECONDITION_FAILED,
+                    format!("invalid property '{property}' for queue '{queue}' in vhost '{vhost}'"),
+                )),
+                None => Ok(()),
+            }
+        }
+        b"stream" => Err(refuse(
+            "stream queues are not supported yet; declare a classic or quorum queue",
+        )),
+        other => Err(refuse(&format!(
+            "unknown queue type '{}' (classic or quorum)",
+            String::from_utf8_lossy(other)
+        ))),
+    }
 }
 
 /// RabbitMQ's largest TTL (`rabbit_misc:check_expiry`): 2^32 - 1 ms.
@@ -174,11 +247,23 @@ pub(super) fn first_inequivalent_argument(
             continue;
         }
         let (a, b) = (current.inner().get(key), received.inner().get(key));
+        // No `x-queue-type` is a classic queue, as in RabbitMQ.
+        if key.as_str() == "x-queue-type" && queue_type_name(a) == queue_type_name(b) {
+            continue;
+        }
         if !equivalent_argument(a, b) {
             return Some(key.as_str().to_string());
         }
     }
     None
+}
+
+fn queue_type_name(value: Option<&AMQPValue>) -> Option<&[u8]> {
+    match value {
+        None => Some(b"classic"),
+        Some(AMQPValue::LongString(kind)) => Some(kind.as_bytes()),
+        Some(_) => None,
+    }
 }
 
 fn equivalent_argument(a: Option<&AMQPValue>, b: Option<&AMQPValue>) -> bool {

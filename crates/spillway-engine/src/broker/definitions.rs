@@ -8,8 +8,8 @@ use spillway_proto::engine::{self as pb, session_event::Event, AmqpError};
 use spillway_proto::storage::{self as store, write_op, WriteOp};
 
 use super::arguments::{
-    dead_letter_exchange_name, dead_letter_queue_name, dead_letter_target, dlq_enabled,
-    first_inequivalent_argument, queue_limits,
+    check_queue_type, dead_letter_exchange_name, dead_letter_queue_name, dead_letter_target,
+    dlq_enabled, first_inequivalent_argument, queue_limits,
 };
 use super::{
     check_exclusive, event, find_exchange, find_queue, find_queue_mut, op, Broker, OpResult,
@@ -276,6 +276,14 @@ impl Broker {
             ));
         }
         let arguments = amqp::decode_table(&cmd.arguments)?;
+        check_queue_type(
+            &arguments,
+            cmd.durable,
+            cmd.exclusive,
+            cmd.auto_delete,
+            &name,
+            &vhost_name,
+        )?;
         let limits = queue_limits(&arguments, &name, &vhost_name)?;
         let dead_letter = dead_letter_target(&arguments, &name, &vhost_name)?;
         let qpid_dlq = dlq_enabled(&arguments) == Some(true);
