@@ -442,6 +442,10 @@ async fn run_writer(
             ops,
             durability: durability.into(),
             epoch: state.epoch.load(Ordering::Acquire),
+            // The last request's number: increasing from batch to batch,
+            // and the same on every retry of this one, so that a storage
+            // group applies a retried batch once.
+            sequence: last_seq.unwrap_or(0),
         });
         let landed = write_until_stored(store.as_ref(), batch.clone(), &state, &mut waiters)
             .instrument(batch_span(&traces, batch.ops.len()))

@@ -4,6 +4,7 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,9 +19,9 @@ use crate::command_queue::{command_queue, CommandReceiver, CommandSender};
 use crate::engine::{session_command, session_event, CommandBatch, EventBatch};
 use crate::engine::{SessionCommand, SessionEvent};
 use crate::storage::{
-    AcquireLeaseRequest, Definitions, Lease, LoadDefinitionsRequest, LoadMessagesRequest,
-    MessageRecord, QueueEntry, QuotaState, StatusRequest, StoreStatus, WatchQuotaRequest,
-    WriteBatch,
+    AcquireLeaseRequest, AddMemberRequest, Definitions, GroupStatus, GroupStatusRequest, Lease,
+    LoadDefinitionsRequest, LoadMessagesRequest, MessageRecord, QueueEntry, QuotaState,
+    RemoveMemberRequest, StatusRequest, StoreStatus, WatchQuotaRequest, WriteBatch,
 };
 use crate::ServiceError;
 
@@ -71,6 +72,30 @@ pub trait StorageApi: Send + Sync + 'static {
         &self,
         request: crate::management::SetStoreQuotaRequest,
     ) -> Result<(), ServiceError>;
+
+    /// The storage group as its leader (else the member asked) sees it.
+    /// A single store has no group: FAILED_PRECONDITION.
+    async fn group_status(&self) -> Result<GroupStatus, ServiceError> {
+        Err(not_a_group())
+    }
+
+    /// Adds node `id` at `address` to the storage group (the leader does).
+    async fn add_member(&self, _id: u64, _address: String) -> Result<GroupStatus, ServiceError> {
+        Err(not_a_group())
+    }
+
+    /// Removes node `id` from the storage group (the leader does).
+    async fn remove_member(&self, _id: u64) -> Result<GroupStatus, ServiceError> {
+        Err(not_a_group())
+    }
+}
+
+/// What a store outside any group answers the group's calls.
+pub(crate) fn not_a_group() -> ServiceError {
+    ServiceError::FailedPrecondition(
+        "the store is a single storage node, not a storage group (storage.members is not set)"
+            .into(),
+    )
 }
 
 /// The storage node's disk quota state, as it changes.
@@ -81,8 +106,15 @@ pub type QuotaStream = Pin<Box<dyn Stream<Item = Result<QuotaState, ServiceError
 #[derive(Clone)]
 pub struct RemoteStorage {
     client: crate::storage::storage_client::StorageClient<ClusterChannel>,
+    /// The node's `StorageGroup` service (a member of a group).
+    group: crate::storage::storage_group_client::StorageGroupClient<ClusterChannel>,
     /// The same channel, for `Write`: see [`SharedWriteBatch`].
     writes: tonic::client::Grpc<ClusterChannel>,
+    /// The highest storage group log index a write was answered at; reads
+    /// send it (`spillway-min-applied`), so that a group member answers
+    /// them only once it has applied that far. Shared by the clients of
+    /// one group ([`crate::GroupStorage`]); 0 for a single store.
+    fence: Arc<AtomicU64>,
 }
 
 impl RemoteStorage {
@@ -92,12 +124,42 @@ impl RemoteStorage {
         let client = crate::storage::storage_client::StorageClient::new(channel.clone())
             .max_decoding_message_size(cluster.max_message_bytes)
             .max_encoding_message_size(cluster.max_message_bytes);
+        let group = crate::storage::storage_group_client::StorageGroupClient::new(channel.clone())
+            .max_decoding_message_size(cluster.max_message_bytes)
+            .max_encoding_message_size(cluster.max_message_bytes);
         let writes = tonic::client::Grpc::new(channel)
             .max_decoding_message_size(cluster.max_message_bytes)
             .max_encoding_message_size(cluster.max_message_bytes);
-        Ok(Self { client, writes })
+        Ok(Self {
+            client,
+            group,
+            writes,
+            fence: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    /// Shares `fence` with the other members' clients of one group.
+    pub(crate) fn with_fence(mut self, fence: Arc<AtomicU64>) -> Self {
+        self.fence = fence;
+        self
+    }
+
+    /// A read's request, with the fence when there is one.
+    fn read_request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        let fence = self.fence.load(Ordering::Acquire);
+        if fence > 0 {
+            request.metadata_mut().insert(
+                MIN_APPLIED_HEADER,
+                tonic::metadata::MetadataValue::from(fence),
+            );
+        }
+        request
     }
 }
+
+/// The request header a read carries in a storage group (storage.proto).
+const MIN_APPLIED_HEADER: &str = "spillway-min-applied";
 
 /// The path of `Storage/Write`, as the generated client has it.
 const WRITE_PATH: &str = "/spillway.storage.v1.Storage/Write";
@@ -154,12 +216,15 @@ impl StorageApi for RemoteStorage {
             .map_err(|err| tonic::Status::unknown(format!("storage node not ready: {err}")))?;
         let codec =
             tonic_prost::ProstCodec::<SharedWriteBatch, crate::storage::WriteAck>::default();
-        grpc.unary(
-            request,
-            tonic::codegen::http::uri::PathAndQuery::from_static(WRITE_PATH),
-            codec,
-        )
-        .await?;
+        let ack = grpc
+            .unary(
+                request,
+                tonic::codegen::http::uri::PathAndQuery::from_static(WRITE_PATH),
+                codec,
+            )
+            .await?;
+        self.fence
+            .fetch_max(ack.into_inner().applied_index, Ordering::AcqRel);
         Ok(())
     }
 
@@ -167,7 +232,7 @@ impl StorageApi for RemoteStorage {
         let response = self
             .client
             .clone()
-            .load_definitions(LoadDefinitionsRequest {})
+            .load_definitions(self.read_request(LoadDefinitionsRequest {}))
             .await?;
         Ok(response.into_inner())
     }
@@ -184,7 +249,7 @@ impl StorageApi for RemoteStorage {
         let mut stream = self
             .client
             .clone()
-            .load_messages(request)
+            .load_messages(self.read_request(request))
             .await?
             .into_inner();
         let mut entries = Vec::new();
@@ -201,7 +266,12 @@ impl StorageApi for RemoteStorage {
         let mut messages = Vec::new();
         while let Some(ids) = chunks.pop_front() {
             let request = crate::storage::ReadMessagesRequest { ids: ids.clone() };
-            match self.client.clone().read_messages(request).await {
+            match self
+                .client
+                .clone()
+                .read_messages(self.read_request(request))
+                .await
+            {
                 Ok(response) => messages.extend(response.into_inner().messages),
                 Err(status) if too_large(&status) && ids.len() > 1 => {
                     let (first, second) = ids.split_at(ids.len() / 2);
@@ -218,7 +288,7 @@ impl StorageApi for RemoteStorage {
         Ok(self
             .client
             .clone()
-            .status(StatusRequest { count_records })
+            .status(self.read_request(StatusRequest { count_records }))
             .await?
             .into_inner())
     }
@@ -259,6 +329,40 @@ impl StorageApi for RemoteStorage {
         Ok(())
     }
 
+    async fn group_status(&self) -> Result<GroupStatus, ServiceError> {
+        let mut call = tonic::Request::new(GroupStatusRequest {});
+        call.set_timeout(LEASE_CALL_TIMEOUT);
+        Ok(self
+            .group
+            .clone()
+            .get_group_status(call)
+            .await
+            .map_err(group_call_error)?
+            .into_inner())
+    }
+
+    async fn add_member(&self, id: u64, address: String) -> Result<GroupStatus, ServiceError> {
+        let request = AddMemberRequest { id, address };
+        Ok(self
+            .group
+            .clone()
+            .add_member(request)
+            .await
+            .map_err(group_call_error)?
+            .into_inner())
+    }
+
+    async fn remove_member(&self, id: u64) -> Result<GroupStatus, ServiceError> {
+        let request = RemoveMemberRequest { id };
+        Ok(self
+            .group
+            .clone()
+            .remove_member(request)
+            .await
+            .map_err(group_call_error)?
+            .into_inner())
+    }
+
     async fn watch_quota(&self) -> Result<QuotaStream, ServiceError> {
         let stream = self
             .client
@@ -270,6 +374,14 @@ impl StorageApi for RemoteStorage {
             stream.map(|state| state.map_err(ServiceError::from)),
         ))
     }
+}
+
+/// A node that serves no `StorageGroup` is a single store.
+fn group_call_error(status: tonic::Status) -> ServiceError {
+    if status.code() == tonic::Code::Unimplemented {
+        return not_a_group();
+    }
+    status.into()
 }
 
 /// Whether a call failed because a message was over the gRPC message limit
@@ -494,10 +606,7 @@ fn pack_commands(mut ready: Vec<SessionCommand>) -> SessionCommand {
 /// every call, over mutual TLS when the cluster has it (`http://` is then
 /// dialled as `https://`; the server's certificate must name the address's
 /// host).
-pub(crate) fn lazy_channel(
-    addr: &str,
-    cluster: &ClusterClient,
-) -> Result<ClusterChannel, ServiceError> {
+pub fn lazy_channel(addr: &str, cluster: &ClusterClient) -> Result<ClusterChannel, ServiceError> {
     let uri = crate::cluster::cluster_uri(addr, cluster.tls.is_some())
         .map_err(ServiceError::InvalidArgument)?;
     let mut endpoint = Endpoint::from_shared(uri)
@@ -542,6 +651,7 @@ mod tests {
             }],
             durability: 1,
             epoch: 3,
+            sequence: 12,
         };
         let shared = SharedWriteBatch(Arc::new(batch.clone()));
         let bytes = shared.encode_to_vec();

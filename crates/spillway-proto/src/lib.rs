@@ -33,20 +33,22 @@ mod boundary;
 pub mod clock;
 pub mod cluster;
 pub mod command_queue;
+mod group_client;
 pub mod lean_codec;
 pub mod permissions;
 mod status;
 
 pub use boundary::{
-    serve_remote_session, EngineApi, QuotaStream, RemoteEngine, RemoteStorage, SessionStreams,
-    StorageApi,
+    lazy_channel, serve_remote_session, EngineApi, QuotaStream, RemoteEngine, RemoteStorage,
+    SessionStreams, StorageApi,
 };
 pub use command_queue::{
     command_queue, CommandReceiver, CommandSender, QueuedCommand, SESSION_COMMAND_BUFFER,
     SESSION_COMMAND_BYTES,
 };
 
-pub use status::{RemoteError, ServiceError};
+pub use group_client::GroupStorage;
+pub use status::{RemoteError, ServiceError, LEADER_HEADER};
 
 mod admin;
 pub mod json;

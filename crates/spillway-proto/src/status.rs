@@ -36,13 +36,25 @@ pub enum ServiceError {
     Unimplemented(String),
     #[error("internal error: {0}")]
     Internal(String),
+    /// Transient: a storage group member that does not lead was asked to
+    /// change the store. Holds the leader's address when the member knows
+    /// it ("" if not); over gRPC it is UNAVAILABLE with the address in the
+    /// [`LEADER_HEADER`] response header.
+    #[error("unavailable: this storage node does not lead its group (leader: {})", if .0.is_empty() { "not known yet" } else { .0.as_str() })]
+    NotLeader(String),
 }
+
+/// The response header that names the storage group's leader.
+pub const LEADER_HEADER: &str = "spillway-storage-leader";
 
 impl ServiceError {
     /// Whether the same request may succeed if tried again later without
     /// anyone acting: only when the peer was unavailable.
     pub fn is_transient(&self) -> bool {
-        matches!(self, ServiceError::Unavailable(_))
+        matches!(
+            self,
+            ServiceError::Unavailable(_) | ServiceError::NotLeader(_)
+        )
     }
 
     /// The error's kind, for logs and metrics.
@@ -58,6 +70,7 @@ impl ServiceError {
             ServiceError::DataLoss(_) => "data_loss",
             ServiceError::Unimplemented(_) => "unimplemented",
             ServiceError::Internal(_) => "internal",
+            ServiceError::NotLeader(_) => "not_leader",
         }
     }
 }
@@ -75,6 +88,14 @@ impl From<ServiceError> for tonic::Status {
             ServiceError::DataLoss(msg) => tonic::Status::data_loss(msg),
             ServiceError::Unimplemented(msg) => tonic::Status::unimplemented(msg),
             ServiceError::Internal(msg) => tonic::Status::internal(msg),
+            ServiceError::NotLeader(leader) => {
+                let text = ServiceError::NotLeader(leader.clone()).to_string();
+                let mut status = tonic::Status::unavailable(text);
+                if let Ok(value) = leader.parse() {
+                    status.metadata_mut().insert(LEADER_HEADER, value);
+                }
+                status
+            }
         }
     }
 }
@@ -82,6 +103,12 @@ impl From<ServiceError> for tonic::Status {
 impl From<tonic::Status> for ServiceError {
     fn from(status: tonic::Status) -> Self {
         let msg = status.message().to_string();
+        if let Some(leader) = status.metadata().get(LEADER_HEADER) {
+            return ServiceError::NotLeader(leader.to_str().unwrap_or_default().to_string());
+        }
+        if status.code() == tonic::Code::Unavailable && msg.contains("does not lead its group") {
+            return ServiceError::NotLeader(String::new());
+        }
         match status.code() {
             tonic::Code::InvalidArgument => ServiceError::InvalidArgument(msg),
             tonic::Code::NotFound => ServiceError::NotFound(msg),

@@ -76,6 +76,21 @@ impl LeaseState {
         self.expires = Some(now + ttl);
     }
 
+    /// The current epoch (0: no engine ever took the store).
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Keeps the lease of `epoch` live for `ttl` from `now` (a storage
+    /// group applying a renewal); a stale epoch changes nothing.
+    pub(crate) fn renew(&mut self, epoch: u64, ttl: Duration, now: Instant) -> bool {
+        if epoch == 0 || epoch != self.epoch {
+            return false;
+        }
+        self.expires = Some(now + ttl);
+        true
+    }
+
     /// Ends the lease of `epoch`; a stale epoch changes nothing.
     pub(crate) fn release(&mut self, epoch: u64) -> bool {
         if epoch != self.epoch || self.expires.is_none() {

@@ -13,9 +13,13 @@
 //! - [`RocksStore::register_metrics`]: its disk usage on `/metrics`.
 //! - [`MemoryStore`]: the same [`StorageApi`] kept in memory, for tests of
 //!   the engine where RocksDB is not what is being tested.
+//! - [`group`]: several storage nodes replicating the store through a Raft
+//!   log ([`StorageGroup`], served by [`StorageService::grouped`] and
+//!   [`StorageGroupService`]).
 //!
 //! [`StorageApi`]: spillway_proto::StorageApi
 
+pub mod group;
 mod keys;
 mod lease;
 mod memory;
@@ -26,6 +30,7 @@ mod store;
 #[cfg(test)]
 mod test_ops;
 
+pub use group::{GroupSettings, StorageGroup, StorageGroupService};
 pub use memory::MemoryStore;
-pub use service::StorageService;
+pub use service::{StorageService, MIN_APPLIED_HEADER};
 pub use store::{RocksStore, StoreError, StoreMemory, BLOCK_CACHE_BYTES, MEMTABLE_BYTES};

@@ -1,6 +1,7 @@
 //! `StorageService`: the storage node's gRPC face. Every call is a thin
-//! translation onto a `StorageApi` (a `RocksStore` in practice), so the
-//! engine sees the same behaviour through either wiring.
+//! translation onto a `StorageApi` (the `RocksStore`, or the `StorageGroup`
+//! member over it), so the engine sees the same behaviour through either
+//! wiring.
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -14,7 +15,12 @@ use spillway_proto::storage::{
 use spillway_proto::StorageApi;
 use tonic::{Request, Response, Status};
 
+use crate::group::StorageGroup;
 use crate::RocksStore;
+
+/// The request header of a read: the log index of the caller's last write
+/// (see `StorageGroup` in storage.proto).
+pub const MIN_APPLIED_HEADER: &str = "spillway-min-applied";
 
 /// Entries per chunk when streaming a durable queue's entries.
 const LOAD_CHUNK: usize = 4096;
@@ -22,6 +28,9 @@ const LOAD_CHUNK: usize = 4096;
 /// The storage node's gRPC service, for an engine in another process.
 pub struct StorageService {
     store: RocksStore,
+    /// Set when the node is a member of a storage group: writes, the lease
+    /// and orphan removal then go through its log.
+    group: Option<StorageGroup>,
     /// Ends the long-lived quota streams at shutdown: a graceful gRPC
     /// shutdown waits for every open stream.
     stop: Option<tokio::sync::watch::Receiver<bool>>,
@@ -29,7 +38,44 @@ pub struct StorageService {
 
 impl StorageService {
     pub fn new(store: RocksStore) -> Self {
-        Self { store, stop: None }
+        Self {
+            store,
+            group: None,
+            stop: None,
+        }
+    }
+
+    /// The service of a storage group member.
+    pub fn grouped(group: StorageGroup) -> Self {
+        Self {
+            store: group.store().clone(),
+            group: Some(group),
+            stop: None,
+        }
+    }
+
+    /// The store, or the group member over it.
+    fn api(&self) -> &dyn StorageApi {
+        match &self.group {
+            Some(group) => group,
+            None => &self.store,
+        }
+    }
+
+    /// In a group, waits until this member has applied the caller's last
+    /// write (the `spillway-min-applied` header).
+    async fn fence<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        let Some(group) = &self.group else {
+            return Ok(());
+        };
+        let index = request
+            .metadata()
+            .get(MIN_APPLIED_HEADER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.parse::<u64>().ok())
+            .unwrap_or(0);
+        group.wait_applied(index).await?;
+        Ok(())
     }
 
     /// Quota streams end when `stop` turns true.
@@ -57,16 +103,22 @@ type QuotaStateStream = Pin<Box<dyn Stream<Item = Result<QuotaState, Status>> + 
 impl Storage for StorageService {
     async fn write(&self, request: Request<WriteBatch>) -> Result<Response<WriteAck>, Status> {
         let (metadata, _, batch) = request.into_parts();
+        if let Some(group) = &self.group {
+            let write = group.write_at(&batch);
+            let applied_index = spillway_proto::trace::with_remote_parent(&metadata, write).await?;
+            return Ok(Response::new(WriteAck { applied_index }));
+        }
         let write = self.store.write(Arc::new(batch));
         spillway_proto::trace::with_remote_parent(&metadata, write).await?;
-        Ok(Response::new(WriteAck {}))
+        Ok(Response::new(WriteAck::default()))
     }
 
     async fn load_definitions(
         &self,
-        _request: Request<LoadDefinitionsRequest>,
+        request: Request<LoadDefinitionsRequest>,
     ) -> Result<Response<Definitions>, Status> {
-        Ok(Response::new(self.store.load_definitions().await?))
+        self.fence(&request).await?;
+        Ok(Response::new(self.api().load_definitions().await?))
     }
 
     type LoadMessagesStream = ChunkStream;
@@ -75,9 +127,10 @@ impl Storage for StorageService {
         &self,
         request: Request<LoadMessagesRequest>,
     ) -> Result<Response<Self::LoadMessagesStream>, Status> {
+        self.fence(&request).await?;
         let request = request.into_inner();
         let entries = self
-            .store
+            .api()
             .load_messages(&request.vhost, &request.queue)
             .await
             .map_err(Status::from)?;
@@ -94,7 +147,8 @@ impl Storage for StorageService {
         &self,
         request: Request<ReadMessagesRequest>,
     ) -> Result<Response<ReadMessagesResponse>, Status> {
-        let messages = StorageApi::read_messages(&self.store, request.into_inner().ids).await?;
+        self.fence(&request).await?;
+        let messages = self.api().read_messages(request.into_inner().ids).await?;
         Ok(Response::new(ReadMessagesResponse { messages }))
     }
 
@@ -104,7 +158,7 @@ impl Storage for StorageService {
     ) -> Result<Response<QuotaState>, Status> {
         let request = request.into_inner();
         StorageApi::set_quota(
-            &self.store,
+            self.api(),
             spillway_proto::management::SetStoreQuotaRequest {
                 overfull_size: request.overfull_size,
                 underfull_size: request.underfull_size,
@@ -123,13 +177,22 @@ impl Storage for StorageService {
         &self,
         request: Request<spillway_proto::storage::RemoveOrphansRequest>,
     ) -> Result<Response<spillway_proto::storage::RemoveOrphansResponse>, Status> {
-        let store = self.store.clone();
         let request = request.into_inner();
         // 0: no bound (an engine that predates the bound).
         let below_id = match request.below_id {
             0 => u64::MAX,
             below_id => below_id,
         };
+        if let Some(group) = &self.group {
+            let removed = StorageApi::remove_orphans(group, request.epoch, below_id).await?;
+            return Ok(Response::new(
+                spillway_proto::storage::RemoveOrphansResponse {
+                    removed,
+                    removed_bytes: 0,
+                },
+            ));
+        }
+        let store = self.store.clone();
         let cleanup = tokio::task::spawn_blocking(move || {
             store.remove_orphans_leased(request.epoch, below_id)
         })
@@ -148,7 +211,7 @@ impl Storage for StorageService {
         &self,
         request: Request<spillway_proto::storage::AcquireLeaseRequest>,
     ) -> Result<Response<spillway_proto::storage::Lease>, Status> {
-        let lease = StorageApi::acquire_lease(&self.store, request.into_inner()).await?;
+        let lease = self.api().acquire_lease(request.into_inner()).await?;
         Ok(Response::new(lease))
     }
 
@@ -156,7 +219,7 @@ impl Storage for StorageService {
         &self,
         request: Request<spillway_proto::storage::ReleaseLeaseRequest>,
     ) -> Result<Response<spillway_proto::storage::ReleaseLeaseResponse>, Status> {
-        self.store.release_lease(request.into_inner().epoch);
+        self.api().release_lease(request.into_inner().epoch).await?;
         Ok(Response::new(
             spillway_proto::storage::ReleaseLeaseResponse {},
         ))
@@ -184,8 +247,9 @@ impl Storage for StorageService {
         &self,
         request: Request<StatusRequest>,
     ) -> Result<Response<StoreStatus>, Status> {
+        self.fence(&request).await?;
         let count_records = request.into_inner().count_records;
-        let status = StorageApi::status(&self.store, count_records).await;
+        let status = self.api().status(count_records).await;
         Ok(Response::new(status?))
     }
 }

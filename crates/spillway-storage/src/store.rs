@@ -20,7 +20,8 @@ use async_trait::async_trait;
 use parking_lot::RwLock;
 use prost::Message as _;
 use rocksdb::{
-    BlockBasedOptions, Cache, DBCompressionType, Direction, IteratorMode, Options, WriteOptions, DB,
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DBCompressionType, Direction, IteratorMode,
+    Options, WriteOptions, DB,
 };
 use spillway_proto::storage::{
     write_op, AcquireLeaseRequest, BindingDefinition, Definitions, Durability, ExchangeDefinition,
@@ -148,8 +149,10 @@ impl From<StoreError> for ServiceError {
 }
 
 /// How a store's id and epoch are kept.
-const STORE_ID_KEY: &[u8] = b"!store_id";
-const EPOCH_KEY: &[u8] = b"!epoch";
+pub(crate) const STORE_ID_KEY: &[u8] = b"!store_id";
+pub(crate) const EPOCH_KEY: &[u8] = b"!epoch";
+/// The column family of the storage group's Raft log (`group/log.rs`).
+pub(crate) const RAFT_LOG_FAMILY: &str = "raft_log";
 
 /// The RocksDB database behind the storage node. Cheap to clone.
 #[derive(Clone)]
@@ -166,7 +169,7 @@ pub(crate) struct Meta {
     store_id: String,
     /// Writes hold it shared, so that a new lease waits for the write of
     /// the engine it deposes.
-    lease: RwLock<LeaseState>,
+    pub(crate) lease: RwLock<LeaseState>,
     /// Records that did not decode (`spillway_store_corrupt_records_total`).
     pub(crate) corrupt_records: AtomicU64,
 }
@@ -236,6 +239,18 @@ impl RocksStore {
     /// that holds no store is refused (`storage.create_if_missing`): a
     /// data volume that is not mounted must not start as an empty broker.
     pub fn open_with(path: &Path, create_if_missing: bool) -> Result<Self, StoreError> {
+        Self::open_inner(path, create_if_missing, false)
+    }
+
+    /// As [`RocksStore::open_with`], for a member of a storage group: the
+    /// store also holds the group's Raft log (`group/log.rs`), in a column
+    /// family of its own. A store never in a group has none, so that a
+    /// build without groups still opens it.
+    pub fn open_for_group(path: &Path, create_if_missing: bool) -> Result<Self, StoreError> {
+        Self::open_inner(path, create_if_missing, true)
+    }
+
+    fn open_inner(path: &Path, create_if_missing: bool, group: bool) -> Result<Self, StoreError> {
         if !create_if_missing && !path.join("CURRENT").is_file() {
             return Err(StoreError::Missing {
                 path: path.to_path_buf(),
@@ -262,9 +277,24 @@ impl RocksStore {
         table.set_pin_l0_filter_and_index_blocks_in_cache(true);
         options.set_block_based_table_factory(&table);
         options.set_target_file_size_base(TABLE_FILE_BYTES);
-        let db = DB::open(&options, path).map_err(|source| StoreError::Open {
-            path: path.to_path_buf(),
-            source,
+        // A storage group's Raft log lives beside the records, in its own
+        // column family: one WAL, so a log append's fsync also makes every
+        // earlier apply durable. Opened whenever it exists.
+        let mut names = DB::list_cf(&options, path)
+            .unwrap_or_else(|_| vec![rocksdb::DEFAULT_COLUMN_FAMILY_NAME.to_string()]);
+        if group && !names.iter().any(|name| name == RAFT_LOG_FAMILY) {
+            names.push(RAFT_LOG_FAMILY.to_string());
+            options.create_missing_column_families(true);
+        }
+        let families: Vec<_> = names
+            .into_iter()
+            .map(|name| ColumnFamilyDescriptor::new(name, options.clone()))
+            .collect();
+        let db = DB::open_cf_descriptors(&options, path, families).map_err(|source| {
+            StoreError::Open {
+                path: path.to_path_buf(),
+                source,
+            }
         })?;
         let db = Arc::new(db);
         let format_path = path.to_path_buf();
@@ -388,6 +418,25 @@ impl RocksStore {
         if let Err(error) = self.db.delete_opt(key, &options) {
             tracing::warn!(key = %shown, %error, "cannot delete a corrupt record");
         }
+    }
+
+    /// The ids below `below_id` of the message records no queue entry
+    /// references (a storage group deletes them through its log).
+    pub(crate) fn orphan_ids(&self, below_id: u64) -> Result<Vec<u64>, StoreError> {
+        let entry_prefix = [keys::ENTRY];
+        let mut referenced = HashSet::new();
+        self.for_each_under(&entry_prefix, |key, _| {
+            referenced.extend(keys::entry_id(key).filter(|id| *id < below_id));
+            Ok(())
+        })?;
+        let mut orphans = Vec::new();
+        self.for_each_under(&[keys::MESSAGE], |key, _| {
+            orphans.extend(
+                keys::message_id(key).filter(|id| *id < below_id && !referenced.contains(id)),
+            );
+            Ok(())
+        })?;
+        Ok(orphans)
     }
 
     /// Deletes the message records no queue entry references.
@@ -682,7 +731,7 @@ fn new_store_id() -> String {
     format!("{nanos:x}-{:x}-{count:x}", std::process::id())
 }
 
-fn apply(batch: &mut rocksdb::WriteBatch, op: &write_op::Op) {
+pub(crate) fn apply(batch: &mut rocksdb::WriteBatch, op: &write_op::Op) {
     use write_op::Op;
     match op {
         Op::PutVhost(def) => batch.put(
@@ -901,6 +950,7 @@ mod tests {
                 ops: vec![put_message(2), put_message(3)],
                 durability: Durability::Logged.into(),
                 epoch: 0,
+                sequence: 0,
             })?;
             let status = store.status(true)?;
             assert_eq!((status.message_records, status.queue_entries), (3, 1));

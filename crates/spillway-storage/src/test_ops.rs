@@ -36,6 +36,6 @@ pub(crate) fn synced(ops: Vec<WriteOp>) -> WriteBatch {
     WriteBatch {
         ops,
         durability: Durability::Synced.into(),
-        epoch: 0,
+        ..Default::default()
     }
 }

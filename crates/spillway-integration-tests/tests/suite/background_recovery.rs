@@ -96,6 +96,7 @@ fn seed(dir: &Path) -> anyhow::Result<u64> {
             ops,
             durability: Durability::Logged.into(),
             epoch: 0,
+            sequence: 0,
         })
     };
     let mut ops = vec![queue(FIRST), queue("zz-shared")];

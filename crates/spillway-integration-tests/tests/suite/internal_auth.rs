@@ -371,6 +371,7 @@ async fn an_oversize_grpc_message_is_refused() {
             durability: 0,
             // Refused for its size before any epoch is looked at.
             epoch: 0,
+            sequence: 0,
         };
         let written = storage.write(request(batch, credentials)).await;
         let code = written.as_ref().err().map(|status| status.code());

@@ -386,6 +386,7 @@ async fn stale_epochs(sandbox: &Sandbox) -> anyhow::Result<()> {
                 }],
                 durability: Durability::Synced.into(),
                 epoch,
+                sequence: 0,
             };
             match storage.write(Arc::new(batch)).await {
                 Err(ServiceError::FailedPrecondition(_)) => {}

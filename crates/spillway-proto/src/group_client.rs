@@ -1,0 +1,249 @@
+//! [`GroupStorage`]: the engine's client of a storage group. It knows every
+//! member (`engine.storage_addrs`), finds the leader by itself and follows
+//! it when it changes.
+//!
+//! A call goes to the member it last found leading. A member that does not
+//! lead answers with the leader's address (`ServiceError::NotLeader`); one
+//! that cannot be reached is passed over for the next. Calls are tried
+//! again like this, with a short backoff, until [`CALL_DEADLINE`] (an
+//! election takes one to two seconds); past it the last error is returned,
+//! transient, and the engine's writer keeps its batch and tries again.
+//!
+//! A write retried on another member after its first member died may have
+//! been committed already: batches carry their number
+//! (`WriteBatch.sequence`) and the group applies a number once. Reads carry
+//! the log index of the last write answered (the shared fence), so no
+//! member answers from a state older than the engine's own writes.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures::future::BoxFuture;
+
+use crate::backoff::Backoff;
+use crate::cluster::ClusterClient;
+use crate::storage::{
+    AcquireLeaseRequest, Definitions, GroupStatus, Lease, MessageRecord, QueueEntry, StoreStatus,
+    WriteBatch,
+};
+use crate::{QuotaStream, RemoteStorage, ServiceError, StorageApi};
+
+/// How long one call keeps looking for a leader that answers.
+pub const CALL_DEADLINE: Duration = Duration::from_secs(10);
+/// The lease is renewed every few seconds and must not wait as long.
+const LEASE_DEADLINE: Duration = Duration::from_secs(3);
+
+/// Every member of a storage group, as the engine reaches them.
+pub struct GroupStorage {
+    /// The addresses as configured, and a client of each.
+    members: Vec<(String, RemoteStorage)>,
+    /// The member calls go to first: the leader, as last found.
+    current: AtomicUsize,
+}
+
+impl GroupStorage {
+    /// Clients of every address in `addrs` (connected lazily).
+    pub fn connect_lazy(addrs: &[String], cluster: &ClusterClient) -> Result<Self, ServiceError> {
+        if addrs.is_empty() {
+            return Err(ServiceError::InvalidArgument(
+                "a storage group needs at least one member address".into(),
+            ));
+        }
+        let fence = Arc::new(AtomicU64::new(0));
+        let members = addrs
+            .iter()
+            .map(|addr| {
+                let client = RemoteStorage::connect_lazy(addr, cluster)?.with_fence(fence.clone());
+                Ok((addr.clone(), client))
+            })
+            .collect::<Result<Vec<_>, ServiceError>>()?;
+        Ok(Self {
+            members,
+            current: AtomicUsize::new(0),
+        })
+    }
+
+    /// The configured member `address` names (scheme and trailing slash
+    /// aside), if any.
+    fn member_at(&self, address: &str) -> Option<usize> {
+        let wanted = normalize(address);
+        self.members
+            .iter()
+            .position(|(addr, _)| normalize(addr) == wanted)
+    }
+
+    /// Runs `call` against the leader, following redirections and passing
+    /// over members that do not answer, until `deadline`.
+    async fn on_leader<'a, T>(
+        &'a self,
+        deadline: Duration,
+        call: impl Fn(&'a RemoteStorage) -> BoxFuture<'a, Result<T, ServiceError>>,
+    ) -> Result<T, ServiceError> {
+        let started = Instant::now();
+        let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
+        let mut misses = 0;
+        loop {
+            let index = self.current.load(Ordering::Acquire) % self.members.len();
+            let (addr, member) = &self.members[index];
+            let error = match call(member).await {
+                Ok(value) => return Ok(value),
+                Err(error) if !error.is_transient() => return Err(error),
+                Err(error) => error,
+            };
+            let next = match &error {
+                ServiceError::NotLeader(leader) => self.member_at(leader),
+                _ => None,
+            };
+            let next = next
+                .filter(|next| *next != index)
+                .unwrap_or((index + 1) % self.members.len());
+            if next != index {
+                tracing::debug!(from = %addr, to = %self.members[next].0, %error, "storage group: trying another member");
+            }
+            let _ = self
+                .current
+                .compare_exchange(index, next, Ordering::AcqRel, Ordering::Acquire);
+            if started.elapsed() >= deadline {
+                return Err(error);
+            }
+            misses += 1;
+            // A round of every member without an answer: an election, or
+            // members down. Wait a little before the next round.
+            if misses % self.members.len() == 0 {
+                tokio::time::sleep(backoff.next_delay()).await;
+            }
+        }
+    }
+}
+
+/// An address without its scheme and trailing slash.
+fn normalize(address: &str) -> &str {
+    let address = address
+        .strip_prefix("http://")
+        .or_else(|| address.strip_prefix("https://"))
+        .unwrap_or(address);
+    address.trim_end_matches('/')
+}
+
+#[async_trait]
+impl StorageApi for GroupStorage {
+    async fn write(&self, batch: Arc<WriteBatch>) -> Result<(), ServiceError> {
+        self.on_leader(CALL_DEADLINE, |member| {
+            let batch = batch.clone();
+            Box::pin(async move { member.write(batch).await })
+        })
+        .await
+    }
+
+    async fn load_definitions(&self) -> Result<Definitions, ServiceError> {
+        self.on_leader(CALL_DEADLINE, |member| Box::pin(member.load_definitions()))
+            .await
+    }
+
+    async fn load_messages(
+        &self,
+        vhost: &str,
+        queue: &str,
+    ) -> Result<Vec<QueueEntry>, ServiceError> {
+        self.on_leader(CALL_DEADLINE, |member| {
+            Box::pin(member.load_messages(vhost, queue))
+        })
+        .await
+    }
+
+    async fn read_messages(&self, ids: Vec<u64>) -> Result<Vec<MessageRecord>, ServiceError> {
+        self.on_leader(CALL_DEADLINE, |member| {
+            Box::pin(member.read_messages(ids.clone()))
+        })
+        .await
+    }
+
+    async fn status(&self, count_records: bool) -> Result<StoreStatus, ServiceError> {
+        self.on_leader(CALL_DEADLINE, |member| {
+            Box::pin(member.status(count_records))
+        })
+        .await
+    }
+
+    async fn remove_orphans(&self, epoch: u64, below_id: u64) -> Result<u64, ServiceError> {
+        self.on_leader(CALL_DEADLINE, |member| {
+            Box::pin(member.remove_orphans(epoch, below_id))
+        })
+        .await
+    }
+
+    async fn acquire_lease(&self, request: AcquireLeaseRequest) -> Result<Lease, ServiceError> {
+        self.on_leader(LEASE_DEADLINE, |member| {
+            Box::pin(member.acquire_lease(request.clone()))
+        })
+        .await
+    }
+
+    async fn release_lease(&self, epoch: u64) -> Result<(), ServiceError> {
+        self.on_leader(LEASE_DEADLINE, |member| {
+            Box::pin(member.release_lease(epoch))
+        })
+        .await
+    }
+
+    async fn watch_quota(&self) -> Result<QuotaStream, ServiceError> {
+        self.on_leader(CALL_DEADLINE, |member| Box::pin(member.watch_quota()))
+            .await
+    }
+
+    /// The leader's view (lag included) when a member names one that
+    /// answers, else the first member's that does.
+    async fn group_status(&self) -> Result<GroupStatus, ServiceError> {
+        let seen = self
+            .on_leader(LEASE_DEADLINE, |member| Box::pin(member.group_status()))
+            .await?;
+        let leader = seen
+            .members
+            .iter()
+            .find(|member| member.id == seen.leader && seen.node_id != seen.leader)
+            .and_then(|member| self.member_at(&member.address));
+        let Some(leader) = leader else {
+            return Ok(seen);
+        };
+        Ok(self.members[leader].1.group_status().await.unwrap_or(seen))
+    }
+
+    async fn add_member(&self, id: u64, address: String) -> Result<GroupStatus, ServiceError> {
+        self.on_leader(CALL_DEADLINE, |member| {
+            Box::pin(member.add_member(id, address.clone()))
+        })
+        .await
+    }
+
+    async fn remove_member(&self, id: u64) -> Result<GroupStatus, ServiceError> {
+        self.on_leader(CALL_DEADLINE, |member| Box::pin(member.remove_member(id)))
+            .await
+    }
+
+    async fn set_quota(
+        &self,
+        request: crate::management::SetStoreQuotaRequest,
+    ) -> Result<(), ServiceError> {
+        // Every member measures its own disk: each gets the quota.
+        for (addr, member) in &self.members {
+            if let Err(error) = member.set_quota(request).await {
+                tracing::warn!(member = %addr, %error, "storage group member did not take the quota");
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::normalize;
+
+    #[test]
+    fn addresses_compare_without_scheme_or_trailing_slash() {
+        assert_eq!(normalize("http://10.0.0.1:50071/"), "10.0.0.1:50071");
+        assert_eq!(normalize("https://storage-2:50071"), "storage-2:50071");
+        assert_eq!(normalize("storage-3:50071"), "storage-3:50071");
+    }
+}
