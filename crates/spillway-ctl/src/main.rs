@@ -82,6 +82,23 @@ enum Output {
 }
 
 #[derive(Subcommand)]
+enum StorageCommand {
+    /// Each member's role, how far it applied the log and its lag.
+    Status,
+    /// Adds a storage node (started with the group's settings and its own
+    /// storage.node_id): it catches up as a learner, then votes.
+    AddMember {
+        /// Its storage.node_id.
+        id: u64,
+        /// Its storage.listen as the other members reach it
+        /// (http://host:port).
+        address: String,
+    },
+    /// Removes a storage node from the group.
+    RemoveMember { id: u64 },
+}
+
+#[derive(Subcommand)]
 enum Command {
     /// Broker status: version, totals, store.
     Status,
@@ -112,6 +129,10 @@ enum Command {
     /// What users may configure, write and read in a vhost (--vhost).
     #[command(subcommand)]
     Permissions(users::PermissionsCommand),
+    /// The storage group: its members, adding and removing them
+    /// (docs/replication.md).
+    #[command(subcommand)]
+    Storage(StorageCommand),
     /// The store quota.
     StoreQuota {
         #[arg(long)]
@@ -698,6 +719,38 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::User(command) => users::user_command(&mut client, &out, command).await,
         Command::Permissions(command) => {
             users::permissions_command(&mut client, &out, vhost, command).await
+        }
+        Command::Storage(command) => {
+            let group = match command {
+                StorageCommand::Status => client
+                    .get_storage_group(m::GetStorageGroupRequest {})
+                    .await
+                    .answer()?,
+                StorageCommand::AddMember { id, address } => client
+                    .add_storage_member(m::AddStorageMemberRequest { id, address })
+                    .await
+                    .answer()?,
+                StorageCommand::RemoveMember { id } => client
+                    .remove_storage_member(m::RemoveStorageMemberRequest { id })
+                    .await
+                    .answer()?,
+            };
+            out.print(&group, || {
+                let rows = group
+                    .members
+                    .iter()
+                    .map(|member| {
+                        vec![
+                            member.id.to_string(),
+                            member.address.clone(),
+                            member.role.clone(),
+                            member.applied_index.to_string(),
+                            member.lag.to_string(),
+                        ]
+                    })
+                    .collect();
+                table(&["id", "address", "role", "applied index", "lag"], rows)
+            })
         }
         Command::StoreQuota {
             overfull_size,

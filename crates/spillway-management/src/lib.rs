@@ -506,6 +506,48 @@ macro_rules! management_impl {
                 Ok(Response::new(m::SetStoreQuotaResponse {}))
             }
 
+            async fn get_storage_group(
+                &self,
+                request: Request<m::GetStorageGroupRequest>,
+            ) -> Result<Response<m::StorageGroup>, Status> {
+                let caller = caller_of(&request)?;
+                authorize(&caller, &[Need::Administrator])?;
+                let status = self.storage.group_status().await?;
+                Ok(Response::new(storage_group(status)))
+            }
+
+            async fn add_storage_member(
+                &self,
+                request: Request<m::AddStorageMemberRequest>,
+            ) -> Result<Response<m::StorageGroup>, Status> {
+                let caller = caller_of(&request)?;
+                let request = request.into_inner();
+                authorize(&caller, &[Need::Administrator])?;
+                if request.id == 0 || request.address.is_empty() {
+                    return Err(Status::invalid_argument(
+                        "a storage member needs an id above 0 and an address",
+                    ));
+                }
+                let status = self
+                    .storage
+                    .add_member(request.id, request.address.clone())
+                    .await?;
+                tracing::info!(id = request.id, address = %request.address, "storage member added by management");
+                Ok(Response::new(storage_group(status)))
+            }
+
+            async fn remove_storage_member(
+                &self,
+                request: Request<m::RemoveStorageMemberRequest>,
+            ) -> Result<Response<m::StorageGroup>, Status> {
+                let caller = caller_of(&request)?;
+                let request = request.into_inner();
+                authorize(&caller, &[Need::Administrator])?;
+                let status = self.storage.remove_member(request.id).await?;
+                tracing::info!(id = request.id, "storage member removed by management");
+                Ok(Response::new(storage_group(status)))
+            }
+
             async fn set_transaction_timeouts(
                 &self,
                 request: Request<m::SetTransactionTimeoutsRequest>,
@@ -538,4 +580,24 @@ management_impl! {
     list_limits(ListLimitsRequest) -> ListLimitsResponse, |r| [Need::Monitoring];
     list_users(ListUsersRequest) -> ListUsersResponse, |r| [Need::Administrator];
     list_permissions(ListPermissionsRequest) -> ListPermissionsResponse, |r| [Need::Administrator];
+}
+
+/// The storage group as management shows it.
+fn storage_group(status: spillway_proto::storage::GroupStatus) -> m::StorageGroup {
+    m::StorageGroup {
+        leader: status.leader,
+        term: status.term,
+        committed_index: status.committed_index,
+        members: status
+            .members
+            .into_iter()
+            .map(|member| m::StorageMember {
+                id: member.id,
+                address: member.address,
+                role: member.role,
+                applied_index: member.applied_index,
+                lag: member.lag,
+            })
+            .collect(),
+    }
 }

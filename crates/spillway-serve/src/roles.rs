@@ -11,9 +11,10 @@ use spillway_proto::backoff::Backoff;
 use spillway_proto::clock::{SharedClock, SystemClock};
 use spillway_proto::cluster::{grpc_message_limit, ClusterClient};
 use spillway_proto::{
-    EngineAdminApi, EngineApi, RemoteEngine, RemoteEngineAdmin, RemoteStorage, StorageApi,
+    EngineAdminApi, EngineApi, GroupStorage, RemoteEngine, RemoteEngineAdmin, RemoteStorage,
+    StorageApi,
 };
-use spillway_storage::{RocksStore, StorageService};
+use spillway_storage::{RocksStore, StorageGroup, StorageGroupService, StorageService};
 use spillway_telemetry::{Health, MemoryCeiling, Metrics, Server};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -66,6 +67,9 @@ pub struct Running {
     servers: Vec<Box<dyn Server>>,
     engine: Option<Engine>,
     storage: Option<Arc<dyn StorageApi>>,
+    /// The storage group member this process is (storage, with
+    /// `storage.members`): it leaves the group last on shutdown.
+    group: Option<StorageGroup>,
 }
 
 impl Running {
@@ -93,6 +97,9 @@ impl Running {
         }
         if let Some(engine) = self.engine {
             engine.shutdown().await;
+        }
+        if let Some(group) = self.group {
+            group.shutdown().await;
         }
         if let Some(server) = health_endpoint {
             server.shutdown().await;
@@ -140,6 +147,7 @@ pub async fn run_with_metrics(
         servers: Vec::new(),
         engine: None,
         storage: None,
+        group: None,
     };
     // Mutual TLS: read for the separate roles only (all-in-one has no
     // internal connection to protect).
@@ -217,12 +225,40 @@ pub async fn run_with_metrics(
             store.register_metrics(&metrics);
             auth.register_metrics(&metrics);
             let (stop, stopped) = watch::channel(false);
-            let storage = StorageService::new(store)
-                .with_shutdown(stopped.clone())
-                .into_server(cluster.max_message_bytes);
-            let router = internal_server(cluster_tls.as_ref())?.add_service(
-                InterceptedService::new(storage, auth.interceptor("storage")),
-            );
+            let group = settings
+                .storage
+                .group()
+                .map_err(|problem| anyhow::anyhow!(problem))?;
+            let mut router = internal_server(cluster_tls.as_ref())?;
+            let router = match group {
+                None => {
+                    let storage = StorageService::new(store)
+                        .with_shutdown(stopped.clone())
+                        .into_server(cluster.max_message_bytes);
+                    router.add_service(InterceptedService::new(
+                        storage,
+                        auth.interceptor("storage"),
+                    ))
+                }
+                Some(group) => {
+                    let group = StorageGroup::start(store, group, cluster.clone()).await?;
+                    running.group = Some(group.clone());
+                    let storage = StorageService::grouped(group.clone())
+                        .with_shutdown(stopped.clone())
+                        .into_server(cluster.max_message_bytes);
+                    let members =
+                        StorageGroupService::new(group).into_server(cluster.max_message_bytes);
+                    router
+                        .add_service(InterceptedService::new(
+                            storage,
+                            auth.interceptor("storage"),
+                        ))
+                        .add_service(InterceptedService::new(
+                            members,
+                            auth.interceptor("storage_group"),
+                        ))
+                }
+            };
             start_grpc(
                 &mut running,
                 "storage",
@@ -234,10 +270,12 @@ pub async fn run_with_metrics(
             .await?;
         }
         Role::Engine => {
-            let storage: Arc<dyn StorageApi> = Arc::new(
-                RemoteStorage::connect_lazy(&settings.engine.storage_addr, &cluster)
-                    .context("engine.storage_addr")?,
-            );
+            let storage = remote_storage(
+                &settings.engine.storage_addrs,
+                &settings.engine.storage_addr,
+                &cluster,
+            )
+            .context("engine.storage_addr(s)")?;
             let engine = start_engine(storage, settings, memory, clock).await?;
             engine.register_metrics(&metrics);
             auth.register_metrics(&metrics);
@@ -272,10 +310,12 @@ pub async fn run_with_metrics(
             start_amqp(&mut running, engine, settings, &metrics, memory, clock).await?;
         }
         Role::Management => {
-            let storage: Arc<dyn StorageApi> = Arc::new(
-                RemoteStorage::connect_lazy(&settings.management.storage_addr, &cluster)
-                    .context("management.storage_addr")?,
-            );
+            let storage = remote_storage(
+                &settings.management.storage_addrs,
+                &settings.management.storage_addr,
+                &cluster,
+            )
+            .context("management.storage_addr(s)")?;
             let admin: Arc<dyn EngineAdminApi> = Arc::new(
                 RemoteEngineAdmin::connect_lazy(&settings.management.engine_addr, &cluster)
                     .context("management.engine_addr")?,
@@ -285,6 +325,19 @@ pub async fn run_with_metrics(
     }
     running.health.set_ready(true);
     Ok(running)
+}
+
+/// The engine's (or management's) client of storage: a storage group's
+/// members when `addrs` lists them, else the one node at `addr`.
+fn remote_storage(
+    addrs: &[String],
+    addr: &str,
+    cluster: &ClusterClient,
+) -> anyhow::Result<Arc<dyn StorageApi>> {
+    if addrs.is_empty() {
+        return Ok(Arc::new(RemoteStorage::connect_lazy(addr, cluster)?));
+    }
+    Ok(Arc::new(GroupStorage::connect_lazy(addrs, cluster)?))
 }
 
 /// Serves the management API over `admin` (the engine, in-process or
@@ -335,7 +388,11 @@ fn open_store(settings: &Settings) -> anyhow::Result<RocksStore> {
     let data_dir = &settings.storage.data_dir;
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("creating the data directory {}", data_dir.display()))?;
-    let store = RocksStore::open_with(data_dir, settings.storage.create_if_missing)?;
+    let store = if settings.storage.members.is_empty() {
+        RocksStore::open_with(data_dir, settings.storage.create_if_missing)?
+    } else {
+        RocksStore::open_for_group(data_dir, settings.storage.create_if_missing)?
+    };
     store.set_quota(
         settings.storage.overfull_size.unwrap_or(0),
         settings.storage.underfull_size.unwrap_or(0),

@@ -8,6 +8,7 @@
 //! a value out of its range. The known keys are the settings structs' own
 //! fields, found through their `Deserialize` impls ([`keys`]), never a list.
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fmt;
 use std::net::SocketAddr;
@@ -409,6 +410,11 @@ pub struct EngineSettings {
     pub listen: String,
     /// The storage node's gRPC address, when the engine runs alone.
     pub storage_addr: String,
+    /// Every member of a storage group (`docs/replication.md`): the engine
+    /// finds the leader among them. A list, or one comma-separated string
+    /// (`SPILLWAY_ENGINE__STORAGE_ADDRS`). Empty: `storage_addr` alone.
+    #[serde(deserialize_with = "list_or_commas")]
+    pub storage_addrs: Vec<String>,
     /// Deliveries in flight to one connection before the engine waits for the
     /// gateway to write them.
     pub session_credit: u32,
@@ -554,6 +560,7 @@ impl Default for EngineSettings {
         Self {
             listen: "127.0.0.1:50061".into(),
             storage_addr: "http://127.0.0.1:50071".into(),
+            storage_addrs: Vec::new(),
             session_credit: 2048,
             session_credit_bytes: spillway_engine::DEFAULT_SESSION_CREDIT_BYTES,
             store_writer_max_writes: spillway_engine::DEFAULT_MAX_QUEUED_WRITES,
@@ -608,6 +615,61 @@ pub struct StorageSettings {
     /// Unset: the overfull size.
     #[serde(deserialize_with = "sizes::optional")]
     pub underfull_size: Option<u64>,
+    /// This node's id in its storage group (`docs/replication.md`); unique
+    /// in the group, not 0.
+    pub node_id: u64,
+    /// The storage group's initial members: node id → the address the
+    /// others reach that node's `storage.listen` at (`http://host:port`).
+    /// Every member gets the same table. Empty: a single store, no group.
+    pub members: BTreeMap<String, String>,
+    /// How often a group's leader tells the others it leads; they elect
+    /// another after four to eight of these without word.
+    #[serde(deserialize_with = "durations::millis_or_text")]
+    pub group_heartbeat: Duration,
+    /// Log entries between a group's snapshots (the log is purged up to
+    /// one; a member far behind catches up from it).
+    pub group_snapshot_entries: u64,
+    /// This node joins a storage group that runs already (added with
+    /// `spillctl storage add-member`): it does not form one from
+    /// `storage.members`, which then needs to name only this node.
+    pub join: bool,
+}
+
+impl StorageSettings {
+    /// The storage group this node belongs to, if `storage.members` is set.
+    pub fn group(&self) -> Result<Option<spillway_storage::GroupSettings>, String> {
+        if self.members.is_empty() {
+            return Ok(None);
+        }
+        let mut members = BTreeMap::new();
+        for (id, address) in &self.members {
+            let id: u64 = id.parse().map_err(|_| {
+                format!("storage.members: `{id}` is not a node id (a positive integer)")
+            })?;
+            if id == 0 {
+                return Err("storage.members: node id 0 is not allowed".into());
+            }
+            members.insert(id, address.clone());
+        }
+        if !members.contains_key(&self.node_id) {
+            return Err(format!(
+                "storage.node_id {} is not one of storage.members ({})",
+                self.node_id,
+                members
+                    .keys()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        Ok(Some(spillway_storage::GroupSettings {
+            node_id: self.node_id,
+            members,
+            heartbeat: self.group_heartbeat,
+            snapshot_entries: self.group_snapshot_entries,
+            join: self.join,
+        }))
+    }
 }
 
 impl Default for StorageSettings {
@@ -618,8 +680,35 @@ impl Default for StorageSettings {
             create_if_missing: true,
             overfull_size: None,
             underfull_size: None,
+            node_id: 0,
+            members: BTreeMap::new(),
+            group_heartbeat: Duration::from_millis(250),
+            group_snapshot_entries: 5_000,
+            join: false,
         }
     }
+}
+
+/// A list of strings, or one string of comma-separated items (how an
+/// environment variable gives a list).
+fn list_or_commas<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum ListOrText {
+        List(Vec<String>),
+        Text(String),
+    }
+    Ok(match ListOrText::deserialize(deserializer)? {
+        ListOrText::List(items) => items,
+        ListOrText::Text(text) => text
+            .split(',')
+            .map(str::trim)
+            .filter(|item| !item.is_empty())
+            .map(str::to_string)
+            .collect(),
+    })
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -629,6 +718,9 @@ pub struct ManagementSettings {
     pub listen: String,
     /// The storage node's gRPC address, when management runs alone.
     pub storage_addr: String,
+    /// Every member of a storage group, as `engine.storage_addrs`.
+    #[serde(deserialize_with = "list_or_commas")]
+    pub storage_addrs: Vec<String>,
     /// The engine's gRPC address (its admin API), when management runs alone.
     pub engine_addr: String,
     /// A bearer token accepted from anywhere (`authorization: Bearer
@@ -657,6 +749,7 @@ impl Default for ManagementSettings {
         Self {
             listen: "127.0.0.1:50051".into(),
             storage_addr: "http://127.0.0.1:50071".into(),
+            storage_addrs: Vec::new(),
             engine_addr: "http://127.0.0.1:50061".into(),
             token: None,
             // None: the stored users (the configuration's guest seeds an

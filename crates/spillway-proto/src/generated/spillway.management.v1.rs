@@ -682,6 +682,58 @@ pub struct SetStoreQuotaRequest {
 #[derive(serde::Serialize)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct SetStoreQuotaResponse {}
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct GetStorageGroupRequest {}
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct AddStorageMemberRequest {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    /// Its `storage.listen` as the other members reach it (<http://host:port>).
+    #[prost(string, tag = "2")]
+    pub address: ::prost::alloc::string::String,
+}
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct RemoveStorageMemberRequest {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+}
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct StorageGroup {
+    /// The leader's id; 0 while there is none.
+    #[prost(uint64, tag = "1")]
+    pub leader: u64,
+    #[prost(message, repeated, tag = "2")]
+    pub members: ::prost::alloc::vec::Vec<StorageMember>,
+    #[prost(uint64, tag = "3")]
+    pub term: u64,
+    #[prost(uint64, tag = "4")]
+    pub committed_index: u64,
+}
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct StorageMember {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(string, tag = "2")]
+    pub address: ::prost::alloc::string::String,
+    /// leader, follower or learner.
+    #[prost(string, tag = "3")]
+    pub role: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "4")]
+    pub applied_index: u64,
+    /// Log entries behind the leader.
+    #[prost(uint64, tag = "5")]
+    pub lag: u64,
+}
 /// A limit's value, as RabbitMQ's set_vhost_limits / set_user_limits take it:
 /// -1 = no limit, 0 = none allowed, N = at most N.
 #[allow(clippy::all)]
@@ -1716,6 +1768,91 @@ pub mod management_client {
                 );
             self.inner.unary(req, path, codec).await
         }
+        /// ---- storage group (docs/replication.md; administrator)
+        /// The storage group's members: each one's role, how far it applied the
+        /// log and how far it lags the leader. FAILED_PRECONDITION on a single
+        /// store (no `storage.members`).
+        pub async fn get_storage_group(
+            &mut self,
+            request: impl tonic::IntoRequest<super::GetStorageGroupRequest>,
+        ) -> std::result::Result<tonic::Response<super::StorageGroup>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.management.v1.Management/GetStorageGroup",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new(
+                        "spillway.management.v1.Management",
+                        "GetStorageGroup",
+                    ),
+                );
+            self.inner.unary(req, path, codec).await
+        }
+        /// Adds a storage node: a learner that catches up (from a snapshot and
+        /// the log), then a voter. Answers once it votes.
+        pub async fn add_storage_member(
+            &mut self,
+            request: impl tonic::IntoRequest<super::AddStorageMemberRequest>,
+        ) -> std::result::Result<tonic::Response<super::StorageGroup>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.management.v1.Management/AddStorageMember",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new(
+                        "spillway.management.v1.Management",
+                        "AddStorageMember",
+                    ),
+                );
+            self.inner.unary(req, path, codec).await
+        }
+        /// Removes a storage node from the group.
+        pub async fn remove_storage_member(
+            &mut self,
+            request: impl tonic::IntoRequest<super::RemoveStorageMemberRequest>,
+        ) -> std::result::Result<tonic::Response<super::StorageGroup>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.management.v1.Management/RemoveStorageMember",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new(
+                        "spillway.management.v1.Management",
+                        "RemoveStorageMember",
+                    ),
+                );
+            self.inner.unary(req, path, codec).await
+        }
         /// ---- limits (RabbitMQ's vhost and user limits; see docs/limits.md)
         /// Overrides limits of one vhost or one user; a limit left unset keeps its
         /// value. Takes effect at the next connection, channel or queue; nothing
@@ -2191,6 +2328,25 @@ pub mod management_server {
             tonic::Response<super::SetStoreQuotaResponse>,
             tonic::Status,
         >;
+        /// ---- storage group (docs/replication.md; administrator)
+        /// The storage group's members: each one's role, how far it applied the
+        /// log and how far it lags the leader. FAILED_PRECONDITION on a single
+        /// store (no `storage.members`).
+        async fn get_storage_group(
+            &self,
+            request: tonic::Request<super::GetStorageGroupRequest>,
+        ) -> std::result::Result<tonic::Response<super::StorageGroup>, tonic::Status>;
+        /// Adds a storage node: a learner that catches up (from a snapshot and
+        /// the log), then a voter. Answers once it votes.
+        async fn add_storage_member(
+            &self,
+            request: tonic::Request<super::AddStorageMemberRequest>,
+        ) -> std::result::Result<tonic::Response<super::StorageGroup>, tonic::Status>;
+        /// Removes a storage node from the group.
+        async fn remove_storage_member(
+            &self,
+            request: tonic::Request<super::RemoveStorageMemberRequest>,
+        ) -> std::result::Result<tonic::Response<super::StorageGroup>, tonic::Status>;
         /// ---- limits (RabbitMQ's vhost and user limits; see docs/limits.md)
         /// Overrides limits of one vhost or one user; a limit left unset keeps its
         /// value. Takes effect at the next connection, channel or queue; nothing
@@ -3510,6 +3666,142 @@ pub mod management_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = SetStoreQuotaSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.management.v1.Management/GetStorageGroup" => {
+                    #[allow(non_camel_case_types)]
+                    struct GetStorageGroupSvc<T: Management>(pub Arc<T>);
+                    impl<
+                        T: Management,
+                    > tonic::server::UnaryService<super::GetStorageGroupRequest>
+                    for GetStorageGroupSvc<T> {
+                        type Response = super::StorageGroup;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::GetStorageGroupRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Management>::get_storage_group(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = GetStorageGroupSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.management.v1.Management/AddStorageMember" => {
+                    #[allow(non_camel_case_types)]
+                    struct AddStorageMemberSvc<T: Management>(pub Arc<T>);
+                    impl<
+                        T: Management,
+                    > tonic::server::UnaryService<super::AddStorageMemberRequest>
+                    for AddStorageMemberSvc<T> {
+                        type Response = super::StorageGroup;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::AddStorageMemberRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Management>::add_storage_member(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = AddStorageMemberSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.management.v1.Management/RemoveStorageMember" => {
+                    #[allow(non_camel_case_types)]
+                    struct RemoveStorageMemberSvc<T: Management>(pub Arc<T>);
+                    impl<
+                        T: Management,
+                    > tonic::server::UnaryService<super::RemoveStorageMemberRequest>
+                    for RemoveStorageMemberSvc<T> {
+                        type Response = super::StorageGroup;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::RemoveStorageMemberRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Management>::remove_storage_member(&inner, request)
+                                    .await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = RemoveStorageMemberSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
