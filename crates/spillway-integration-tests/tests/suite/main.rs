@@ -30,6 +30,8 @@ mod permission_escapes;
 mod producer_flow_control;
 mod publisher_pacing;
 mod queue_deletion;
+mod queue_types;
+mod replication;
 mod storage_faults;
 mod transactions;
 mod update_secret;

@@ -1,0 +1,315 @@
+//! A storage group of three: a confirm means a majority has the message on
+//! disk, so it survives losing the leader, and without a majority nothing
+//! is confirmed (`docs/replication.md`). Separate processes on loopback;
+//! the engine is killed and restarted at the end of each case, so that what
+//! is consumed comes from the group's disks, not the engine's memory.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use anyhow::Context;
+use futures::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions,
+    ConfirmSelectOptions, QueueDeclareOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Channel};
+use spillway_integration_tests::group::GroupSandbox;
+
+const QUEUE: &str = "replicated";
+
+async fn durable_confirming_channel(conn: &lapin::Connection) -> anyhow::Result<Channel> {
+    let channel = conn.create_channel().await?;
+    channel
+        .queue_declare(
+            QUEUE.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    Ok(channel)
+}
+
+/// Publishes persistent messages numbered `from..to` and waits for every
+/// confirm (each must be an ack).
+async fn publish_confirmed(channel: &Channel, from: u64, to: u64) -> anyhow::Result<()> {
+    let mut confirms = Vec::new();
+    for seq in from..to {
+        let confirm = channel
+            .basic_publish(
+                "".into(),
+                QUEUE.into(),
+                BasicPublishOptions::default(),
+                &seq.to_be_bytes(),
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await?;
+        confirms.push(confirm);
+    }
+    for (seq, confirm) in (from..to).zip(confirms) {
+        let confirmation = tokio::time::timeout(Duration::from_secs(60), confirm)
+            .await
+            .with_context(|| format!("message {seq} not confirmed within 60 s"))??;
+        anyhow::ensure!(confirmation.is_ack(), "message {seq} nacked");
+    }
+    Ok(())
+}
+
+/// Consumes (and acks) until `expected` distinct messages came, then checks
+/// that the queue is empty: every confirmed message once, none twice.
+async fn consume_all(group: &GroupSandbox, expected: u64) -> anyhow::Result<()> {
+    let conn = group.connect().await?;
+    let channel = conn.create_channel().await?;
+    let mut consumer = channel
+        .basic_consume(
+            QUEUE.into(),
+            "check".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let mut seen = BTreeSet::new();
+    let mut duplicates = 0;
+    while (seen.len() as u64) < expected {
+        let delivery = tokio::time::timeout(Duration::from_secs(60), consumer.next())
+            .await
+            .with_context(|| format!("only {} of {expected} messages came back", seen.len()))?
+            .context("the consumer ended")??;
+        let seq = u64::from_be_bytes(
+            delivery
+                .data
+                .as_slice()
+                .try_into()
+                .context("a body that is not a sequence number")?,
+        );
+        if !seen.insert(seq) {
+            duplicates += 1;
+        }
+        delivery.ack(BasicAckOptions::default()).await?;
+    }
+    anyhow::ensure!(duplicates == 0, "{duplicates} messages delivered twice");
+    anyhow::ensure!(
+        seen == (0..expected).collect(),
+        "the messages back are not 0..{expected}"
+    );
+    let getter = conn.create_channel().await?;
+    let extra = getter
+        .basic_get(QUEUE.into(), BasicGetOptions { no_ack: true })
+        .await?;
+    anyhow::ensure!(extra.is_none(), "a message more than was published");
+    conn.close(200, "bye".into()).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirmed_messages_survive_the_storage_leader_dying() -> anyhow::Result<()> {
+    let mut group = GroupSandbox::start(3).await?;
+    let result = leader_dies(&mut group).await;
+    result.with_context(|| group.logs())
+}
+
+async fn leader_dies(group: &mut GroupSandbox) -> anyhow::Result<()> {
+    let conn = group.connect().await?;
+    let channel = durable_confirming_channel(&conn).await?;
+    publish_confirmed(&channel, 0, 100).await?;
+    let leader = group.leader().await?;
+    group.kill_member(leader).await?;
+    // Confirms wait for the new leader; none is lost on the way.
+    publish_confirmed(&channel, 100, 200).await?;
+    let new_leader = group.leader().await?;
+    anyhow::ensure!(new_leader != leader, "the dead member still leads");
+    drop(channel);
+    conn.close(200, "bye".into()).await.ok();
+    // The old leader comes back and catches up.
+    group.start_member(leader).await?;
+    let committed = group.status_of(new_leader).await?.committed_index;
+    group.wait_applied(leader, committed).await?;
+    // What a new engine finds in the group is every confirmed message.
+    group.kill_and_restart_engine().await?;
+    consume_all(group, 200).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_majority_nothing_is_confirmed_until_a_member_returns() -> anyhow::Result<()> {
+    let mut group = GroupSandbox::start(3).await?;
+    let result = majority_lost(&mut group).await;
+    result.with_context(|| group.logs())
+}
+
+async fn majority_lost(group: &mut GroupSandbox) -> anyhow::Result<()> {
+    let conn = group.connect().await?;
+    let channel = durable_confirming_channel(&conn).await?;
+    publish_confirmed(&channel, 0, 10).await?;
+    let leader = group.leader().await?;
+    let follower = (1..=3).find(|id| *id != leader).context("no follower")?;
+    group.kill_member(leader).await?;
+    group.kill_member(follower).await?;
+    let pending = channel
+        .basic_publish(
+            "".into(),
+            QUEUE.into(),
+            BasicPublishOptions::default(),
+            &10u64.to_be_bytes(),
+            BasicProperties::default().with_delivery_mode(2),
+        )
+        .await?;
+    // One member of three cannot commit: no confirm may come.
+    let mut pending = Box::pin(pending);
+    let early = tokio::time::timeout(Duration::from_secs(3), &mut pending).await;
+    anyhow::ensure!(
+        early.is_err(),
+        "a message was answered ({early:?}) with two of three members down"
+    );
+    group.start_member(follower).await?;
+    let confirmation = tokio::time::timeout(Duration::from_secs(60), pending)
+        .await
+        .context("not confirmed within 60 s of a majority returning")??;
+    anyhow::ensure!(confirmation.is_ack(), "nacked once a majority returned");
+    drop(channel);
+    conn.close(200, "bye".into()).await.ok();
+    group.start_member(leader).await?;
+    group.kill_and_restart_engine().await?;
+    consume_all(group, 11).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_lost_its_disk_catches_up_from_a_snapshot() -> anyhow::Result<()> {
+    // Snapshots every 20 entries, so that the log no longer holds the
+    // start of the history the wiped member needs.
+    let mut group =
+        GroupSandbox::start_with(3, &[("SPILLWAY_STORAGE__GROUP_SNAPSHOT_ENTRIES", "20")]).await?;
+    let result = disk_lost(&mut group).await;
+    result.with_context(|| group.logs())
+}
+
+async fn disk_lost(group: &mut GroupSandbox) -> anyhow::Result<()> {
+    let conn = group.connect().await?;
+    let channel = durable_confirming_channel(&conn).await?;
+    let leader = group.leader().await?;
+    let follower = (1..=3).find(|id| *id != leader).context("no follower")?;
+    group.kill_member(follower).await?;
+    group.wipe_member(follower)?;
+    // One confirm at a time: one log entry each, well past two snapshots.
+    for seq in 0..60 {
+        publish_confirmed(&channel, seq, seq + 1).await?;
+    }
+    group.start_member(follower).await?;
+    let committed = group.status_of(leader).await?.committed_index;
+    group.wait_applied(follower, committed).await?;
+    // The rejoined member can carry the group: the other follower goes.
+    let other = (1..=3)
+        .find(|id| *id != leader && *id != follower)
+        .context("no third member")?;
+    group.kill_member(other).await?;
+    publish_confirmed(&channel, 60, 70).await?;
+    drop(channel);
+    conn.close(200, "bye".into()).await.ok();
+    group.kill_and_restart_engine().await?;
+    consume_all(group, 70).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_member_reports_one_leader_and_how_far_it_applied() -> anyhow::Result<()> {
+    let group = GroupSandbox::start(3).await?;
+    let leader = group.leader().await?;
+    let status = group.status_of(leader).await?;
+    anyhow::ensure!(status.members.len() == 3, "members: {:?}", status.members);
+    let leaders: Vec<_> = status
+        .members
+        .iter()
+        .filter(|member| member.role == "leader")
+        .collect();
+    anyhow::ensure!(leaders.len() == 1 && leaders[0].id == leader, "{status:?}");
+    for id in 1..=3 {
+        let seen = group.status_of(id).await?;
+        anyhow::ensure!(seen.node_id == id, "{seen:?}");
+        anyhow::ensure!(seen
+            .members
+            .iter()
+            .all(|m| m.address.starts_with("http://127.")));
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spillctl_shows_the_group_and_adds_and_removes_a_member() -> anyhow::Result<()> {
+    let mut group = GroupSandbox::start(3).await?;
+    let result = membership(&mut group).await;
+    result.with_context(|| group.logs())
+}
+
+async fn membership(group: &mut GroupSandbox) -> anyhow::Result<()> {
+    let conn = group.connect().await?;
+    let channel = durable_confirming_channel(&conn).await?;
+    publish_confirmed(&channel, 0, 50).await?;
+    let status = spillctl_json(group, &["storage", "status"])?;
+    let leader = status["leader"]
+        .as_u64()
+        .context("no leader in the status")?;
+    let members = status["members"].as_array().context("no members")?;
+    anyhow::ensure!(members.len() == 3, "{status}");
+    anyhow::ensure!(
+        members
+            .iter()
+            .filter(|member| member["role"] == "leader")
+            .all(|member| member["id"].as_u64() == Some(leader)),
+        "{status}"
+    );
+    anyhow::ensure!(
+        members
+            .iter()
+            .all(|member| member["applied_index"].as_u64().is_some()),
+        "{status}"
+    );
+    // A fourth node joins: a learner that catches up, then a voter.
+    let address = group.start_joining_member(4).await?;
+    let added = spillctl_json(
+        group,
+        &["storage", "add-member", "4", &format!("http://{address}")],
+    )?;
+    let fourth = added["members"]
+        .as_array()
+        .and_then(|members| members.iter().find(|member| member["id"] == 4))
+        .cloned()
+        .context("member 4 not in the group")?;
+    anyhow::ensure!(fourth["role"] == "follower", "{added}");
+    let committed = group.status_of(leader).await?.committed_index;
+    group.wait_applied(4, committed).await?;
+    // Removing one: three voters again, and writes go on.
+    let follower = (1..=3).find(|id| *id != leader).context("no follower")?;
+    let removed = spillctl_json(group, &["storage", "remove-member", &follower.to_string()])?;
+    let ids: Vec<u64> = removed["members"]
+        .as_array()
+        .context("no members")?
+        .iter()
+        .filter_map(|member| member["id"].as_u64())
+        .collect();
+    anyhow::ensure!(!ids.contains(&follower) && ids.contains(&4), "{removed}");
+    group.kill_member(follower).await?;
+    publish_confirmed(&channel, 50, 60).await?;
+    // Bad input: a clear refusal, not a crash.
+    let (ok, _, stderr) = group.spillctl(&["storage", "remove-member", "99"])?;
+    anyhow::ensure!(
+        !ok && stderr.contains("99"),
+        "removing a stranger: {stderr}"
+    );
+    drop(channel);
+    conn.close(200, "bye".into()).await.ok();
+    group.kill_and_restart_engine().await?;
+    consume_all(group, 60).await
+}
+
+fn spillctl_json(group: &GroupSandbox, args: &[&str]) -> anyhow::Result<serde_json::Value> {
+    let mut all = vec!["--output", "json"];
+    all.extend_from_slice(args);
+    let (ok, stdout, stderr) = group.spillctl(&all)?;
+    anyhow::ensure!(ok, "spillctl {args:?} failed: {stderr}");
+    Ok(serde_json::from_str(&stdout)?)
+}
