@@ -35,6 +35,9 @@ pub struct GroupSandbox {
     members: BTreeMap<u64, Member>,
     engine: Option<Child>,
     engine_addr: SocketAddr,
+    /// A second engine standing by (`engine.standby`), with its address,
+    /// when the sandbox runs one.
+    standby: Option<(SocketAddr, Option<Child>)>,
     gateway: Option<Child>,
     amqp: SocketAddr,
     management: Option<Child>,
@@ -52,10 +55,30 @@ impl GroupSandbox {
     /// As [`GroupSandbox::start`], with `storage_env` set for every member
     /// (`("SPILLWAY_STORAGE__GROUP_SNAPSHOT_ENTRIES", "20")`).
     pub async fn start_with(size: u64, storage_env: &[(&str, &str)]) -> anyhow::Result<Self> {
+        Self::start_full(size, storage_env, false).await
+    }
+
+    /// A group of `size` and two engines, both `engine.standby`: the
+    /// first takes the lease, the second stands by (not listening) until
+    /// it lapses; the gateway knows both (`gateway.engine_addrs`).
+    pub async fn start_with_standby(size: u64) -> anyhow::Result<Self> {
+        Self::start_full(size, &[], true).await
+    }
+
+    async fn start_full(
+        size: u64,
+        storage_env: &[(&str, &str)],
+        standby: bool,
+    ) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir().context("temp dir")?;
         let secret = new_secret(dir.path())?;
         let host = own_loopback()?;
-        let ports = reserve_ports(host, size as usize)?;
+        let mut ports = reserve_ports(host, size as usize + 2)?;
+        let standby = match (standby, ports.pop()) {
+            (true, Some(addr)) => Some((addr, None)),
+            _ => None,
+        };
+        let engine_addr = ports.pop().context("no port for the engine")?;
         let members = (1..=size)
             .zip(ports)
             .map(|(id, addr)| {
@@ -76,7 +99,8 @@ impl GroupSandbox {
                 .collect(),
             members,
             engine: None,
-            engine_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            engine_addr,
+            standby,
             gateway: None,
             amqp: SocketAddr::from(([127, 0, 0, 1], 0)),
             management: None,
@@ -101,22 +125,22 @@ impl GroupSandbox {
             wait_for_ready(&ready, Duration::from_secs(60)).await?;
         }
         sandbox.leader().await?;
-        let engine_ready = sandbox.spawn(
-            "engine",
-            &[
-                ("SPILLWAY_ENGINE__LISTEN", "127.0.0.1:0".into()),
-                ("SPILLWAY_ENGINE__STORAGE_ADDRS", sandbox.storage_addrs()),
-            ],
-        )?;
-        let engine = wait_for_ready(&engine_ready.0, Duration::from_secs(60)).await?;
+        let engine = sandbox.engine_addr;
+        let engine_ready = sandbox.spawn_engine("engine", engine)?;
+        wait_for_ready(&engine_ready.0, Duration::from_secs(60)).await?;
         sandbox.engine = Some(engine_ready.1);
-        let engine = parse_addr(&engine, "engine")?;
-        sandbox.engine_addr = engine;
+        let mut engine_addrs = format!("http://{engine}");
+        if let Some((addr, _)) = sandbox.standby {
+            // It waits for the lease: not ready (nor listening) yet.
+            let (_, child) = sandbox.spawn_engine("standby", addr)?;
+            sandbox.standby = Some((addr, Some(child)));
+            engine_addrs.push_str(&format!(",http://{addr}"));
+        }
         let gateway_ready = sandbox.spawn(
             "gateway",
             &[
                 ("SPILLWAY_GATEWAY__AMQP_LISTEN", "127.0.0.1:0".into()),
-                ("SPILLWAY_GATEWAY__ENGINE_ADDR", format!("http://{engine}")),
+                ("SPILLWAY_GATEWAY__ENGINE_ADDRS", engine_addrs),
             ],
         )?;
         let gateway = wait_for_ready(&gateway_ready.0, Duration::from_secs(60)).await?;
@@ -143,6 +167,33 @@ impl GroupSandbox {
         Ok(())
     }
 
+    /// Starts an engine process named `role` listening on `addr`.
+    fn spawn_engine(&self, role: &str, addr: SocketAddr) -> anyhow::Result<(PathBuf, Child)> {
+        let mut env = vec![
+            ("SPILLWAY_ENGINE__LISTEN", addr.to_string()),
+            ("SPILLWAY_ENGINE__STORAGE_ADDRS", self.storage_addrs()),
+        ];
+        if self.standby.is_some() {
+            env.push(("SPILLWAY_ENGINE__STANDBY", "true".into()));
+        }
+        self.spawn(role, &env)
+    }
+
+    /// SIGKILLs the active engine (the first one).
+    pub async fn kill_engine(&mut self) -> anyhow::Result<()> {
+        if let Some(mut child) = self.engine.take() {
+            stop_child(&mut child, "KILL").await;
+        }
+        Ok(())
+    }
+
+    /// Waits until the standby engine has taken over (its ready file).
+    pub async fn wait_for_standby(&self) -> anyhow::Result<()> {
+        let ready = self.dir.path().join("standby.ready");
+        wait_for_ready(&ready, Duration::from_secs(60)).await?;
+        Ok(())
+    }
+
     /// Every member's address, comma-separated, as the engine is given them.
     fn storage_addrs(&self) -> String {
         self.members
@@ -160,7 +211,11 @@ impl GroupSandbox {
             .create(true)
             .append(true)
             .open(self.dir.path().join(format!("{role}.log")))?;
-        let process = role.split('-').next().unwrap_or(role);
+        // storage-N are storage nodes; the standby is an engine.
+        let process = match role {
+            "standby" => "engine",
+            role => role.split('-').next().unwrap_or(role),
+        };
         let mut command = Command::new(spillway_bin()?);
         command
             .arg("--ready-file")
@@ -276,13 +331,7 @@ impl GroupSandbox {
         if let Some(mut child) = self.engine.take() {
             stop_child(&mut child, "KILL").await;
         }
-        let (ready, child) = self.spawn(
-            "engine",
-            &[
-                ("SPILLWAY_ENGINE__LISTEN", self.engine_addr.to_string()),
-                ("SPILLWAY_ENGINE__STORAGE_ADDRS", self.storage_addrs()),
-            ],
-        )?;
+        let (ready, child) = self.spawn_engine("engine", self.engine_addr)?;
         self.engine = Some(child);
         wait_for_ready(&ready, Duration::from_secs(60)).await?;
         Ok(())
@@ -382,7 +431,7 @@ impl GroupSandbox {
             .keys()
             .map(|id| format!("storage-{id}"))
             .collect();
-        roles.extend(["engine", "gateway", "management"].map(String::from));
+        roles.extend(["engine", "standby", "gateway", "management"].map(String::from));
         for role in roles {
             if let Ok(text) = std::fs::read_to_string(self.dir.path().join(format!("{role}.log"))) {
                 let tail: Vec<&str> = text.lines().rev().take(60).collect();
@@ -403,6 +452,7 @@ impl Drop for GroupSandbox {
             self.management.as_mut(),
             self.gateway.as_mut(),
             self.engine.as_mut(),
+            self.standby.as_mut().and_then(|(_, child)| child.as_mut()),
         ]
         .into_iter()
         .flatten()

@@ -33,6 +33,7 @@ mod boundary;
 pub mod clock;
 pub mod cluster;
 pub mod command_queue;
+mod engine_failover;
 mod group_client;
 pub mod lean_codec;
 pub mod permissions;
@@ -47,6 +48,7 @@ pub use command_queue::{
     SESSION_COMMAND_BYTES,
 };
 
+pub use engine_failover::FailoverEngine;
 pub use group_client::GroupStorage;
 pub use status::{RemoteError, ServiceError, LEADER_HEADER};
 

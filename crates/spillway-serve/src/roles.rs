@@ -11,8 +11,8 @@ use spillway_proto::backoff::Backoff;
 use spillway_proto::clock::{SharedClock, SystemClock};
 use spillway_proto::cluster::{grpc_message_limit, ClusterClient};
 use spillway_proto::{
-    EngineAdminApi, EngineApi, GroupStorage, RemoteEngine, RemoteEngineAdmin, RemoteStorage,
-    StorageApi,
+    EngineAdminApi, EngineApi, FailoverEngine, GroupStorage, RemoteEngine, RemoteEngineAdmin,
+    RemoteStorage, StorageApi,
 };
 use spillway_storage::{RocksStore, StorageGroup, StorageGroupService, StorageService};
 use spillway_telemetry::{Health, MemoryCeiling, Metrics, Server};
@@ -303,10 +303,17 @@ pub async fn run_with_metrics(
             .await?;
         }
         Role::Gateway => {
-            let engine: Arc<dyn EngineApi> = Arc::new(
-                RemoteEngine::connect_lazy(&settings.gateway.engine_addr, &cluster)
-                    .context("gateway.engine_addr")?,
-            );
+            let engine: Arc<dyn EngineApi> = if settings.gateway.engine_addrs.is_empty() {
+                Arc::new(
+                    RemoteEngine::connect_lazy(&settings.gateway.engine_addr, &cluster)
+                        .context("gateway.engine_addr")?,
+                )
+            } else {
+                Arc::new(
+                    FailoverEngine::connect_lazy(&settings.gateway.engine_addrs, &cluster)
+                        .context("gateway.engine_addrs")?,
+                )
+            };
             start_amqp(&mut running, engine, settings, &metrics, memory, clock).await?;
         }
         Role::Management => {
@@ -441,9 +448,17 @@ async fn start_engine(
     // previous run, killed without releasing it); past that, the store is
     // someone else's: one engine per store.
     let lease_wait = config.lease_ttl * 2;
+    let mut standing_by = false;
     loop {
         match Engine::start(storage.clone(), config.clone()).await {
             Ok(engine) => return Ok(engine),
+            Err(error) if error.is_lease_refused() && settings.engine.standby => {
+                if !standing_by {
+                    tracing::info!(%error, "standing by: another engine holds the store's lease");
+                    standing_by = true;
+                }
+                tokio::time::sleep(backoff.next_delay()).await;
+            }
             Err(error) if error.is_lease_refused() && waited >= lease_wait => {
                 return Err(anyhow::Error::new(error).context(
                     "another engine holds this store: stop it first, or point \

@@ -302,6 +302,11 @@ pub struct GatewaySettings {
     pub tls: TlsSettings,
     /// The engine's gRPC address when the gateway runs alone.
     pub engine_addr: String,
+    /// Every engine, when several run (one active, the others standing
+    /// by): sessions go to the one that answers (`docs/replication.md`).
+    /// A list, or one comma-separated string. Empty: `engine_addr` alone.
+    #[serde(deserialize_with = "list_or_commas")]
+    pub engine_addrs: Vec<String>,
     pub frame_max: u32,
     pub channel_max: u16,
     pub heartbeat: u16,
@@ -347,6 +352,7 @@ impl Default for GatewaySettings {
             amqps_listen: None,
             tls: TlsSettings::default(),
             engine_addr: "http://127.0.0.1:50061".into(),
+            engine_addrs: Vec::new(),
             frame_max: protocol.frame_max,
             channel_max: protocol.channel_max,
             heartbeat: protocol.heartbeat,
@@ -415,6 +421,11 @@ pub struct EngineSettings {
     /// (`SPILLWAY_ENGINE__STORAGE_ADDRS`). Empty: `storage_addr` alone.
     #[serde(deserialize_with = "list_or_commas")]
     pub storage_addrs: Vec<String>,
+    /// Stand by while another engine holds the store's lease, however
+    /// long, and take over when it lapses (several engines for one store,
+    /// `docs/replication.md`). False: give up after twice the lease's TTL
+    /// (one engine per store; another one there is a mistake).
+    pub standby: bool,
     /// Deliveries in flight to one connection before the engine waits for the
     /// gateway to write them.
     pub session_credit: u32,
@@ -561,6 +572,7 @@ impl Default for EngineSettings {
             listen: "127.0.0.1:50061".into(),
             storage_addr: "http://127.0.0.1:50071".into(),
             storage_addrs: Vec::new(),
+            standby: false,
             session_credit: 2048,
             session_credit_bytes: spillway_engine::DEFAULT_SESSION_CREDIT_BYTES,
             store_writer_max_writes: spillway_engine::DEFAULT_MAX_QUEUED_WRITES,
@@ -783,7 +795,7 @@ impl Default for TelemetrySettings {
     fn default() -> Self {
         Self {
             log_format: "text".into(),
-            log_level: "info".into(),
+            log_level: "info,openraft=warn".into(),
             metrics_listen: None,
             otlp_endpoint: None,
         }

@@ -640,3 +640,100 @@ impl RaftStateMachine<GroupConfig> for GroupMachine {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_ops::put_message;
+
+    fn write(epoch: u64, sequence: u64) -> Command {
+        let batch = WriteBatch {
+            ops: vec![put_message(sequence)],
+            epoch,
+            sequence,
+            ..Default::default()
+        };
+        Command::Write(batch.encode_to_vec())
+    }
+
+    fn lease(epoch: u64) -> Command {
+        Command::Lease {
+            epoch,
+            holder: format!("engine {epoch}"),
+            ttl_ms: 5_000,
+        }
+    }
+
+    /// Applies `command` to a fresh batch: what it decided, and how many
+    /// RocksDB updates it made.
+    fn apply(
+        command: &Command,
+        lease_state: &mut LeaseState,
+        write_seq: &mut (u64, u64),
+    ) -> (Outcome, usize) {
+        let mut batch = rocksdb::WriteBatch::default();
+        let outcome = apply_command(command, &mut batch, lease_state, write_seq, Instant::now());
+        (outcome, batch.len())
+    }
+
+    #[test]
+    fn a_retried_batch_is_applied_once_and_later_ones_still_are() {
+        let mut lease_state = LeaseState::new(0);
+        let mut seq = (0, 0);
+        assert_eq!(apply(&lease(1), &mut lease_state, &mut seq).0.refused, None);
+        let (first, updates) = apply(&write(1, 5), &mut lease_state, &mut seq);
+        assert_eq!(
+            (first.refused, updates),
+            (None, 2),
+            "the record and the number"
+        );
+        // The same batch again (its leader died before answering): a no-op.
+        let (again, updates) = apply(&write(1, 5), &mut lease_state, &mut seq);
+        assert_eq!((again.refused, updates), (None, 0));
+        // An older one too; a newer one is applied.
+        assert_eq!(apply(&write(1, 4), &mut lease_state, &mut seq).1, 0);
+        assert_eq!(apply(&write(1, 6), &mut lease_state, &mut seq).1, 2);
+        // Unnumbered batches are always applied.
+        assert_eq!(apply(&write(1, 0), &mut lease_state, &mut seq).1, 1);
+    }
+
+    #[test]
+    fn a_deposed_engine_is_refused_and_two_new_leases_cannot_both_win() {
+        let mut lease_state = LeaseState::new(0);
+        let mut seq = (0, 0);
+        assert_eq!(apply(&lease(1), &mut lease_state, &mut seq).0.epoch, 1);
+        // Two engines asked for epoch 2 at once: the first applied wins.
+        let (won, _) = apply(&lease(2), &mut lease_state, &mut seq);
+        let (lost, updates) = apply(&lease(2), &mut lease_state, &mut seq);
+        assert_eq!(
+            won,
+            Outcome {
+                refused: None,
+                epoch: 2
+            }
+        );
+        assert!(lost.refused.is_some() && updates == 0, "{lost:?}");
+        // The engine of epoch 1 can neither write nor renew.
+        let (stale, updates) = apply(&write(1, 9), &mut lease_state, &mut seq);
+        assert!(stale.refused.is_some_and(|why| why.contains("stale")) && updates == 0);
+        let renew = Command::Renew {
+            epoch: 1,
+            ttl_ms: 5_000,
+        };
+        assert!(apply(&renew, &mut lease_state, &mut seq)
+            .0
+            .refused
+            .is_some());
+        // Numbers start again with the new epoch.
+        assert_eq!(apply(&write(2, 1), &mut lease_state, &mut seq).1, 2);
+    }
+
+    #[test]
+    fn a_batch_that_does_not_decode_is_refused_not_applied() {
+        let mut lease_state = LeaseState::new(1);
+        let mut seq = (0, 0);
+        let garbage = Command::Write(vec![0xff; 7]);
+        let (outcome, updates) = apply(&garbage, &mut lease_state, &mut seq);
+        assert!(outcome.refused.is_some() && updates == 0);
+    }
+}
