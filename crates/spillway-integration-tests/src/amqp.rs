@@ -54,6 +54,28 @@ pub async fn declare(
         .await?)
 }
 
+/// Declares fanout `exchange` and non-durable `queue` bound to it (a
+/// dead-letter exchange and where its messages land, say).
+pub async fn fanout_to_queue(ch: &Channel, exchange: &str, queue: &str) -> anyhow::Result<()> {
+    ch.exchange_declare(
+        s(exchange),
+        lapin::ExchangeKind::Fanout,
+        lapin::options::ExchangeDeclareOptions::default(),
+        FieldTable::default(),
+    )
+    .await?;
+    declare(ch, queue, false, FieldTable::default()).await?;
+    ch.queue_bind(
+        s(queue),
+        s(exchange),
+        s(""),
+        lapin::options::QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await?;
+    Ok(())
+}
+
 /// The next message of `queue` (unacked), waiting up to [`WAIT`] for it to
 /// arrive.
 pub async fn get(ch: &Channel, queue: &str) -> anyhow::Result<BasicGetMessage> {

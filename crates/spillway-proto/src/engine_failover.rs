@@ -11,6 +11,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
+use futures::future::BoxFuture;
 
 use crate::cluster::ClusterClient;
 use crate::{EngineApi, RemoteEngine, ServiceError, SessionStreams};
@@ -57,15 +58,19 @@ impl FailoverEngine {
     }
 }
 
-#[async_trait]
-impl EngineApi for FailoverEngine {
-    async fn open_session(&self) -> Result<SessionStreams, ServiceError> {
+impl FailoverEngine {
+    /// `call` on each engine in turn, from the current one, until one
+    /// answers; a refusal that is not about reaching it is the answer.
+    async fn first_answering<'a, T>(
+        &'a self,
+        call: impl Fn(&'a RemoteEngine) -> BoxFuture<'a, Result<T, ServiceError>>,
+    ) -> Result<T, ServiceError> {
         let mut last = None;
         for (index, (addr, engine)) in self.in_order() {
-            match engine.open_session().await {
-                Ok(streams) => {
+            match call(engine).await {
+                Ok(answer) => {
                     self.answered(index);
-                    return Ok(streams);
+                    return Ok(answer);
                 }
                 Err(error) if error.is_transient() => {
                     tracing::debug!(engine = %addr, %error, "engine not answering, trying the next");
@@ -76,25 +81,20 @@ impl EngineApi for FailoverEngine {
         }
         Err(last.unwrap_or_else(|| ServiceError::Unavailable("no engine answers".into())))
     }
+}
+
+#[async_trait]
+impl EngineApi for FailoverEngine {
+    async fn open_session(&self) -> Result<SessionStreams, ServiceError> {
+        self.first_answering(|engine| Box::pin(engine.open_session()))
+            .await
+    }
 
     async fn authenticate(
         &self,
         request: crate::engine::AuthenticateRequest,
     ) -> Result<crate::engine::LoginResult, ServiceError> {
-        let mut last = None;
-        for (index, (addr, engine)) in self.in_order() {
-            match engine.authenticate(request.clone()).await {
-                Ok(result) => {
-                    self.answered(index);
-                    return Ok(result);
-                }
-                Err(error) if error.is_transient() => {
-                    tracing::debug!(engine = %addr, %error, "engine not answering, trying the next");
-                    last = Some(error);
-                }
-                Err(error) => return Err(error),
-            }
-        }
-        Err(last.unwrap_or_else(|| ServiceError::Unavailable("no engine answers".into())))
+        self.first_answering(|engine| Box::pin(engine.authenticate(request.clone())))
+            .await
     }
 }

@@ -119,22 +119,7 @@ async fn dropped_connections_count_towards_the_rabbitmq_delivery_limit(
 ) -> anyhow::Result<()> {
     let conn = sb.connect().await?;
     let ch = conn.create_channel().await?;
-    ch.exchange_declare(
-        s("dlx"),
-        ExchangeKind::Fanout,
-        ExchangeDeclareOptions::default(),
-        FieldTable::default(),
-    )
-    .await?;
-    declare(&ch, "dead", false, FieldTable::default()).await?;
-    ch.queue_bind(
-        s("dead"),
-        s("dlx"),
-        s(""),
-        QueueBindOptions::default(),
-        FieldTable::default(),
-    )
-    .await?;
+    fanout_to_queue(&ch, "dlx", "dead").await?;
     let args = table(&[
         ("x-delivery-limit", AMQPValue::LongLongInt(1)),
         ("x-dead-letter-exchange", text("dlx")),

@@ -7,7 +7,7 @@
 
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, ExchangeKind};
+use lapin::BasicProperties;
 use spillway_integration_tests::amqp::*;
 use spillway_integration_tests::{both_wirings, publish, Sandbox};
 
@@ -104,22 +104,7 @@ async fn a_quorum_queue_dead_letters_after_twenty_redeliveries(
 ) -> anyhow::Result<()> {
     let conn = sb.connect().await?;
     let ch = conn.create_channel().await?;
-    ch.exchange_declare(
-        s("dlx"),
-        ExchangeKind::Fanout,
-        ExchangeDeclareOptions::default(),
-        FieldTable::default(),
-    )
-    .await?;
-    declare(&ch, "dead", false, FieldTable::default()).await?;
-    ch.queue_bind(
-        s("dead"),
-        s("dlx"),
-        s(""),
-        QueueBindOptions::default(),
-        FieldTable::default(),
-    )
-    .await?;
+    fanout_to_queue(&ch, "dlx", "dead").await?;
     let args = table(&[
         ("x-queue-type", text("quorum")),
         ("x-dead-letter-exchange", text("dlx")),

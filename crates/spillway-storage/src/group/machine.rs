@@ -544,7 +544,7 @@ impl RaftSnapshotBuilder<GroupConfig> for GroupMachine {
         let bytes = postcard::to_allocvec(&meta).map_err(io_write)?;
         self.store.db.put(SNAPSHOT_KEY, bytes).map_err(io_write)?;
         // openraft keeps only the meta of a snapshot it built.
-        let placeholder = tempfile_in(&self.snapshots).await?;
+        let placeholder = unnamed_file(&self.snapshots, "placeholder").await?;
         Ok(Snapshot {
             meta,
             snapshot: Box::new(placeholder),
@@ -552,8 +552,10 @@ impl RaftSnapshotBuilder<GroupConfig> for GroupMachine {
     }
 }
 
-async fn tempfile_in(dir: &Path) -> Result<tokio::fs::File, Error> {
-    let path = dir.join(format!("placeholder-{}", snapshot_id(None)));
+/// A file in `dir` with no name left: open handles keep it, and nothing
+/// is left behind when they close.
+async fn unnamed_file(dir: &Path, prefix: &str) -> Result<tokio::fs::File, Error> {
+    let path = dir.join(format!("{prefix}-{}", snapshot_id(None)));
     let file = tokio::fs::OpenOptions::new()
         .create(true)
         .truncate(true)
@@ -591,20 +593,7 @@ impl RaftStateMachine<GroupConfig> for GroupMachine {
     }
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<tokio::fs::File>, Error> {
-        let path = self
-            .snapshots
-            .join(format!("incoming-{}", snapshot_id(None)));
-        let file = tokio::fs::OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .read(true)
-            .write(true)
-            .open(&path)
-            .await
-            .map_err(io_write)?;
-        // Open handles keep it; the name is not needed.
-        let _ = tokio::fs::remove_file(&path).await;
-        Ok(Box::new(file))
+        Ok(Box::new(unnamed_file(&self.snapshots, "incoming").await?))
     }
 
     async fn install_snapshot(

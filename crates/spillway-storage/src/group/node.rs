@@ -362,16 +362,6 @@ impl StorageGroup {
             .unwrap_or_default();
         Err(ServiceError::NotLeader(leader))
     }
-
-    async fn blocking<T: Send + 'static>(
-        &self,
-        work: impl FnOnce(&RocksStore) -> Result<T, crate::StoreError> + Send + 'static,
-    ) -> Result<T, ServiceError> {
-        let store = self.inner.store.clone();
-        Ok(tokio::task::spawn_blocking(move || work(&store))
-            .await
-            .map_err(crate::StoreError::from)??)
-    }
 }
 
 #[async_trait]
@@ -380,8 +370,10 @@ impl StorageApi for StorageGroup {
         self.write_at(&batch).await.map(|_| ())
     }
 
+    // Reads are this member's own records (the storage service has waited
+    // until it applied the caller's last write).
     async fn load_definitions(&self) -> Result<Definitions, ServiceError> {
-        self.blocking(|store| store.definitions()).await
+        self.inner.store.load_definitions().await
     }
 
     async fn load_messages(
@@ -389,27 +381,25 @@ impl StorageApi for StorageGroup {
         vhost: &str,
         queue: &str,
     ) -> Result<Vec<QueueEntry>, ServiceError> {
-        let (vhost, queue) = (vhost.to_string(), queue.to_string());
-        self.blocking(move |store| store.entries(&vhost, &queue))
-            .await
+        self.inner.store.load_messages(vhost, queue).await
     }
 
     async fn read_messages(&self, ids: Vec<u64>) -> Result<Vec<MessageRecord>, ServiceError> {
-        self.blocking(move |store| store.read_messages(&ids)).await
+        StorageApi::read_messages(&self.inner.store, ids).await
     }
 
     async fn status(&self, count_records: bool) -> Result<StoreStatus, ServiceError> {
-        self.blocking(move |store| store.status(count_records))
-            .await
+        StorageApi::status(&self.inner.store, count_records).await
     }
 
     /// The orphans are found in this member's records, and deleted through
     /// the log with the caller's epoch (refused everywhere if stale).
     async fn remove_orphans(&self, epoch: u64, below_id: u64) -> Result<u64, ServiceError> {
         self.leader_only()?;
-        let orphans = self
-            .blocking(move |store| store.orphan_ids(below_id))
-            .await?;
+        let store = self.inner.store.clone();
+        let orphans = tokio::task::spawn_blocking(move || store.orphan_ids(below_id))
+            .await
+            .map_err(crate::StoreError::from)??;
         let removed = orphans.len() as u64;
         for chunk in orphans.chunks(ORPHAN_DELETES_PER_ENTRY) {
             let ops = chunk
