@@ -15,8 +15,8 @@ use spillway_proto::storage::{
 use spillway_proto::StorageApi;
 use tonic::{Request, Response, Status};
 
-use crate::group::StorageGroup;
-use crate::RocksStore;
+use crate::group::node::StorageGroup;
+use crate::store::RocksStore;
 
 /// The request header of a read: the log index of the caller's last write
 /// (see `StorageGroup` in storage.proto).

@@ -17,8 +17,8 @@ use openraft::{LogId, LogState, RaftLogReader, StorageError, StorageIOError, Vot
 use rocksdb::{Direction, IteratorMode, WriteOptions};
 
 use super::types::GroupConfig;
+use crate::store::RocksStore;
 use crate::store::RAFT_LOG_FAMILY;
-use crate::RocksStore;
 
 const ENTRY: u8 = b'e';
 const VOTE_KEY: &[u8] = b"!vote";

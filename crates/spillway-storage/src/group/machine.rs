@@ -39,8 +39,8 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt, BufReader};
 use super::log::GroupLog;
 use super::types::{Command, GroupConfig, Outcome};
 use crate::lease::LeaseState;
+use crate::store::RocksStore;
 use crate::store::{EPOCH_KEY, STORE_ID_KEY};
-use crate::RocksStore;
 
 const APPLIED_KEY: &[u8] = b"!raft_applied";
 const MEMBERSHIP_KEY: &[u8] = b"!raft_membership";

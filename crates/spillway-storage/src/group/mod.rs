@@ -25,7 +25,7 @@ mod log;
 #[allow(clippy::result_large_err)]
 mod machine;
 mod network;
-mod node;
+pub(crate) mod node;
 mod service;
 mod types;
 

@@ -22,7 +22,7 @@ use super::machine::GroupMachine;
 use super::network::GroupNetwork;
 use super::types::{Command, GroupConfig, Outcome};
 use crate::lease::Grant;
-use crate::RocksStore;
+use crate::store::RocksStore;
 
 /// How long a read waits for this member to apply the caller's last write.
 const APPLY_WAIT: Duration = Duration::from_secs(5);
@@ -399,7 +399,7 @@ impl StorageApi for StorageGroup {
         let store = self.inner.store.clone();
         let orphans = tokio::task::spawn_blocking(move || store.orphan_ids(below_id))
             .await
-            .map_err(crate::StoreError::from)??;
+            .map_err(crate::store::StoreError::from)??;
         let removed = orphans.len() as u64;
         for chunk in orphans.chunks(ORPHAN_DELETES_PER_ENTRY) {
             let ops = chunk
