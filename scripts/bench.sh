@@ -39,7 +39,10 @@
 #   BENCH_CLIENT=raw              loadgen client: raw or lapin
 #   BENCH_RATE_SECONDS=5          length of the fixed-rate run
 #   BENCH_IDLE=10000              queues and idle connections of case h
-#   BENCH_TARGETS="spillway-all-in-one spillway-separate spillway-compressed rabbitmq"
+#   BENCH_TARGETS="spillway-all-in-one spillway-separate spillway-compressed spillway-group rabbitmq"
+#                                 spillway-group: separate processes on a storage group of three
+#                                 (docs/replication.md); runs cases c and t only, whose
+#                                 confirms and commits wait for a majority's fsync
 #   BENCH_SCENARIOS="transient confirm-ack persistent tx large fixed-rate fanout16 compressible idle backlog"
 #   BENCH_BACKLOG_BYTES=2GiB      case d's backlog
 #   BENCH_BACKLOG_THRESHOLD=256MiB  case d's flow-to-disk threshold and RabbitMQ watermark
@@ -64,7 +67,7 @@ cd "$ROOT"
 BENCH_COUNT="${BENCH_COUNT:-300000}"
 BENCH_PERSISTENT_COUNT="${BENCH_PERSISTENT_COUNT:-$((BENCH_COUNT / 5 > 0 ? BENCH_COUNT / 5 : 1))}"
 BENCH_SIZE="${BENCH_SIZE:-1024}"
-BENCH_TARGETS="${BENCH_TARGETS:-spillway-all-in-one spillway-separate spillway-compressed rabbitmq}"
+BENCH_TARGETS="${BENCH_TARGETS:-spillway-all-in-one spillway-separate spillway-compressed spillway-group rabbitmq}"
 BENCH_SCENARIOS="${BENCH_SCENARIOS:-transient confirm-ack persistent tx large fixed-rate fanout16 compressible idle backlog}"
 BENCH_BACKLOG_BYTES="${BENCH_BACKLOG_BYTES:-2GiB}"
 BENCH_BACKLOG_THRESHOLD="${BENCH_BACKLOG_THRESHOLD:-256MiB}"
@@ -375,11 +378,14 @@ bench_target() {
     local idle=0
     for s in $BENCH_SCENARIOS; do
         case "$s" in
-            idle) [ "$target" = spillway-compressed ] || idle=1 ;;
+            idle) [ "$target" = spillway-compressed ] || [ "$target" = spillway-group ] || idle=1 ;;
             backlog) ;; # run_backlog, after every target
-            compressible) run_compressible "$target" ;;
-            # With compression on, only the case it is for.
-            *) [ "$target" = spillway-compressed ] || run_scenario "$target" "$s" ;;
+            compressible) [ "$target" = spillway-group ] || run_compressible "$target" ;;
+            # With compression on, only the case it is for; on a storage group, only
+            # the cases whose confirms wait for its majority.
+            persistent | tx) [ "$target" = spillway-compressed ] || run_scenario "$target" "$s" ;;
+            *) [ "$target" = spillway-compressed ] || [ "$target" = spillway-group ] ||
+                run_scenario "$target" "$s" ;;
         esac
     done
     log "stopping $target"
@@ -455,6 +461,7 @@ for target in $BENCH_TARGETS; do
         spillway-all-in-one) bench_target "$target" start_spillway_all_in_one stop_spillway ;;
         spillway-separate) bench_target "$target" start_spillway_separate stop_spillway ;;
         spillway-compressed) bench_target "$target" start_spillway_compressed stop_spillway ;;
+        spillway-group) bench_target "$target" start_spillway_group stop_spillway ;;
         rabbitmq) bench_target "$target" start_rabbitmq stop_rabbitmq ;;
         *) log "unknown target $target"; FAILED=1 ;;
     esac

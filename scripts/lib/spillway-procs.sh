@@ -206,6 +206,47 @@ start_spillway_separate() {
     spw_log "spillway separate ready: storage $storage, engine $engine, amqp $amqp"
 }
 
+# start_spillway_group: a storage group of SPW_GROUP_SIZE (3) storage nodes on loopback
+# (docs/replication.md), an engine that knows them all, and a gateway. Sets the same
+# variables as start_spillway_separate (SPILLWAY_STORAGE_ADDR: the first member).
+start_spillway_group() {
+    local size="${SPW_GROUP_SIZE:-3}" secret i port ports=() members=() addrs="" ready engine amqp
+    spw_workdir || return 1
+    secret="$SPW_WORKDIR/cluster-secret"
+    if [ ! -s "$secret" ]; then
+        (umask 077; head -c 32 /dev/urandom | base64 | tr -d '\n' >"$secret") || return 1
+    fi
+    # The members must know each other's addresses before they start: distinct free ports
+    # below the kernel's ephemeral range.
+    while [ "${#ports[@]}" -lt "$size" ]; do
+        port="$(free_port 10000 20000)" || return 1
+        case " ${ports[*]} " in *" $port "*) continue ;; esac
+        ports+=("$port")
+    done
+    for i in $(seq 1 "$size"); do
+        members+=("SPILLWAY_STORAGE__MEMBERS__$i=http://127.0.0.1:${ports[$((i - 1))]}")
+        addrs="${addrs:+$addrs,}http://127.0.0.1:${ports[$((i - 1))]}"
+    done
+    for i in $(seq 1 "$size"); do
+        SPILLWAY_STORAGE__LISTEN="127.0.0.1:${ports[$((i - 1))]}" \
+            spw_start_component "storage-$i" storage SPILLWAY_CLUSTER__SECRET_FILE="$secret" \
+            SPILLWAY_STORAGE__NODE_ID="$i" "${members[@]}" || return 1
+    done
+    SPILLWAY_STORAGE_ADDR="127.0.0.1:${ports[0]}"; export SPILLWAY_STORAGE_ADDR
+    spw_start_component engine engine SPILLWAY_CLUSTER__SECRET_FILE="$secret" \
+        SPILLWAY_ENGINE__STORAGE_ADDRS="$addrs" || return 1
+    ready="$SPW_READY_FILE"
+    engine="$(json_get "$ready" engine)"
+    [ -n "$engine" ] || { spw_die "no \"engine\" address in $ready"; return 1; }
+    SPILLWAY_ENGINE_ADDR="$engine"; export SPILLWAY_ENGINE_ADDR
+    spw_start_component gateway gateway SPILLWAY_CLUSTER__SECRET_FILE="$secret" \
+        SPILLWAY_GATEWAY__ENGINE_ADDR="http://$engine" || return 1
+    amqp="$(json_get "$SPW_READY_FILE" amqp)"
+    [ -n "$amqp" ] || { spw_die "no \"amqp\" address in $SPW_READY_FILE"; return 1; }
+    spw_set_broker "$amqp"
+    spw_log "spillway group of $size ready: storage $addrs, engine $engine, amqp $amqp"
+}
+
 stop_spillway() {
     local pg i
     # Stop in reverse start order (gateway, engine, storage).
