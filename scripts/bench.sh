@@ -42,7 +42,9 @@
 #   BENCH_TARGETS="spillway-all-in-one spillway-separate spillway-compressed spillway-group rabbitmq"
 #                                 spillway-group: separate processes on a storage group of three
 #                                 (docs/replication.md); runs cases c and t only, whose
-#                                 confirms and commits wait for a majority's fsync
+#                                 confirms and commits wait for a majority's fsync;
+#                                 rabbitmq-quorum: three RabbitMQ nodes clustered on this
+#                                 machine, a quorum queue (x-queue-type=quorum), case c only
 #   BENCH_SCENARIOS="transient confirm-ack persistent tx large fixed-rate fanout16 compressible idle backlog"
 #   BENCH_BACKLOG_BYTES=2GiB      case d's backlog
 #   BENCH_BACKLOG_THRESHOLD=256MiB  case d's flow-to-disk threshold and RabbitMQ watermark
@@ -67,7 +69,7 @@ cd "$ROOT"
 BENCH_COUNT="${BENCH_COUNT:-300000}"
 BENCH_PERSISTENT_COUNT="${BENCH_PERSISTENT_COUNT:-$((BENCH_COUNT / 5 > 0 ? BENCH_COUNT / 5 : 1))}"
 BENCH_SIZE="${BENCH_SIZE:-1024}"
-BENCH_TARGETS="${BENCH_TARGETS:-spillway-all-in-one spillway-separate spillway-compressed spillway-group rabbitmq}"
+BENCH_TARGETS="${BENCH_TARGETS:-spillway-all-in-one spillway-separate spillway-compressed spillway-group rabbitmq rabbitmq-quorum}"
 BENCH_SCENARIOS="${BENCH_SCENARIOS:-transient confirm-ack persistent tx large fixed-rate fanout16 compressible idle backlog}"
 BENCH_BACKLOG_BYTES="${BENCH_BACKLOG_BYTES:-2GiB}"
 BENCH_BACKLOG_THRESHOLD="${BENCH_BACKLOG_THRESHOLD:-256MiB}"
@@ -189,6 +191,8 @@ run_scenario() {
             args=(--count "$((BENCH_COUNT / 16))" --queues 16 --auto-ack --queue bench-fanout) ;;
         *) log "unknown scenario $scenario"; FAILED=1; return ;;
     esac
+    # RabbitMQ's replicated queue: a quorum queue on the three-node cluster.
+    [ "$target" = rabbitmq-quorum ] && args+=(--queue-arg x-queue-type=quorum)
     # shellcheck disable=SC2206
     args+=(--url "$BROKER_URL" --client "$BENCH_CLIENT" --producers "$pc" --consumers "$pc" --size "$size" --timeout 120 $BENCH_LOADGEN_ARGS)
     local ticks_before rss_file="$SPW_WORKDIR/rss.peak" sampler
@@ -378,14 +382,18 @@ bench_target() {
     local idle=0
     for s in $BENCH_SCENARIOS; do
         case "$s" in
-            idle) [ "$target" = spillway-compressed ] || [ "$target" = spillway-group ] || idle=1 ;;
+            idle) [ "$target" = spillway-compressed ] || [ "$target" = spillway-group ] ||
+                [ "$target" = rabbitmq-quorum ] || idle=1 ;;
             backlog) ;; # run_backlog, after every target
-            compressible) [ "$target" = spillway-group ] || run_compressible "$target" ;;
+            compressible) [ "$target" = spillway-group ] || [ "$target" = rabbitmq-quorum ] ||
+                run_compressible "$target" ;;
             # With compression on, only the case it is for; on a storage group, only
             # the cases whose confirms wait for its majority.
-            persistent | tx) [ "$target" = spillway-compressed ] || run_scenario "$target" "$s" ;;
-            *) [ "$target" = spillway-compressed ] || [ "$target" = spillway-group ] ||
+            persistent) [ "$target" = spillway-compressed ] || run_scenario "$target" "$s" ;;
+            tx) [ "$target" = spillway-compressed ] || [ "$target" = rabbitmq-quorum ] ||
                 run_scenario "$target" "$s" ;;
+            *) [ "$target" = spillway-compressed ] || [ "$target" = spillway-group ] ||
+                [ "$target" = rabbitmq-quorum ] || run_scenario "$target" "$s" ;;
         esac
     done
     log "stopping $target"
@@ -463,6 +471,7 @@ for target in $BENCH_TARGETS; do
         spillway-compressed) bench_target "$target" start_spillway_compressed stop_spillway ;;
         spillway-group) bench_target "$target" start_spillway_group stop_spillway ;;
         rabbitmq) bench_target "$target" start_rabbitmq stop_rabbitmq ;;
+        rabbitmq-quorum) bench_target "$target" start_rabbitmq_cluster stop_rabbitmq ;;
         *) log "unknown target $target"; FAILED=1 ;;
     esac
 done

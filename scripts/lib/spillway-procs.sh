@@ -361,6 +361,88 @@ EOF
     spw_log "rabbitmq ready: amqp $RABBITMQ_AMQP_ADDR"
 }
 
+# start_rabbitmq_cluster: SPW_RABBIT_CLUSTER_SIZE (3) private RabbitMQ nodes on this host
+# with one cookie and one epmd of their own, clustered with join_cluster (for quorum queues,
+# RabbitMQ's replicated queue type). Sets BROKER_URL / RABBITMQ_URL / RABBITMQ_AMQP_ADDR to
+# the first node; stop_rabbitmq stops them all.
+start_rabbitmq_cluster() {
+    spw_ensure_rabbitmq || return 1
+    local size="${SPW_RABBIT_CLUSTER_SIZE:-3}" dir epmd_port epmd_pid deadline i port dist
+    local node first="" ports=() nodes=() log pid
+    spw_workdir || return 1
+    dir="$SPW_WORKDIR/rabbitmq-cluster"
+    mkdir -p "$dir/home"
+    head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$dir/home/.erlang.cookie"
+    chmod 400 "$dir/home/.erlang.cookie"
+    epmd_port="$(free_port 30000 32000)" || return 1
+    spw_spawn "$dir/epmd.log" env HOME="$dir/home" ERL_EPMD_PORT="$epmd_port" epmd -port "$epmd_port"
+    epmd_pid=$SPW_LAST_PID
+    SPW_RABBIT_PGIDS+=("$epmd_pid")
+    deadline=$((SECONDS + 10))
+    until ! port_is_free "$epmd_port"; do
+        spw_alive "$epmd_pid" || { spw_die "epmd failed (log: $dir/epmd.log)"; return 1; }
+        [ "$SECONDS" -lt "$deadline" ] || { spw_die "epmd not listening on $epmd_port"; return 1; }
+        sleep 0.1
+    done
+    for i in $(seq 1 "$size"); do
+        for _ in $(seq 1 50); do
+            port="$(free_port 10000 20000)" || return 1
+            dist=$((port + 10000))
+            case " ${ports[*]} " in *" $port "*) continue ;; esac
+            port_is_free "$dist" && break
+        done
+        ports+=("$port")
+        node="spillway-bench-$$-$RANDOM-$i@localhost"
+        nodes+=("$node")
+        mkdir -p "$dir/$i/mnesia" "$dir/$i/log"
+        printf '' >"$dir/$i/rabbitmq-env.conf"
+        echo '[].' >"$dir/$i/enabled_plugins"
+        printf '%s\n' "listeners.tcp.default = 127.0.0.1:$port" "loopback_users.guest = true" \
+            "log.console = false" "log.file.level = info" >"$dir/$i/rabbitmq.conf"
+        log="$dir/$i/rabbitmq-server.log"
+        spw_spawn "$log" env HOME="$dir/home" ERL_EPMD_PORT="$epmd_port" \
+            RABBITMQ_NODENAME="$node" RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
+            RABBITMQ_NODE_PORT="$port" RABBITMQ_DIST_PORT="$dist" \
+            RABBITMQ_MNESIA_BASE="$dir/$i/mnesia" RABBITMQ_LOG_BASE="$dir/$i/log" \
+            RABBITMQ_PID_FILE="$dir/$i/rabbitmq.pid" RABBITMQ_CONF_ENV_FILE="$dir/$i/rabbitmq-env.conf" \
+            RABBITMQ_CONFIG_FILE="$dir/$i/rabbitmq.conf" RABBITMQ_ADVANCED_CONFIG_FILE="$dir/$i/advanced.config" \
+            RABBITMQ_ENABLED_PLUGINS_FILE="$dir/$i/enabled_plugins" \
+            RABBITMQ_PLUGINS_EXPAND_DIR="$dir/$i/plugins-expand" ERL_CRASH_DUMP="$dir/$i/erl_crash.dump" \
+            "$(spw_rabbit_bin rabbitmq-server)"
+        pid=$SPW_LAST_PID
+        SPW_RABBIT_PGIDS+=("$pid")
+        spw_log "started rabbitmq-server $node (pid $pid, amqp 127.0.0.1:$port, log $log)"
+    done
+    # The CLI reaches every node through the shared cookie and epmd, once the node listens
+    # (await_startup gives up on a node epmd does not know yet).
+    SPW_RABBIT_ENV=(HOME="$dir/home" ERL_EPMD_PORT="$epmd_port" RABBITMQ_NODENAME="${nodes[0]}")
+    deadline=$((SECONDS + SPW_READY_TIMEOUT))
+    for port in "${ports[@]}"; do
+        while port_is_free "$port"; do
+            [ "$SECONDS" -lt "$deadline" ] ||
+                { spw_die "rabbitmq not listening on $port after ${SPW_READY_TIMEOUT}s (logs: $dir)"; return 1; }
+            sleep 0.2
+        done
+    done
+    for node in "${nodes[@]}"; do
+        rabbitmq_ctl -q -n "$node" await_startup --timeout "$SPW_READY_TIMEOUT" >>"$dir/cluster.log" 2>&1 ||
+            { tail -n 30 "$dir/cluster.log" >&2; spw_die "rabbitmq node $node did not start (logs: $dir)"; return 1; }
+    done
+    first="${nodes[0]}"
+    for node in "${nodes[@]:1}"; do
+        { rabbitmq_ctl -q -n "$node" stop_app &&
+            rabbitmq_ctl -q -n "$node" join_cluster "$first" &&
+            rabbitmq_ctl -q -n "$node" start_app; } >>"$dir/cluster.log" 2>&1 ||
+            { tail -n 30 "$dir/cluster.log" >&2; spw_die "rabbitmq node $node did not join $first"; return 1; }
+    done
+    rabbitmq_ctl -q -n "$first" cluster_status >>"$dir/cluster.log" 2>&1
+    RABBITMQ_AMQP_ADDR="127.0.0.1:${ports[0]}"
+    RABBITMQ_URL="amqp://guest:guest@$RABBITMQ_AMQP_ADDR/%2f"
+    export RABBITMQ_AMQP_ADDR RABBITMQ_URL
+    BROKER_URL="$RABBITMQ_URL"; export BROKER_URL
+    spw_log "rabbitmq cluster of $size ready: amqp $RABBITMQ_AMQP_ADDR (nodes ${nodes[*]})"
+}
+
 stop_rabbitmq() {
     [ "${#SPW_RABBIT_PGIDS[@]}" -gt 0 ] || return 0
     local server="${SPW_RABBIT_PGIDS[${#SPW_RABBIT_PGIDS[@]}-1]}" pg

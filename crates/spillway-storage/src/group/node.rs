@@ -195,7 +195,14 @@ impl StorageGroup {
     /// refused (FAILED_PRECONDITION), the same on every member.
     pub async fn write_at(&self, batch: &WriteBatch) -> Result<u64, ServiceError> {
         use prost::Message as _;
+        let started = Instant::now();
         let (index, outcome) = self.propose(Command::Write(batch.encode_to_vec())).await?;
+        tracing::debug!(
+            index,
+            ops = batch.ops.len(),
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "storage group write committed"
+        );
         match outcome.refused {
             Some(reason) => Err(ServiceError::FailedPrecondition(reason)),
             None => Ok(index),
