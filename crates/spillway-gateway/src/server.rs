@@ -495,7 +495,17 @@ async fn serve_connection<S: ClientStream>(
         return Ok(());
     }
     frames.decoder_mut().frame_max = negotiated.frame_max as usize;
-    let session = match context.engine.open_session().await {
+    // Bounded like the handshake: an engine that does not answer (starting,
+    // or stopped but still connected) must not hold the client forever.
+    let opening = tokio::time::timeout(
+        context.config.handshake_timeout,
+        context.engine.open_session(),
+    );
+    let session = match opening.await.unwrap_or_else(|_| {
+        Err(spillway_proto::ServiceError::Unavailable(
+            "the engine did not open a session within gateway.handshake_timeout".into(),
+        ))
+    }) {
         Ok(session) => session,
         Err(error) => {
             tracing::warn!(%peer, %error, "engine unavailable");

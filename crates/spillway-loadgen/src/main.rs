@@ -511,20 +511,38 @@ impl Pacer {
 }
 
 /// Opens a connection and starts a task that follows its blocked/unblocked/error events.
+/// How long opening a connection, or a channel with its declares, may take
+/// before the attempt counts as failed (and, with --reconnect, is made
+/// again). lapin has no such bound of its own; a broker answers in
+/// milliseconds, and within its own handshake timeout (10 s) when it cannot.
+const SETUP_LIMIT: Duration = Duration::from_secs(30);
+
+/// `setup`, or an error naming `what` once it took longer than [`SETUP_LIMIT`].
+async fn within<T>(what: &str, setup: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    match tokio::time::timeout(SETUP_LIMIT, setup).await {
+        Ok(result) => result,
+        Err(_) => bail!("{what}: no answer within {} s", SETUP_LIMIT.as_secs()),
+    }
+}
+
 async fn connect(
     shared: &Arc<Shared>,
     name: &str,
     url: &str,
 ) -> Result<(Connection, JoinHandle<()>)> {
     let props = ConnectionProperties::default().with_connection_name(name.to_string().into());
-    let conn = if url.starts_with("amqps://") {
-        let tls = tls_config(shared.args.tls_ca.as_deref())?;
-        let runtime = lapin::runtime::default_runtime().context("lapin's runtime")?;
-        Connection::connect_with_config(url, props, tls, runtime).await
-    } else {
-        Connection::connect(url, props).await
-    }
-    .with_context(|| format!("{name}: cannot connect to {url}"))?;
+    let opening = async {
+        if url.starts_with("amqps://") {
+            let tls = tls_config(shared.args.tls_ca.as_deref())?;
+            let runtime = lapin::runtime::default_runtime().context("lapin's runtime")?;
+            Ok(Connection::connect_with_config(url, props, tls, runtime).await?)
+        } else {
+            Ok(Connection::connect(url, props).await?)
+        }
+    };
+    let conn = within(&format!("{name}: connecting to {url}"), opening)
+        .await
+        .with_context(|| format!("{name}: cannot connect to {url}"))?;
     let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
     let mut events = conn.events_listener();
     let sh = shared.clone();
@@ -571,8 +589,16 @@ fn tls_config(ca_file: Option<&std::path::Path>) -> Result<lapin::tcp::OwnedTLSC
 
 async fn close(conn: Connection, watcher: JoinHandle<()>) {
     watcher.abort();
-    if let Err(e) = conn.close(200, "loadgen done".into()).await {
-        tracing::debug!("close: {e}");
+    // Bounded: a connection the broker already closed must not hold us.
+    match tokio::time::timeout(
+        Duration::from_secs(5),
+        conn.close(200, "loadgen done".into()),
+    )
+    .await
+    {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::debug!("close: {e}"),
+        Err(_) => tracing::debug!("close: no close-ok within 5 s"),
     }
 }
 
@@ -690,11 +716,25 @@ impl Publisher {
 
     async fn settle_one(&mut self, shared: &Shared, out: &mut ProducerOutcome) -> Result<()> {
         if let Some((seq, c)) = self.window.pop_front() {
-            let confirmation = match c.await {
-                Ok(c) => c,
-                Err(e) => {
+            // A broker that neither confirms nor closes the channel must not
+            // hang the run: past --timeout it is an error of the run.
+            let limit = Duration::from_secs_f64(shared.args.timeout.max(1.0));
+            let confirmation = match tokio::time::timeout(limit, c).await {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => {
                     out.in_doubt += 1;
                     return Err(e).context("waiting for a publisher confirm");
+                }
+                Err(_) => {
+                    out.in_doubt += 1;
+                    let e = format!(
+                        "producer {}: no confirm for message {seq} within {:.0} s, and the \
+                         channel is still open",
+                        out.id,
+                        limit.as_secs_f64()
+                    );
+                    shared.error(e.clone());
+                    bail!(e);
                 }
             };
             match confirmation {
@@ -782,20 +822,24 @@ async fn producer_session(
         connect(shared, &format!("loadgen-producer-{}", out.id), &args.url).await?;
     let mut p = None;
     let result: Result<()> = async {
-        let channel = conn.create_channel().await.context("channel.open")?;
-        if args.reconnect {
-            // The broker may have restarted: make sure the queue is there.
-            declare_queue(&channel, args, queue).await?;
-        }
-        if args.confirm {
-            channel
-                .confirm_select(ConfirmSelectOptions::default())
-                .await
-                .context("confirm.select")?;
-        }
-        if args.tx_every.is_some() {
-            channel.tx_select().await.context("tx.select")?;
-        }
+        let setup = async {
+            let channel = conn.create_channel().await.context("channel.open")?;
+            if args.reconnect {
+                // The broker may have restarted: make sure the queue is there.
+                declare_queue(&channel, args, queue).await?;
+            }
+            if args.confirm {
+                channel
+                    .confirm_select(ConfirmSelectOptions::default())
+                    .await
+                    .context("confirm.select")?;
+            }
+            if args.tx_every.is_some() {
+                channel.tx_select().await.context("tx.select")?;
+            }
+            Ok(channel)
+        };
+        let channel = within("opening the producer's channel", setup).await?;
         retry.connected();
         let p = p.insert(Publisher {
             channel,
@@ -928,30 +972,40 @@ async fn consumer_session(
         args.consumer_url(),
     )
     .await?;
-    let channel = conn.create_channel().await.context("channel.open")?;
-    channel
-        .basic_qos(args.prefetch, BasicQosOptions::default())
-        .await
-        .context("basic.qos")?;
-    let mut streams = Vec::with_capacity(queues.len());
-    for q in queues {
-        if args.reconnect {
-            declare_queue(&channel, args, q).await?;
-        }
-        let c = channel
-            .basic_consume(
-                q.as_str().into(),
-                format!("loadgen-c{id}-{q}").into(),
-                BasicConsumeOptions {
-                    no_ack: args.auto_ack,
-                    ..BasicConsumeOptions::default()
-                },
-                FieldTable::default(),
-            )
+    let setup = async {
+        let channel = conn.create_channel().await.context("channel.open")?;
+        channel
+            .basic_qos(args.prefetch, BasicQosOptions::default())
             .await
-            .with_context(|| format!("basic.consume on {q}"))?;
-        streams.push(c);
-    }
+            .context("basic.qos")?;
+        let mut streams = Vec::with_capacity(queues.len());
+        for q in queues {
+            if args.reconnect {
+                declare_queue(&channel, args, q).await?;
+            }
+            let c = channel
+                .basic_consume(
+                    q.as_str().into(),
+                    format!("loadgen-c{id}-{q}").into(),
+                    BasicConsumeOptions {
+                        no_ack: args.auto_ack,
+                        ..BasicConsumeOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .with_context(|| format!("basic.consume on {q}"))?;
+            streams.push(c);
+        }
+        Ok((channel, streams))
+    };
+    let (channel, streams) = match within("opening the consumer's channel", setup).await {
+        Ok(opened) => opened,
+        Err(e) => {
+            close(conn, watcher).await;
+            return Err(e);
+        }
+    };
     retry.connected();
     let mut deliveries = futures::stream::select_all(streams);
     out.subscribed.get_or_insert_with(Instant::now);
