@@ -140,6 +140,7 @@ impl Engine {
                 holder,
                 ttl: config.lease_ttl,
             },
+            lease_lost: tokio::sync::watch::Sender::new(None),
             max_message_size: config.max_message_size,
             access_generation: AtomicU64::new(access.generation()),
             access: parking_lot::RwLock::new(access),
@@ -194,6 +195,25 @@ impl Engine {
                 Ok(()) => tracing::info!(epoch, "store lease released"),
                 Err(error) => tracing::warn!(%error, epoch, "cannot release the store lease"),
             }
+        }
+    }
+
+    /// Resolves, with the reason, once this engine has lost the store's
+    /// lease: the store refused to renew it (another engine holds it, or
+    /// the storage node serves another store), or it went unrenewed for
+    /// three times its TTL (a standby engine may have taken it after one). An
+    /// engine among standbys must then stop serving (`engine.standby`:
+    /// the process exits and its sessions end with `320`). Never resolves
+    /// while the lease is held.
+    pub async fn lease_lost(&self) -> String {
+        let mut lost = self.shared.lease_lost.subscribe();
+        let reason = match lost.wait_for(Option::is_some).await {
+            Ok(reason) => reason.clone(),
+            Err(_) => None,
+        };
+        match reason {
+            Some(reason) => reason,
+            None => std::future::pending().await,
         }
     }
 
@@ -336,6 +356,7 @@ async fn run_lease_renewal(shared: std::sync::Weak<Shared>) {
         return;
     };
     let every = (terms.ttl / 5).max(Duration::from_millis(50));
+    let mut renewed_at = tokio::time::Instant::now();
     loop {
         tokio::time::sleep(every).await;
         let Some(engine) = shared.upgrade() else {
@@ -345,7 +366,25 @@ async fn run_lease_renewal(shared: std::sync::Weak<Shared>) {
             return;
         };
         let writer = engine.writer.clone();
+        let lease_lost = engine.lease_lost.clone();
         drop(engine);
+        // Three TTLs: an election or a short loss of the store's majority
+        // must not move every client to another engine. Safety does not
+        // depend on it: a deposed engine's writes are refused by epoch.
+        if renewed_at.elapsed() > terms.ttl * 3 {
+            lease_lost.send_if_modified(|lost| {
+                let first = lost.is_none();
+                lost.get_or_insert_with(|| {
+                    format!(
+                        "the lease went unrenewed for {} ms (three times its TTL of {} ms): \
+                         the store cannot be reached, and another engine may hold it now",
+                        renewed_at.elapsed().as_millis(),
+                        terms.ttl.as_millis()
+                    )
+                });
+                first
+            });
+        }
         let request = spillway_proto::storage::AcquireLeaseRequest {
             epoch: writer.epoch(),
             ttl_ms: terms.ttl.as_millis() as u64,
@@ -362,9 +401,18 @@ async fn run_lease_renewal(shared: std::sync::Weak<Shared>) {
                     lease.store_id, terms.store_id
                 ),
             ),
-            Ok(Ok(_)) => writer.clear_failed(FailureSource::Lease),
+            Ok(Ok(_)) => {
+                renewed_at = tokio::time::Instant::now();
+                writer.clear_failed(FailureSource::Lease)
+            }
             Ok(Err(error)) if !error.is_transient() => {
-                writer.set_failed(FailureSource::Lease, &format!("lease lost: {error}"))
+                let reason = format!("lease lost: {error}");
+                lease_lost.send_if_modified(|lost| {
+                    let first = lost.is_none();
+                    lost.get_or_insert_with(|| reason.clone());
+                    first
+                });
+                writer.set_failed(FailureSource::Lease, &reason)
             }
             Ok(Err(error)) => tracing::debug!(%error, "cannot renew the store lease yet"),
             Err(_) => tracing::debug!("renewing the store lease timed out"),

@@ -3,7 +3,7 @@
 //! in-process `Engine::open_session` the all-in-one wiring calls directly.
 use std::pin::Pin;
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use spillway_proto::engine::engine_server::{Engine as EngineGrpc, EngineServer};
 use spillway_proto::engine::{
     AuthenticateRequest, AuthenticateResponse, SessionCommand, SessionEvent,
@@ -16,11 +16,22 @@ use crate::engine::Engine;
 /// The engine's gRPC service, for gateways in other processes.
 pub struct EngineService {
     engine: Engine,
+    /// Ends every session stream when it turns true: a graceful gRPC
+    /// shutdown waits for open streams, and a gateway's session lasts as
+    /// long as its client's connection.
+    stop: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl EngineService {
     pub fn new(engine: Engine) -> Self {
-        Self { engine }
+        Self { engine, stop: None }
+    }
+
+    /// Session streams end when `stop` turns true; the gateways then close
+    /// their clients' connections with `320 CONNECTION_FORCED`.
+    pub fn with_shutdown(mut self, stop: tokio::sync::watch::Receiver<bool>) -> Self {
+        self.stop = Some(stop);
+        self
     }
 
     /// The server, sending and accepting messages of up to
@@ -43,10 +54,14 @@ impl EngineGrpc for EngineService {
         request: Request<Streaming<SessionCommand>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
         let session = self.engine.open_session().await?;
-        Ok(Response::new(serve_remote_session(
-            request.into_inner(),
-            session,
-        )))
+        let events = serve_remote_session(request.into_inner(), session);
+        let Some(mut stop) = self.stop.clone() else {
+            return Ok(Response::new(events));
+        };
+        let stopped = async move {
+            let _ = stop.wait_for(|stopped| *stopped).await;
+        };
+        Ok(Response::new(Box::pin(events.take_until(stopped))))
     }
 
     async fn authenticate(

@@ -30,6 +30,10 @@ pub(crate) struct Shared {
     pub(crate) store: Mutex<Option<Arc<dyn StorageApi>>>,
     /// The store this engine leased (its id), and the lease's terms.
     pub(crate) lease: LeaseTerms,
+    /// Why this engine no longer holds the lease, once it does not: the
+    /// store gave it to another engine, or it went unrenewed past its TTL
+    /// (so another may have it). See [`crate::Engine::lease_lost`].
+    pub(crate) lease_lost: tokio::sync::watch::Sender<Option<String>>,
     /// `EngineConfig::max_message_size`.
     pub(crate) max_message_size: u64,
     /// Users and permissions (`access.rs`). Apart from the broker's lock:

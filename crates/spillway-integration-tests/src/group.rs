@@ -140,7 +140,7 @@ impl GroupSandbox {
             "gateway",
             &[
                 ("SPILLWAY_GATEWAY__AMQP_LISTEN", "127.0.0.1:0".into()),
-                ("SPILLWAY_GATEWAY__ENGINE_ADDRS", engine_addrs),
+                ("SPILLWAY_GATEWAY__ENGINE_ADDRS", engine_addrs.clone()),
             ],
         )?;
         let gateway = wait_for_ready(&gateway_ready.0, Duration::from_secs(60)).await?;
@@ -155,10 +155,7 @@ impl GroupSandbox {
                     "SPILLWAY_MANAGEMENT__STORAGE_ADDRS",
                     sandbox.storage_addrs(),
                 ),
-                (
-                    "SPILLWAY_MANAGEMENT__ENGINE_ADDR",
-                    format!("http://{engine}"),
-                ),
+                ("SPILLWAY_MANAGEMENT__ENGINE_ADDRS", engine_addrs.clone()),
             ],
         )?;
         let management = wait_for_ready(&management_ready.0, Duration::from_secs(60)).await?;
@@ -185,6 +182,42 @@ impl GroupSandbox {
             stop_child(&mut child, "KILL").await;
         }
         Ok(())
+    }
+
+    /// Stops (SIGSTOP) or resumes (SIGCONT) the active engine: a process
+    /// that neither dies nor answers, as in a long pause or a partition.
+    pub fn pause_engine(&self, paused: bool) -> anyhow::Result<()> {
+        let child = self.engine.as_ref().context("no active engine")?;
+        let signal = if paused { "-STOP" } else { "-CONT" };
+        let status = Command::new("kill")
+            .arg(signal)
+            .arg(child.id().to_string())
+            .status()
+            .context("kill")?;
+        anyhow::ensure!(status.success(), "kill {signal} failed");
+        Ok(())
+    }
+
+    /// Waits (up to `deadline`) for the active engine's process to exit by
+    /// itself; its exit status.
+    pub async fn wait_engine_exit(
+        &mut self,
+        deadline: Duration,
+    ) -> anyhow::Result<std::process::ExitStatus> {
+        let child = self.engine.as_mut().context("no active engine")?;
+        let status = eventually(deadline, || {
+            let exited = child.try_wait();
+            async move {
+                match exited {
+                    Ok(Some(status)) => Ok(status),
+                    Ok(None) => Err(anyhow::anyhow!("the engine still runs")),
+                    Err(error) => Err(error.into()),
+                }
+            }
+        })
+        .await?;
+        self.engine = None;
+        Ok(status)
     }
 
     /// Waits until the standby engine has taken over (its ready file).

@@ -11,6 +11,8 @@ use crate::engine::engine_admin_client::EngineAdminClient;
 use crate::management as m;
 use crate::ServiceError;
 use async_trait::async_trait;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// Calls `$m! { method(m::Request) -> m::Response; ... }` with every engine
 /// admin call (`m` is `spillway_proto::management`, `pb` is
@@ -190,16 +192,51 @@ pub trait EngineAdminApi: Send + Sync + 'static {
 /// The engine's admin API over gRPC (management running in its own process).
 #[derive(Clone)]
 pub struct RemoteEngineAdmin {
-    client: EngineAdminClient<ClusterChannel>,
+    /// Every engine's address and client: one, or several of which one is
+    /// active and the others stand by without listening.
+    engines: Vec<(String, EngineAdminClient<ClusterChannel>)>,
+    /// The engine asked first: the one that answered last (shared by clones).
+    current: Arc<AtomicUsize>,
 }
 
 impl RemoteEngineAdmin {
     /// `cluster`: the secret sent with every call and the message limit.
     pub fn connect_lazy(addr: &str, cluster: &ClusterClient) -> Result<Self, ServiceError> {
-        let client = EngineAdminClient::new(lazy_channel(addr, cluster)?)
-            .max_decoding_message_size(cluster.max_message_bytes)
-            .max_encoding_message_size(cluster.max_message_bytes);
-        Ok(Self { client })
+        Self::connect_lazy_all(&[addr.to_string()], cluster)
+    }
+
+    /// Clients of several engines (`management.engine_addrs`): a call goes
+    /// to the engine that answered last, and to the next one when that one
+    /// cannot be reached, once round the list (as the gateway's
+    /// `FailoverEngine`).
+    pub fn connect_lazy_all(
+        addrs: &[String],
+        cluster: &ClusterClient,
+    ) -> Result<Self, ServiceError> {
+        if addrs.is_empty() {
+            return Err(ServiceError::InvalidArgument(
+                "no engine address to connect to".into(),
+            ));
+        }
+        let engines = addrs
+            .iter()
+            .map(|addr| {
+                let client = EngineAdminClient::new(lazy_channel(addr, cluster)?)
+                    .max_decoding_message_size(cluster.max_message_bytes)
+                    .max_encoding_message_size(cluster.max_message_bytes);
+                Ok((addr.clone(), client))
+            })
+            .collect::<Result<Vec<_>, ServiceError>>()?;
+        Ok(Self {
+            engines,
+            current: Arc::new(AtomicUsize::new(0)),
+        })
+    }
+
+    /// The engines' indexes in the order to ask them: the current one first.
+    fn in_order(&self) -> impl Iterator<Item = usize> + '_ {
+        let start = self.current.load(Ordering::Acquire) % self.engines.len();
+        (0..self.engines.len()).map(move |step| (start + step) % self.engines.len())
     }
 }
 
@@ -209,7 +246,25 @@ macro_rules! remote_impl {
         impl EngineAdminApi for RemoteEngineAdmin {
             $(
                 async fn $method(&self, request: $request) -> Result<$response, ServiceError> {
-                    Ok(self.client.clone().$method(request).await?.into_inner())
+                    let mut last = None;
+                    for index in self.in_order() {
+                        let (addr, client) = &self.engines[index];
+                        match client.clone().$method(request.clone()).await {
+                            Ok(response) => {
+                                self.current.store(index, Ordering::Release);
+                                return Ok(response.into_inner());
+                            }
+                            Err(status) => {
+                                let error = ServiceError::from(status);
+                                if !error.is_transient() || self.engines.len() == 1 {
+                                    return Err(error);
+                                }
+                                tracing::debug!(engine = %addr, %error, "engine not answering, trying the next");
+                                last = Some(error);
+                            }
+                        }
+                    }
+                    Err(last.unwrap_or_else(|| ServiceError::Unavailable("no engine answers".into())))
                 }
             )*
         }

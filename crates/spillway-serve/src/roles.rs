@@ -70,6 +70,9 @@ pub struct Running {
     /// The storage group member this process is (storage, with
     /// `storage.members`): it leaves the group last on shutdown.
     group: Option<StorageGroup>,
+    /// `engine.standby`: an engine among others, which steps down when it
+    /// loses the store's lease ([`Running::stepped_down`]).
+    standby: bool,
 }
 
 impl Running {
@@ -82,6 +85,20 @@ impl Running {
     /// The engine this process runs (all-in-one, engine).
     pub fn engine(&self) -> Option<&Engine> {
         self.engine.as_ref()
+    }
+
+    /// Resolves, with the reason, when this process must stop serving on
+    /// its own: an engine started with `engine.standby` that lost the
+    /// store's lease (another engine took it, or it went unrenewed past
+    /// its TTL). The caller shuts down and exits non-zero: the sessions
+    /// end, gateways close their clients' connections with `320`, and the
+    /// process, restarted by its supervisor, stands by. Never resolves
+    /// otherwise.
+    pub async fn stepped_down(&self) -> String {
+        match (&self.engine, self.standby) {
+            (Some(engine), true) => engine.lease_lost().await,
+            _ => std::future::pending().await,
+        }
     }
 
     /// Stops the servers in the reverse order of their start, then the
@@ -148,6 +165,7 @@ pub async fn run_with_metrics(
         engine: None,
         storage: None,
         group: None,
+        standby: settings.engine.standby && role == Role::Engine,
     };
     // Mutual TLS: read for the separate roles only (all-in-one has no
     // internal connection to protect).
@@ -204,8 +222,14 @@ pub async fn run_with_metrics(
             store.register_metrics(&metrics);
             let storage: Arc<dyn StorageApi> = Arc::new(store);
             running.storage = Some(storage.clone());
-            let engine =
-                start_engine(storage.clone(), settings, memory.clone(), clock.clone()).await?;
+            let engine = start_engine(
+                storage.clone(),
+                settings,
+                memory.clone(),
+                clock.clone(),
+                &running.health,
+            )
+            .await?;
             engine.register_metrics(&metrics);
             running.engine = Some(engine.clone());
             let admin: Arc<dyn EngineAdminApi> = Arc::new(engine.clone());
@@ -276,12 +300,15 @@ pub async fn run_with_metrics(
                 &cluster,
             )
             .context("engine.storage_addr(s)")?;
-            let engine = start_engine(storage, settings, memory, clock).await?;
+            let engine = start_engine(storage, settings, memory, clock, &running.health).await?;
             engine.register_metrics(&metrics);
             auth.register_metrics(&metrics);
             running.engine = Some(engine.clone());
             let limit = cluster.max_message_bytes;
-            let sessions = EngineService::new(engine.clone()).into_server(limit);
+            let (stop, stopped) = watch::channel(false);
+            let sessions = EngineService::new(engine.clone())
+                .with_shutdown(stopped.clone())
+                .into_server(limit);
             let admin = EngineAdminService::new(engine).into_server(limit);
             let router = internal_server(cluster_tls.as_ref())?
                 .add_service(InterceptedService::new(
@@ -298,7 +325,7 @@ pub async fn run_with_metrics(
                 &settings.engine.listen,
                 router,
                 cluster_tls.is_some(),
-                watch::channel(false),
+                (stop, stopped),
             )
             .await?;
         }
@@ -323,9 +350,15 @@ pub async fn run_with_metrics(
                 &cluster,
             )
             .context("management.storage_addr(s)")?;
+            let management = &settings.management;
+            let engine_addrs = if management.engine_addrs.is_empty() {
+                std::slice::from_ref(&management.engine_addr)
+            } else {
+                management.engine_addrs.as_slice()
+            };
             let admin: Arc<dyn EngineAdminApi> = Arc::new(
-                RemoteEngineAdmin::connect_lazy(&settings.management.engine_addr, &cluster)
-                    .context("management.engine_addr")?,
+                RemoteEngineAdmin::connect_lazy_all(engine_addrs, &cluster)
+                    .context("management.engine_addr(s)")?,
             );
             start_management(&mut running, admin, storage, settings, &metrics).await?;
         }
@@ -408,12 +441,14 @@ fn open_store(settings: &Settings) -> anyhow::Result<RocksStore> {
     Ok(store)
 }
 
-/// Starts the engine; a storage node that is not up yet is waited for.
+/// Starts the engine; a storage node that is not up yet is waited for. A
+/// standby engine says so on `/healthz` while it waits for the lease.
 async fn start_engine(
     storage: Arc<dyn StorageApi>,
     settings: &Settings,
     memory_ceiling: Arc<MemoryCeiling>,
     clock: SharedClock,
+    health: &Health,
 ) -> anyhow::Result<Engine> {
     let config = EngineConfig {
         session_credit: settings.engine.session_credit,
@@ -451,11 +486,15 @@ async fn start_engine(
     let mut standing_by = false;
     loop {
         match Engine::start(storage.clone(), config.clone()).await {
-            Ok(engine) => return Ok(engine),
+            Ok(engine) => {
+                health.set_standby(false);
+                return Ok(engine);
+            }
             Err(error) if error.is_lease_refused() && settings.engine.standby => {
                 if !standing_by {
                     tracing::info!(%error, "standing by: another engine holds the store's lease");
                     standing_by = true;
+                    health.set_standby(true);
                 }
                 tokio::time::sleep(backoff.next_delay()).await;
             }

@@ -735,6 +735,10 @@ pub struct ManagementSettings {
     pub storage_addrs: Vec<String>,
     /// The engine's gRPC address (its admin API), when management runs alone.
     pub engine_addr: String,
+    /// Every engine, when several run: calls go to the one that answers,
+    /// as `gateway.engine_addrs`. Empty: `engine_addr` alone.
+    #[serde(deserialize_with = "list_or_commas")]
+    pub engine_addrs: Vec<String>,
     /// A bearer token accepted from anywhere (`authorization: Bearer
     /// <token>`). Unset: no token is accepted.
     pub token: Option<String>,
@@ -763,6 +767,7 @@ impl Default for ManagementSettings {
             storage_addr: "http://127.0.0.1:50071".into(),
             storage_addrs: Vec::new(),
             engine_addr: "http://127.0.0.1:50061".into(),
+            engine_addrs: Vec::new(),
             token: None,
             // None: the stored users (the configuration's guest seeds an
             // empty store) are management's users, so deleting or changing

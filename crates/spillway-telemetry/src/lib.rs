@@ -126,11 +126,14 @@ impl Metrics {
     }
 }
 
-/// Whether the process is ready: `/healthz` answers 200 only while it is.
-/// Cheap to clone; all clones share one flag. Starts not ready.
+/// Whether the process is ready: `/healthz` answers 200 `ok` while it is,
+/// 200 `standby` while it is a standby engine waiting for the store's lease
+/// (healthy, but not the one serving), and 503 otherwise. Cheap to clone;
+/// all clones share the flags. Starts not ready.
 #[derive(Clone, Debug, Default)]
 pub struct Health {
     ready: Arc<AtomicBool>,
+    standby: Arc<AtomicBool>,
 }
 
 impl Health {
@@ -144,6 +147,15 @@ impl Health {
 
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
+    }
+
+    /// A standby engine: up and waiting for the lease.
+    pub fn set_standby(&self, standby: bool) {
+        self.standby.store(standby, Ordering::Release);
+    }
+
+    pub fn is_standby(&self) -> bool {
+        self.standby.load(Ordering::Acquire)
     }
 }
 
@@ -265,6 +277,8 @@ fn respond(
     if path == "/healthz" {
         return if health.is_ready() {
             plain(StatusCode::OK, "ok\n")
+        } else if health.is_standby() {
+            plain(StatusCode::OK, "standby\n")
         } else {
             plain(StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
         };
@@ -355,6 +369,10 @@ mod tests {
         assert!(body.contains("\nspillway_open_things 2\n"), "{body}");
 
         assert_eq!(get(addr, "GET", "/healthz").await.0, 503);
+        health.set_standby(true);
+        let (status, _, body) = get(addr, "GET", "/healthz").await;
+        assert_eq!((status, body.as_str()), (200, "standby\n"));
+        health.set_standby(false);
         health.set_ready(true);
         let (status, _, body) = get(addr, "GET", "/healthz").await;
         assert_eq!((status, body.as_str()), (200, "ok\n"));

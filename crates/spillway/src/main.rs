@@ -56,8 +56,9 @@ enum RoleArg {
     Storage,
     /// The management API alone.
     Management,
-    /// Exits 0 when the process serving `/healthz` at ADDR is ready (for
-    /// container healthchecks: the images carry no curl).
+    /// Exits 0 when the process serving `/healthz` at ADDR is ready or a
+    /// standby engine, and prints which (`ok`, `standby`); for container
+    /// healthchecks: the images carry no curl.
     Healthcheck {
         /// The `host:port` of a process's metrics/health endpoint.
         #[arg(long, default_value = "127.0.0.1:9471")]
@@ -121,9 +122,28 @@ async fn serve(role: Role, cli: &Cli, settings: &Settings) -> anyhow::Result<()>
     if let Some(path) = &cli.ready_file {
         write_ready_file(path, &running.addresses_json())?;
     }
-    wait_for_signal().await?;
-    tracing::info!("shutting down");
+    let stepped_down = tokio::select! {
+        signal = wait_for_signal() => {
+            signal?;
+            None
+        }
+        reason = running.stepped_down() => Some(reason),
+    };
+    if let Some(reason) = &stepped_down {
+        tracing::error!(
+            code = "MST-1101",
+            reason = %reason,
+            "MST-1101 : Store failure : {reason}: this standby-capable engine stops serving"
+        );
+    } else {
+        tracing::info!("shutting down");
+    }
     running.shutdown().await;
+    if let Some(reason) = stepped_down {
+        anyhow::bail!(
+            "the engine lost the store's lease and stepped down ({reason}); restart it to stand by"
+        );
+    }
     Ok(())
 }
 
@@ -142,9 +162,16 @@ async fn healthcheck(addr: &str) -> anyhow::Result<()> {
     let response = tokio::time::timeout(std::time::Duration::from_secs(5), check)
         .await
         .context("healthcheck timed out")??;
-    let status_line = String::from_utf8_lossy(&response);
-    let status_line = status_line.lines().next().unwrap_or_default();
+    let response = String::from_utf8_lossy(&response);
+    let status_line = response.lines().next().unwrap_or_default();
     if status_line.split_whitespace().nth(1) == Some("200") {
+        // `ok`, or `standby` for a standby engine: scripts tell them apart.
+        let state = response
+            .rsplit("\r\n\r\n")
+            .next()
+            .unwrap_or_default()
+            .trim();
+        println!("{state}");
         return Ok(());
     }
     anyhow::bail!("not ready: {status_line}")

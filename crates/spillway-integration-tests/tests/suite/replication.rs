@@ -403,3 +403,52 @@ async fn consume_at_least_once(group: &GroupSandbox, expected: u64) -> anyhow::R
     conn.close(200, "bye".into()).await.ok();
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_lost_its_lease_steps_down_and_the_standby_serves() -> anyhow::Result<()> {
+    let mut group = GroupSandbox::start_with_standby(3).await?;
+    let result = step_down(&mut group).await;
+    result.with_context(|| group.logs())
+}
+
+/// The active engine stops answering (SIGSTOP) past its lease's TTL: the
+/// standby takes the lease and serves. When the old one runs again it must
+/// not serve on: it exits non-zero, its clients' connections are closed,
+/// and they carry on against the new engine with nothing lost.
+async fn step_down(group: &mut GroupSandbox) -> anyhow::Result<()> {
+    let before = group.connect().await?;
+    let channel = durable_confirming_channel(&before).await?;
+    publish_confirmed(&channel, 0, 100).await?;
+
+    group.pause_engine(true)?;
+    group.wait_for_standby().await?;
+    group.pause_engine(false)?;
+    let status = group.wait_engine_exit(Duration::from_secs(30)).await?;
+    anyhow::ensure!(
+        !status.success(),
+        "the deposed engine exited with {status}, not as a failure"
+    );
+    anyhow::ensure!(
+        group.logs().contains("stepped down"),
+        "the deposed engine did not say why it stopped"
+    );
+    // Its client's connection is closed under it (320 from the gateway).
+    spillway_integration_tests::eventually(Duration::from_secs(30), || {
+        let connected = before.status().connected();
+        async move { !connected }
+    })
+    .await
+    .context("the old engine's client connection stayed open")?;
+
+    let after = group.connect().await?;
+    let channel = durable_confirming_channel(&after).await?;
+    publish_confirmed(&channel, 100, 200).await?;
+    after.close(200, "bye".into()).await.ok();
+    // Management follows the active engine too (`management.engine_addrs`).
+    let (ok, stdout, stderr) = group.spillctl(&["queue", "list"])?;
+    anyhow::ensure!(
+        ok && stdout.contains(QUEUE),
+        "spillctl queue list: {stdout} {stderr}"
+    );
+    consume_all(group, 200).await
+}
