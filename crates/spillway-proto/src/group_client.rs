@@ -23,6 +23,7 @@ use async_trait::async_trait;
 use futures::future::BoxFuture;
 
 use crate::backoff::Backoff;
+use crate::boundary::ChannelTimeouts;
 use crate::cluster::ClusterClient;
 use crate::storage::{
     AcquireLeaseRequest, Definitions, GroupStatus, Lease, MessageRecord, QueueEntry, StoreStatus,
@@ -34,6 +35,13 @@ use crate::{QuotaStream, RemoteStorage, ServiceError, StorageApi};
 pub const CALL_DEADLINE: Duration = Duration::from_secs(10);
 /// The lease is renewed every few seconds and must not wait as long.
 const LEASE_DEADLINE: Duration = Duration::from_secs(3);
+/// How long one attempt of a write may take on one member before the next
+/// is asked (a leader that died mid-call may leave its connection silent
+/// rather than closed). A commit takes milliseconds; a retry is safe, as
+/// the group applies a batch once.
+const WRITE_ATTEMPT: Duration = Duration::from_secs(4);
+/// The same for one attempt of a lease call.
+const LEASE_ATTEMPT: Duration = Duration::from_secs(2);
 
 /// Every member of a storage group, as the engine reaches them.
 pub struct GroupStorage {
@@ -55,7 +63,12 @@ impl GroupStorage {
         let members = addrs
             .iter()
             .map(|addr| {
-                let client = RemoteStorage::connect_lazy(addr, cluster)?.with_fence(fence.clone());
+                let client = RemoteStorage::connect_lazy_within(
+                    addr,
+                    cluster,
+                    ChannelTimeouts::GROUP_MEMBER,
+                )?
+                .with_fence(fence.clone());
                 Ok((addr.clone(), client))
             })
             .collect::<Result<Vec<_>, ServiceError>>()?;
@@ -81,13 +94,34 @@ impl GroupStorage {
         deadline: Duration,
         call: impl Fn(&'a RemoteStorage) -> BoxFuture<'a, Result<T, ServiceError>>,
     ) -> Result<T, ServiceError> {
+        self.on_leader_within(deadline, None, call).await
+    }
+
+    /// [`GroupStorage::on_leader`], giving each member at most `attempt`
+    /// (None: no bound of its own) before the next is asked.
+    async fn on_leader_within<'a, T>(
+        &'a self,
+        deadline: Duration,
+        attempt: Option<Duration>,
+        call: impl Fn(&'a RemoteStorage) -> BoxFuture<'a, Result<T, ServiceError>>,
+    ) -> Result<T, ServiceError> {
         let started = Instant::now();
         let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
         let mut misses = 0;
         loop {
             let index = self.current.load(Ordering::Acquire) % self.members.len();
             let (addr, member) = &self.members[index];
-            let error = match call(member).await {
+            let answer = match attempt {
+                None => call(member).await,
+                Some(limit) => tokio::time::timeout(limit, call(member))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(ServiceError::Unavailable(format!(
+                            "storage group member {addr} did not answer within {limit:?}"
+                        )))
+                    }),
+            };
+            let error = match answer {
                 Ok(value) => return Ok(value),
                 Err(error) if !error.is_transient() => return Err(error),
                 Err(error) => error,
@@ -130,7 +164,7 @@ fn normalize(address: &str) -> &str {
 #[async_trait]
 impl StorageApi for GroupStorage {
     async fn write(&self, batch: Arc<WriteBatch>) -> Result<(), ServiceError> {
-        self.on_leader(CALL_DEADLINE, |member| {
+        self.on_leader_within(CALL_DEADLINE, Some(WRITE_ATTEMPT), |member| {
             let batch = batch.clone();
             Box::pin(async move { member.write(batch).await })
         })
@@ -175,14 +209,14 @@ impl StorageApi for GroupStorage {
     }
 
     async fn acquire_lease(&self, request: AcquireLeaseRequest) -> Result<Lease, ServiceError> {
-        self.on_leader(LEASE_DEADLINE, |member| {
+        self.on_leader_within(LEASE_DEADLINE, Some(LEASE_ATTEMPT), |member| {
             Box::pin(member.acquire_lease(request.clone()))
         })
         .await
     }
 
     async fn release_lease(&self, epoch: u64) -> Result<(), ServiceError> {
-        self.on_leader(LEASE_DEADLINE, |member| {
+        self.on_leader_within(LEASE_DEADLINE, Some(LEASE_ATTEMPT), |member| {
             Box::pin(member.release_lease(epoch))
         })
         .await
@@ -197,7 +231,9 @@ impl StorageApi for GroupStorage {
     /// answers, else the first member's that does.
     async fn group_status(&self) -> Result<GroupStatus, ServiceError> {
         let seen = self
-            .on_leader(LEASE_DEADLINE, |member| Box::pin(member.group_status()))
+            .on_leader_within(LEASE_DEADLINE, Some(LEASE_ATTEMPT), |member| {
+                Box::pin(member.group_status())
+            })
             .await?;
         let leader = seen
             .members

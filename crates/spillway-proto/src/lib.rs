@@ -40,8 +40,8 @@ pub mod permissions;
 mod status;
 
 pub use boundary::{
-    lazy_channel, serve_remote_session, EngineApi, QuotaStream, RemoteEngine, RemoteStorage,
-    SessionStreams, StorageApi,
+    lazy_channel, lazy_member_channel, serve_remote_session, EngineApi, QuotaStream, RemoteEngine,
+    RemoteStorage, SessionStreams, StorageApi,
 };
 pub use command_queue::{
     command_queue, CommandReceiver, CommandSender, QueuedCommand, SESSION_COMMAND_BUFFER,

@@ -103,8 +103,17 @@ impl StorageGroup {
                 settings.snapshot_entries.max(10),
             ),
             max_in_snapshot_log_to_keep: settings.snapshot_entries.max(10) / 5,
-            // Entries are write batches of up to a few MiB.
-            max_payload_entries: 64,
+            // Entries are write batches of up to a few MiB, and openraft
+            // gives one AppendEntries a heartbeat's time: a member catching
+            // up gets a few at a time, or it never gets there on loaded
+            // cores.
+            max_payload_entries: 8,
+            // One snapshot chunk's time, the last one's (which installs the
+            // snapshot: the member's records replaced) included. openraft's
+            // 200 ms is no time for that, and a member that never finishes
+            // never catches up.
+            install_snapshot_timeout: 30_000,
+            snapshot_max_chunk_size: 1024 * 1024,
             ..Default::default()
         };
         let config = Arc::new(
