@@ -42,6 +42,9 @@ const LEASE_DEADLINE: Duration = Duration::from_secs(3);
 const WRITE_ATTEMPT: Duration = Duration::from_secs(4);
 /// The same for one attempt of a lease call.
 const LEASE_ATTEMPT: Duration = Duration::from_secs(2);
+/// The same for one attempt of a status call (a member busy catching up
+/// on loaded cores can take a few seconds to answer).
+const STATUS_ATTEMPT: Duration = Duration::from_secs(5);
 
 /// Every member of a storage group, as the engine reaches them.
 pub struct GroupStorage {
@@ -231,7 +234,7 @@ impl StorageApi for GroupStorage {
     /// answers, else the first member's that does.
     async fn group_status(&self) -> Result<GroupStatus, ServiceError> {
         let seen = self
-            .on_leader_within(LEASE_DEADLINE, Some(LEASE_ATTEMPT), |member| {
+            .on_leader_within(CALL_DEADLINE, Some(STATUS_ATTEMPT), |member| {
                 Box::pin(member.group_status())
             })
             .await?;
