@@ -58,6 +58,12 @@ ca() {
     mode=renew-all-of-$name
 }
 
+# The SANs of a certificate as `leaf` takes them: "DNS:a,DNS:b,IP:1.2.3.4".
+sans_of() {
+    openssl x509 -in "$1" -noout -ext subjectAltName 2>/dev/null | tail -n +2 \
+        | tr -d ' ' | sed 's/IPAddress:/IP:/g'
+}
+
 # leaf NAME CA EKU SANS: a certificate signed by CA, 1 year.
 leaf() {
     local name="$1" ca="$2" eku="$3" sans="$4"
@@ -70,6 +76,8 @@ leaf() {
         issue=yes
     elif ! openssl verify -CAfile "$dir/ca/$ca.pem" "$dir/$name.pem" >/dev/null 2>&1; then
         issue=yes
+    elif [[ "$(sans_of "$dir/$name.pem")" != "$sans" ]]; then
+        issue=yes   # the names changed (a service was added or renamed)
     fi
     [[ "$issue" == yes ]] || return 0
     printf '%s\n' "subjectAltName=$sans" "basicConstraints=critical,CA:FALSE" \
@@ -87,9 +95,11 @@ leaf() {
 
 start_mode="$mode"
 ca cluster-ca "Spillway cluster CA (compose test)"
-for component in storage engine management; do
-    leaf "$component" cluster-ca "serverAuth,clientAuth" "DNS:$component"
-done
+# The storage nodes share one certificate, and so do the engines: each is
+# dialled by its own service name.
+leaf storage cluster-ca "serverAuth,clientAuth" "DNS:storage-1,DNS:storage-2,DNS:storage-3"
+leaf engine cluster-ca "serverAuth,clientAuth" "DNS:engine-1,DNS:engine-2"
+leaf management cluster-ca "serverAuth,clientAuth" "DNS:management"
 # Both gateways present one certificate: they are clients of the engine only.
 leaf gateway cluster-ca "serverAuth,clientAuth" "DNS:gateway,DNS:gateway2"
 mode="$start_mode"

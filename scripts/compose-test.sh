@@ -29,7 +29,9 @@ rc=0
 # The stack first (internal gRPC over mutual TLS), then spillctl, then the
 # loadgen (producers over AMQPS, consumers over AMQP).
 compose up -d >"$log" 2>&1 || die "the stack did not start (log: $log)"
-for s in storage engine gateway gateway2 management; do wait_healthy "$s" 120; done
+for s in storage-1 storage-2 storage-3 engine-1 engine-2 gateway gateway2 management; do
+    wait_healthy "$s" 120
+done
 mport="$(compose port management 50051 | sed 's/.*://')"
 [[ -n "$mport" ]] || die "management's port is not published"
 ctl() {
@@ -60,6 +62,25 @@ if admin --password spillway status >/dev/null 2>&1; then
     die "management accepted spillway/spillway: the administrator's password is the repository's"
 fi
 echo "compose-test: ports published on loopback only; the administrator's password is this machine's own"
+# The storage group: three members, one leader, as `spillctl storage status` shows them.
+group_ok=""
+for _ in $(seq 1 60); do
+    if ctl --tls-ca "$root/deploy/certs/client-ca.pem" --output json storage status \
+        >"$out/compose-test-group.json" 2>&1 \
+        && python3 - "$out/compose-test-group.json" <<'PY'
+import json, sys
+g = json.load(open(sys.argv[1]))
+roles = sorted(m["role"] for m in g["members"])
+sys.exit(0 if g.get("leader") and roles == ["follower", "follower", "leader"] else 1)
+PY
+    then
+        group_ok=1
+        break
+    fi
+    sleep 1
+done
+[[ -n "$group_ok" ]] || { cat "$out/compose-test-group.json" >&2; die "the storage group is not three members with a leader"; }
+echo "compose-test: storage group of three, leader $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["leader"])' "$out/compose-test-group.json")"
 compose --profile test up --exit-code-from loadgen --no-color >>"$log" 2>&1 || rc=$?
 elapsed=$((SECONDS - start))
 loadgen="$(cid loadgen)"
