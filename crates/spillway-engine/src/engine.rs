@@ -372,17 +372,13 @@ async fn run_lease_renewal(shared: std::sync::Weak<Shared>) {
         // must not move every client to another engine. Safety does not
         // depend on it: a deposed engine's writes are refused by epoch.
         if renewed_at.elapsed() > terms.ttl * 3 {
-            lease_lost.send_if_modified(|lost| {
-                let first = lost.is_none();
-                lost.get_or_insert_with(|| {
-                    format!(
-                        "the lease went unrenewed for {} ms (three times its TTL of {} ms): \
-                         the store cannot be reached, and another engine may hold it now",
-                        renewed_at.elapsed().as_millis(),
-                        terms.ttl.as_millis()
-                    )
-                });
-                first
+            record_lease_lost(&lease_lost, || {
+                format!(
+                    "the lease went unrenewed for {} ms (three times its TTL of {} ms): \
+                     the store cannot be reached, and another engine may hold it now",
+                    renewed_at.elapsed().as_millis(),
+                    terms.ttl.as_millis()
+                )
             });
         }
         let request = spillway_proto::storage::AcquireLeaseRequest {
@@ -407,17 +403,28 @@ async fn run_lease_renewal(shared: std::sync::Weak<Shared>) {
             }
             Ok(Err(error)) if !error.is_transient() => {
                 let reason = format!("lease lost: {error}");
-                lease_lost.send_if_modified(|lost| {
-                    let first = lost.is_none();
-                    lost.get_or_insert_with(|| reason.clone());
-                    first
-                });
+                record_lease_lost(&lease_lost, || reason.clone());
                 writer.set_failed(FailureSource::Lease, &reason)
             }
             Ok(Err(error)) => tracing::debug!(%error, "cannot renew the store lease yet"),
             Err(_) => tracing::debug!("renewing the store lease timed out"),
         }
     }
+}
+
+/// Records why the lease was lost, the first time only (the first reason
+/// is the one [`Engine::lease_lost`] reports).
+fn record_lease_lost(
+    lost: &tokio::sync::watch::Sender<Option<String>>,
+    reason: impl FnOnce() -> String,
+) {
+    lost.send_if_modified(|lost| {
+        if lost.is_some() {
+            return false;
+        }
+        *lost = Some(reason());
+        true
+    });
 }
 
 /// Tells the broker when the store fails or recovers, so that it blocks or
