@@ -12,8 +12,8 @@
 #      majority); one back, confirms resume; then the other;
 #   4. kill the active engine: the standby takes the lease, clients
 #      reconnect (320 from the gateways), confirms resume;
-#   5. (SPILLWAY_FAULTS_WIPE=1 only, see below) kill a storage follower and
-#      wipe its disk, then let it rejoin: it catches up from a snapshot;
+#   5. kill a storage follower and wipe its disk, then let it rejoin: it
+#      catches up from a snapshot (SPILLWAY_FAULTS_WIPE=0 skips it);
 #   6. kill each gateway;
 #   7. cut the active engine off the storage nodes for 10 s: it steps down
 #      (its lease lapses), the standby takes over.
@@ -253,11 +253,10 @@ wait_confirms_past 60 "$(read -r _ c _ _ <<<"$before"; echo "$c")" || fail "no c
 sleep "$SETTLE"
 drill_report "kill the active engine ($active; ${took_over:-none} serves now, $active stands by)" "$from" "$before"
 
-# 5. A follower loses its disk and rejoins. Opt-in for now
-# (SPILLWAY_FAULTS_WIPE=1): under this drill's load the rejoining member
-# can be sent log entries past a purged gap and its Raft core panics
-# (docs/replication.md, "Not yet"); the Rust suite's smaller case passes.
-if [[ "${SPILLWAY_FAULTS_WIPE:-0}" == 1 ]]; then
+# 5. A follower loses its disk and rejoins under its old id: it takes the
+# leader's snapshot and the log, and withholds its vote until it has caught
+# up (docs/replication.md). SPILLWAY_FAULTS_WIPE=0 skips it.
+if [[ "${SPILLWAY_FAULTS_WIPE:-1}" == 1 ]]; then
 leader="$(wait_leader 30)" || die "no storage leader"
 wiped=1; while [[ "$wiped" == "$leader" ]]; do wiped=$((wiped + 1)); done
 before="$(progress)"; from="$(now_ms)"
@@ -271,7 +270,7 @@ wait_caught_up "$wiped" 180 || fail "storage-$wiped did not catch up after losin
 sleep "$SETTLE"
 drill_report "wipe storage-$wiped's disk (rejoined and caught up)" "$from" "$before"
 else
-    say "wipe a follower's disk: skipped (SPILLWAY_FAULTS_WIPE=1 runs it; a known defect, docs/replication.md)"
+    say "wipe a follower's disk: skipped (SPILLWAY_FAULTS_WIPE=0)"
 fi
 
 # 6. Each gateway dies.

@@ -222,6 +222,108 @@ async fn disk_lost(group: &mut GroupSandbox) -> anyhow::Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_lost_its_disk_while_in_step_rejoins_and_carries_the_group(
+) -> anyhow::Result<()> {
+    // The leader had replicated to the member up to the end of its log and
+    // purged only part of it: the member's restart reverts a log the leader
+    // counted as matching. It used to make the leader send entries after a
+    // purged hole, and the member died applying them.
+    let mut group =
+        GroupSandbox::start_with(3, &[("SPILLWAY_STORAGE__GROUP_SNAPSHOT_ENTRIES", "20")]).await?;
+    let result = disk_lost_in_step(&mut group).await;
+    result.with_context(|| group.logs())
+}
+
+async fn disk_lost_in_step(group: &mut GroupSandbox) -> anyhow::Result<()> {
+    let conn = group.connect().await?;
+    let channel = durable_confirming_channel(&conn).await?;
+    for seq in 0..60 {
+        publish_confirmed(&channel, seq, seq + 1).await?;
+    }
+    let leader = group.leader().await?;
+    let follower = (1..=3).find(|id| *id != leader).context("no follower")?;
+    let committed = group.status_of(leader).await?.committed_index;
+    group.wait_applied(follower, committed).await?;
+    group.kill_member(follower).await?;
+    group.wipe_member(follower)?;
+    group.start_member(follower).await?;
+    publish_confirmed(&channel, 60, 80).await?;
+    let committed = group.status_of(leader).await?.committed_index;
+    group.wait_applied(follower, committed).await?;
+    let other = (1..=3)
+        .find(|id| *id != leader && *id != follower)
+        .context("no third member")?;
+    group.kill_member(other).await?;
+    publish_confirmed(&channel, 80, 90).await?;
+    drop(channel);
+    conn.close(200, "bye".into()).await.ok();
+    group.kill_and_restart_engine().await?;
+    consume_all(group, 90).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_lost_its_disk_gives_no_vote_until_it_has_caught_up() -> anyhow::Result<()> {
+    let mut group = GroupSandbox::start(3).await?;
+    let result = no_vote_while_empty(&mut group).await;
+    result.with_context(|| group.logs())
+}
+
+async fn no_vote_while_empty(group: &mut GroupSandbox) -> anyhow::Result<()> {
+    let conn = group.connect().await?;
+    let channel = durable_confirming_channel(&conn).await?;
+    publish_confirmed(&channel, 0, 20).await?;
+    let leader = group.leader().await?;
+    let wiped = (1..=3).find(|id| *id != leader).context("no follower")?;
+    let other = (1..=3)
+        .find(|id| *id != leader && *id != wiped)
+        .context("no third member")?;
+    group.kill_member(wiped).await?;
+    group.wipe_member(wiped)?;
+    group.kill_member(leader).await?;
+    group.start_member(wiped).await?;
+    // The remaining member and the empty one are two of three, but the
+    // empty one may have held the only other copy of what was committed:
+    // they must not elect a leader, so nothing is confirmed.
+    let pending = channel
+        .basic_publish(
+            "".into(),
+            QUEUE.into(),
+            BasicPublishOptions::default(),
+            &20u64.to_be_bytes(),
+            BasicProperties::default().with_delivery_mode(2),
+        )
+        .await?;
+    let mut pending = Box::pin(pending);
+    let early = tokio::time::timeout(Duration::from_secs(4), &mut pending).await;
+    anyhow::ensure!(
+        early.is_err(),
+        "a message was answered ({early:?}) by a group whose only voters are one member and an empty one"
+    );
+    for id in [wiped, other] {
+        let status = group.status_of(id).await?;
+        anyhow::ensure!(
+            status.leader != wiped && status.leader != other,
+            "member {id} names {} leader without the member that holds the log",
+            status.leader
+        );
+    }
+    // The old leader returns: the group leads again, the empty member
+    // catches up, and everything confirmed is there.
+    group.start_member(leader).await?;
+    let confirmation = tokio::time::timeout(Duration::from_secs(60), pending)
+        .await
+        .context("not confirmed within 60 s of the old leader returning")??;
+    anyhow::ensure!(confirmation.is_ack(), "nacked once the group had a leader");
+    let new_leader = group.leader().await?;
+    let committed = group.status_of(new_leader).await?.committed_index;
+    group.wait_applied(wiped, committed).await?;
+    drop(channel);
+    conn.close(200, "bye".into()).await.ok();
+    group.kill_and_restart_engine().await?;
+    consume_all(group, 21).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_member_reports_one_leader_and_how_far_it_applied() -> anyhow::Result<()> {
     let group = GroupSandbox::start(3).await?;
     let leader = group.leader().await?;

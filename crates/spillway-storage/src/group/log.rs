@@ -84,6 +84,25 @@ impl GroupLog {
     }
 }
 
+/// Whether the log holds nothing at all: no entry and no purge mark (the
+/// vote is not looked at). A member that was in a group and holds nothing
+/// lost its disk, or was emptied after a cut-short snapshot install.
+pub(crate) fn holds_nothing(store: &RocksStore) -> Result<bool, Error> {
+    let purged: Option<LogId<u64>> = read_value(store, PURGED_KEY)?;
+    if purged.is_some() {
+        return Ok(false);
+    }
+    let family = family(store).map_err(|e| StorageIOError::read_logs(&e))?;
+    let first = entry_key(0);
+    let entry = store
+        .db
+        .iterator_cf(family, IteratorMode::From(&first, Direction::Forward))
+        .next()
+        .transpose()
+        .map_err(|e| StorageIOError::read_logs(&e))?;
+    Ok(entry.is_none_or(|(key, _)| index_of(&key).is_none()))
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("the store has no {RAFT_LOG_FAMILY} column family")]
 struct MissingFamily;
@@ -108,10 +127,16 @@ fn read_value<T: serde::de::DeserializeOwned>(
     Ok(Some(value))
 }
 
+/// The entries from `start` on, below `end`, without a gap: the run stops
+/// at the first missing index, and is empty when `start` itself is missing
+/// (purged). openraft sends what this returns as the entries that follow
+/// `start - 1`: a run with a hole in it would be appended by a follower at
+/// the wrong place.
 fn entries_in(store: &RocksStore, start: u64, end: Option<u64>) -> Result<Vec<Entry>, Error> {
     let family = family(store).map_err(|e| StorageIOError::read_logs(&e))?;
     let from = entry_key(start);
     let mut entries = Vec::new();
+    let mut expected = start;
     for item in store
         .db
         .iterator_cf(family, IteratorMode::From(&from, Direction::Forward))
@@ -120,9 +145,10 @@ fn entries_in(store: &RocksStore, start: u64, end: Option<u64>) -> Result<Vec<En
         let Some(index) = index_of(&key) else {
             break;
         };
-        if end.is_some_and(|end| index >= end) {
+        if end.is_some_and(|end| index >= end) || index != expected {
             break;
         }
+        expected = index.saturating_add(1);
         let entry: Entry = postcard::from_bytes(&value)
             .map_err(|e| StorageIOError::read_log_at_index(index, &e))?;
         entries.push(entry);

@@ -175,6 +175,11 @@ impl GroupMachine {
         })
     }
 
+    /// Whether this member has applied nothing yet (no entry, no snapshot).
+    pub(crate) fn applied_nothing(&self) -> bool {
+        self.applied.lock().last.is_none()
+    }
+
     /// The group's id ("" until the first entry is applied here).
     pub(crate) fn group_id(&self) -> String {
         self.group_id.lock().clone()

@@ -10,6 +10,8 @@
 //! - The lease and its epoch are log entries, and every batch's epoch is
 //!   checked as it is applied: the same decision on every member, so a
 //!   deposed engine's batch is refused everywhere, whoever leads.
+//! - A member that starts empty after its group ran (a lost disk) rejoins
+//!   under its own id, but votes only once it has caught up (`rejoin.rs`).
 //! - Members talk to each other over the `StorageGroup` gRPC service
 //!   (`network.rs`, `service.rs`), with the cluster's secret or mutual TLS.
 //!
@@ -26,6 +28,7 @@ mod log;
 mod machine;
 mod network;
 pub(crate) mod node;
+mod rejoin;
 mod service;
 mod types;
 

@@ -20,6 +20,7 @@ use spillway_proto::{ServiceError, StorageApi};
 use super::log::GroupLog;
 use super::machine::GroupMachine;
 use super::network::GroupNetwork;
+use super::rejoin::Rejoin;
 use super::types::{Command, GroupConfig, Outcome};
 use crate::lease::Grant;
 use crate::store::RocksStore;
@@ -74,6 +75,7 @@ struct Inner {
     raft: Raft<GroupConfig>,
     store: RocksStore,
     machine: GroupMachine,
+    rejoin: Rejoin,
 }
 
 impl StorageGroup {
@@ -124,6 +126,15 @@ impl StorageGroup {
         let snapshots = store.path.join("snapshots");
         let machine = GroupMachine::open(store.clone(), Path::new(&snapshots))
             .map_err(|error| GroupError::State(error.to_string()))?;
+        let starts_empty = machine.applied_nothing()
+            && super::log::holds_nothing(&store)
+                .map_err(|error| GroupError::State(error.to_string()))?;
+        let rejoin = if starts_empty {
+            Rejoin::catching_up()
+        } else {
+            Rejoin::settled()
+        };
+        let rejoin_cluster = cluster.clone();
         let raft = Raft::new(
             settings.node_id,
             config,
@@ -155,6 +166,11 @@ impl StorageGroup {
                 "waiting to be added to a storage group"
             );
         }
+        tokio::spawn(
+            rejoin
+                .clone()
+                .watch(raft.metrics(), settings.node_id, rejoin_cluster),
+        );
         tracing::info!(node_id = settings.node_id, "storage group member started");
         Ok(Self {
             inner: Arc::new(Inner {
@@ -162,8 +178,15 @@ impl StorageGroup {
                 raft,
                 store,
                 machine,
+                rejoin,
             }),
         })
+    }
+
+    /// Whether this member withholds its vote from a candidate whose last
+    /// log index is `candidate_last_index` (`rejoin.rs`).
+    pub(crate) fn withholds_vote_for(&self, candidate_last_index: Option<u64>) -> bool {
+        self.inner.rejoin.withholds_vote_for(candidate_last_index)
     }
 
     /// This member's store.

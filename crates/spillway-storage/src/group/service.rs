@@ -1,6 +1,7 @@
 //! The `StorageGroup` gRPC service: openraft's messages from the other
 //! members, and the group's status and membership for operators.
 
+use openraft::raft::VoteRequest;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use spillway_proto::storage::storage_group_server::StorageGroup as StorageGroupRpc;
@@ -54,7 +55,19 @@ impl StorageGroupRpc for StorageGroupService {
     }
 
     async fn vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        let answer = self.group.raft().vote(decode(request)?).await;
+        let request: VoteRequest<u64> = decode(request)?;
+        let candidate_last_index = request.last_log_id.map(|log_id| log_id.index);
+        if self.group.withholds_vote_for(candidate_last_index) {
+            tracing::debug!(
+                candidate = request.vote.leader_id().voted_for().unwrap_or(0),
+                candidate_last_index,
+                "vote withheld: this member started empty and has not caught up"
+            );
+            return Err(Status::unavailable(
+                "this storage group member started empty and votes once it has caught up",
+            ));
+        }
+        let answer = self.group.raft().vote(request).await;
         encode(&answer)
     }
 

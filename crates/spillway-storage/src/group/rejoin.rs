@@ -1,0 +1,167 @@
+//! A member that starts holding nothing, and what keeps its return safe.
+//!
+//! A member whose log and records are empty at start either joins a group
+//! for the first time, or was in one and lost its disk (or was emptied
+//! after a snapshot install was cut short, `machine.rs`). In the second
+//! case two things it once promised are gone: entries it acknowledged (a
+//! commit may have counted its copy) and the vote it cast in the current
+//! term. openraft lets such a member rejoin under its own id (the leader
+//! restarts its search, feature `loosen-follower-log-revert`), but were it
+//! to vote at once, it and one other member could elect a leader that
+//! lacks an entry committed with the lost copy, or it could vote twice in
+//! one term.
+//!
+//! So until it has applied as far as the leader had committed when it
+//! first heard from one, it refuses its vote to every candidate whose log
+//! holds more than the group's first entry. A whole group starting for the
+//! first time is the same state on every member; its candidates hold only
+//! that first entry and still get votes. A member that is the leader holds
+//! what is committed by definition.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use openraft::{BasicNode, RaftMetrics};
+use spillway_proto::cluster::ClusterClient;
+use spillway_proto::storage::storage_group_client::StorageGroupClient;
+use spillway_proto::storage::GroupStatusRequest;
+use tokio::sync::watch;
+
+/// How often the leader is asked how far it has committed, until it answers.
+const ASK_EVERY: Duration = Duration::from_millis(500);
+/// How long one such question may take.
+const ASK_WITHIN: Duration = Duration::from_secs(2);
+
+/// Whether this member still catches up after starting empty. Cheap to clone.
+#[derive(Clone, Default)]
+pub(crate) struct Rejoin {
+    catching_up: Arc<AtomicBool>,
+}
+
+impl Rejoin {
+    /// A member that started with data: it votes as Raft says.
+    pub(crate) fn settled() -> Self {
+        Self::default()
+    }
+
+    /// A member that started empty: it withholds votes until caught up.
+    pub(crate) fn catching_up() -> Self {
+        Self {
+            catching_up: Arc::new(AtomicBool::new(true)),
+        }
+    }
+
+    pub(crate) fn is_catching_up(&self) -> bool {
+        self.catching_up.load(Ordering::Acquire)
+    }
+
+    /// Whether a vote for a candidate whose last log index is
+    /// `candidate_last_index` (`None`: an empty log) is withheld.
+    pub(crate) fn withholds_vote_for(&self, candidate_last_index: Option<u64>) -> bool {
+        self.is_catching_up() && candidate_last_index.is_some_and(|index| index > 0)
+    }
+
+    /// Follows this member until it has applied as far as the leader had
+    /// committed when it first answered; then it votes again. Ends with
+    /// the member (its `metrics` close); holds no handle that keeps it up.
+    pub(crate) async fn watch(
+        self,
+        mut metrics: watch::Receiver<RaftMetrics<u64, BasicNode>>,
+        node_id: u64,
+        cluster: ClusterClient,
+    ) {
+        if !self.is_catching_up() {
+            return;
+        }
+        tracing::info!(
+            node_id,
+            "storage group member started empty: it votes once it has caught up with the leader"
+        );
+        let mut target: Option<u64> = None;
+        let mut asked: Option<Instant> = None;
+        loop {
+            let now = metrics.borrow_and_update().clone();
+            let applied = now.last_applied.as_ref().map(|log_id| log_id.index);
+            let leader = now.current_leader;
+            let caught_up = leader == Some(node_id)
+                || target.is_some_and(|target| applied.is_some_and(|applied| applied >= target));
+            if caught_up {
+                self.catching_up.store(false, Ordering::Release);
+                tracing::info!(
+                    node_id,
+                    applied = applied.unwrap_or(0),
+                    "storage group member caught up after starting empty: it votes again"
+                );
+                return;
+            }
+            let may_ask = asked.is_none_or(|at| at.elapsed() >= ASK_EVERY);
+            if let (None, Some(leader), true) = (target, leader, may_ask) {
+                asked = Some(Instant::now());
+                let address = now
+                    .membership_config
+                    .membership()
+                    .get_node(&leader)
+                    .map(|node| node.addr.clone());
+                if let Some(address) = address {
+                    match committed_at(&address, &cluster).await {
+                        Ok(committed) => {
+                            tracing::info!(
+                                node_id,
+                                leader,
+                                committed,
+                                "storage group member catches up to the leader's commit"
+                            );
+                            target = Some(committed);
+                            continue;
+                        }
+                        Err(error) => {
+                            tracing::debug!(node_id, leader, %error, "the leader did not say how far it committed");
+                        }
+                    }
+                }
+            }
+            match tokio::time::timeout(ASK_EVERY, metrics.changed()).await {
+                Ok(Ok(())) | Err(_) => {}
+                Ok(Err(_closed)) => return,
+            }
+        }
+    }
+}
+
+/// How far the member at `address` has applied (on a leader: committed).
+async fn committed_at(address: &str, cluster: &ClusterClient) -> Result<u64, String> {
+    let channel =
+        spillway_proto::lazy_member_channel(address, cluster).map_err(|error| error.to_string())?;
+    let mut client = StorageGroupClient::new(channel);
+    let mut request = tonic::Request::new(GroupStatusRequest {});
+    request.set_timeout(ASK_WITHIN);
+    let status = client
+        .get_group_status(request)
+        .await
+        .map_err(|status| status.message().to_string())?;
+    Ok(status.into_inner().committed_index)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_settled_member_withholds_no_vote() {
+        let rejoin = Rejoin::settled();
+        assert!(!rejoin.withholds_vote_for(Some(100)));
+        assert!(!rejoin.withholds_vote_for(None));
+    }
+
+    #[test]
+    fn a_member_catching_up_votes_only_for_candidates_that_hold_nothing_more_than_the_start() {
+        let rejoin = Rejoin::catching_up();
+        assert!(rejoin.withholds_vote_for(Some(1)));
+        assert!(rejoin.withholds_vote_for(Some(14_183)));
+        assert!(!rejoin.withholds_vote_for(Some(0)));
+        assert!(!rejoin.withholds_vote_for(None));
+        rejoin.catching_up.store(false, Ordering::Release);
+        assert!(!rejoin.withholds_vote_for(Some(14_183)));
+    }
+}
