@@ -9,10 +9,9 @@ use crate::cluster::{ClusterChannel, ClusterClient};
 use crate::engine as pb;
 use crate::engine::engine_admin_client::EngineAdminClient;
 use crate::management as m;
+use crate::rotation::Rotation;
 use crate::ServiceError;
 use async_trait::async_trait;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 
 /// Calls `$m! { method(m::Request) -> m::Response; ... }` with every engine
 /// admin call (`m` is `spillway_proto::management`, `pb` is
@@ -193,10 +192,9 @@ pub trait EngineAdminApi: Send + Sync + 'static {
 #[derive(Clone)]
 pub struct RemoteEngineAdmin {
     /// Every engine's address and client: one, or several of which one is
-    /// active and the others stand by without listening.
-    engines: Vec<(String, EngineAdminClient<ClusterChannel>)>,
-    /// The engine asked first: the one that answered last (shared by clones).
-    current: Arc<AtomicUsize>,
+    /// active and the others stand by without listening. The one that
+    /// answered last is asked first (shared by clones).
+    engines: Rotation<EngineAdminClient<ClusterChannel>>,
 }
 
 impl RemoteEngineAdmin {
@@ -213,11 +211,6 @@ impl RemoteEngineAdmin {
         addrs: &[String],
         cluster: &ClusterClient,
     ) -> Result<Self, ServiceError> {
-        if addrs.is_empty() {
-            return Err(ServiceError::InvalidArgument(
-                "no engine address to connect to".into(),
-            ));
-        }
         let engines = addrs
             .iter()
             .map(|addr| {
@@ -228,15 +221,8 @@ impl RemoteEngineAdmin {
             })
             .collect::<Result<Vec<_>, ServiceError>>()?;
         Ok(Self {
-            engines,
-            current: Arc::new(AtomicUsize::new(0)),
+            engines: Rotation::new("engine", engines)?,
         })
-    }
-
-    /// The engines' indexes in the order to ask them: the current one first.
-    fn in_order(&self) -> impl Iterator<Item = usize> + '_ {
-        let start = self.current.load(Ordering::Acquire) % self.engines.len();
-        (0..self.engines.len()).map(move |step| (start + step) % self.engines.len())
     }
 }
 
@@ -246,25 +232,19 @@ macro_rules! remote_impl {
         impl EngineAdminApi for RemoteEngineAdmin {
             $(
                 async fn $method(&self, request: $request) -> Result<$response, ServiceError> {
-                    let mut last = None;
-                    for index in self.in_order() {
-                        let (addr, client) = &self.engines[index];
-                        match client.clone().$method(request.clone()).await {
-                            Ok(response) => {
-                                self.current.store(index, Ordering::Release);
-                                return Ok(response.into_inner());
-                            }
-                            Err(status) => {
-                                let error = ServiceError::from(status);
-                                if !error.is_transient() || self.engines.len() == 1 {
-                                    return Err(error);
-                                }
-                                tracing::debug!(engine = %addr, %error, "engine not answering, trying the next");
-                                last = Some(error);
-                            }
-                        }
-                    }
-                    Err(last.unwrap_or_else(|| ServiceError::Unavailable("no engine answers".into())))
+                    self.engines
+                        .first_answering(|client| {
+                            let mut client = client.clone();
+                            let request = request.clone();
+                            Box::pin(async move {
+                                client
+                                    .$method(request)
+                                    .await
+                                    .map(tonic::Response::into_inner)
+                                    .map_err(ServiceError::from)
+                            })
+                        })
+                        .await
                 }
             )*
         }

@@ -15,7 +15,7 @@
 //! the log index of the last write answered (the shared fence), so no
 //! member answers from a state older than the engine's own writes.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,6 +25,7 @@ use futures::future::BoxFuture;
 use crate::backoff::Backoff;
 use crate::boundary::ChannelTimeouts;
 use crate::cluster::ClusterClient;
+use crate::rotation::Rotation;
 use crate::storage::{
     AcquireLeaseRequest, Definitions, GroupStatus, Lease, MessageRecord, QueueEntry, StoreStatus,
     WriteBatch,
@@ -48,20 +49,14 @@ const STATUS_ATTEMPT: Duration = Duration::from_secs(5);
 
 /// Every member of a storage group, as the engine reaches them.
 pub struct GroupStorage {
-    /// The addresses as configured, and a client of each.
-    members: Vec<(String, RemoteStorage)>,
-    /// The member calls go to first: the leader, as last found.
-    current: AtomicUsize,
+    /// The addresses as configured and a client of each; calls go first
+    /// to the leader, as last found.
+    members: Rotation<RemoteStorage>,
 }
 
 impl GroupStorage {
     /// Clients of every address in `addrs` (connected lazily).
     pub fn connect_lazy(addrs: &[String], cluster: &ClusterClient) -> Result<Self, ServiceError> {
-        if addrs.is_empty() {
-            return Err(ServiceError::InvalidArgument(
-                "a storage group needs at least one member address".into(),
-            ));
-        }
         let fence = Arc::new(AtomicU64::new(0));
         let members = addrs
             .iter()
@@ -76,18 +71,8 @@ impl GroupStorage {
             })
             .collect::<Result<Vec<_>, ServiceError>>()?;
         Ok(Self {
-            members,
-            current: AtomicUsize::new(0),
+            members: Rotation::new("storage group member", members)?,
         })
-    }
-
-    /// The configured member `address` names (scheme and trailing slash
-    /// aside), if any.
-    fn member_at(&self, address: &str) -> Option<usize> {
-        let wanted = normalize(address);
-        self.members
-            .iter()
-            .position(|(addr, _)| normalize(addr) == wanted)
     }
 
     /// Runs `call` against the leader, following redirections and passing
@@ -112,8 +97,8 @@ impl GroupStorage {
         let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
         let mut misses = 0;
         loop {
-            let index = self.current.load(Ordering::Acquire) % self.members.len();
-            let (addr, member) = &self.members[index];
+            let index = self.members.current();
+            let (addr, member) = self.members.get(index);
             let answer = match attempt {
                 None => call(member).await,
                 Some(limit) => tokio::time::timeout(limit, call(member))
@@ -130,18 +115,16 @@ impl GroupStorage {
                 Err(error) => error,
             };
             let next = match &error {
-                ServiceError::NotLeader(leader) => self.member_at(leader),
+                ServiceError::NotLeader(leader) => self.members.position(leader),
                 _ => None,
             };
             let next = next
                 .filter(|next| *next != index)
                 .unwrap_or((index + 1) % self.members.len());
             if next != index {
-                tracing::debug!(from = %addr, to = %self.members[next].0, %error, "storage group: trying another member");
+                tracing::debug!(from = %addr, to = %self.members.get(next).0, %error, "storage group: trying another member");
             }
-            let _ = self
-                .current
-                .compare_exchange(index, next, Ordering::AcqRel, Ordering::Acquire);
+            self.members.move_on(index, next);
             if started.elapsed() >= deadline {
                 return Err(error);
             }
@@ -153,15 +136,6 @@ impl GroupStorage {
             }
         }
     }
-}
-
-/// An address without its scheme and trailing slash.
-fn normalize(address: &str) -> &str {
-    let address = address
-        .strip_prefix("http://")
-        .or_else(|| address.strip_prefix("https://"))
-        .unwrap_or(address);
-    address.trim_end_matches('/')
 }
 
 #[async_trait]
@@ -242,11 +216,17 @@ impl StorageApi for GroupStorage {
             .members
             .iter()
             .find(|member| member.id == seen.leader && seen.node_id != seen.leader)
-            .and_then(|member| self.member_at(&member.address));
+            .and_then(|member| self.members.position(&member.address));
         let Some(leader) = leader else {
             return Ok(seen);
         };
-        Ok(self.members[leader].1.group_status().await.unwrap_or(seen))
+        Ok(self
+            .members
+            .get(leader)
+            .1
+            .group_status()
+            .await
+            .unwrap_or(seen))
     }
 
     async fn add_member(&self, id: u64, address: String) -> Result<GroupStatus, ServiceError> {
@@ -266,23 +246,12 @@ impl StorageApi for GroupStorage {
         request: crate::management::SetStoreQuotaRequest,
     ) -> Result<(), ServiceError> {
         // Every member measures its own disk: each gets the quota.
-        for (addr, member) in &self.members {
+        for index in 0..self.members.len() {
+            let (addr, member) = self.members.get(index);
             if let Err(error) = member.set_quota(request).await {
                 tracing::warn!(member = %addr, %error, "storage group member did not take the quota");
             }
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::normalize;
-
-    #[test]
-    fn addresses_compare_without_scheme_or_trailing_slash() {
-        assert_eq!(normalize("http://10.0.0.1:50071/"), "10.0.0.1:50071");
-        assert_eq!(normalize("https://storage-2:50071"), "storage-2:50071");
-        assert_eq!(normalize("storage-3:50071"), "storage-3:50071");
     }
 }

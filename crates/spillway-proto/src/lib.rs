@@ -37,6 +37,7 @@ mod engine_failover;
 mod group_client;
 pub mod lean_codec;
 pub mod permissions;
+mod rotation;
 mod status;
 
 pub use boundary::{
