@@ -124,10 +124,31 @@ active_engine() {
     done
     echo ""
 }
+# The serving engine other than $1, or "".
+active_engine_except() {
+    local e
+    for e in "${ENGINES[@]}"; do
+        [[ "$e" == "$1" ]] && continue
+        if [[ "$(docker exec "$(cid "$e")" /usr/local/bin/spillway healthcheck --addr 127.0.0.1:9470 2>/dev/null)" == ok ]]; then
+            echo "$e"; return 0
+        fi
+    done
+    echo ""
+}
 wait_active_engine() {
     local limit="$1" start=$SECONDS e
     while :; do
         e="$(active_engine)"
+        if [[ -n "$e" ]]; then echo "$e"; return 0; fi
+        (( SECONDS - start < limit )) || return 1
+        sleep 0.5
+    done
+}
+# Waits (up to $1 s) until an engine other than $2 serves, and prints it.
+wait_engine_other_than() {
+    local limit="$1" old="$2" start=$SECONDS e
+    while :; do
+        e="$(active_engine_except "$old")"
         if [[ -n "$e" ]]; then echo "$e"; return 0; fi
         (( SECONDS - start < limit )) || return 1
         sleep 0.5
@@ -246,7 +267,7 @@ before="$(progress)"; from="$(now_ms)"
 docker kill "$(cid "$active")" >/dev/null
 # The standby must take over by itself (the lease lapses in 5 s) before
 # the killed engine is started again, to stand by.
-took_over="$(wait_active_engine 60)" || fail "no engine took over from $active"
+took_over="$(wait_engine_other_than 60 "$active")" || fail "no engine took over from $active"
 docker start "$(cid "$active")" >/dev/null
 wait_healthy "$active" 120
 wait_confirms_past 60 "$(read -r _ c _ _ <<<"$before"; echo "$c")" || fail "no confirm after $active died"
@@ -289,14 +310,25 @@ done
 # takes over, and the clients reconnect to it.
 active="$(wait_active_engine 30)" || die "no engine is active"
 before="$(progress)"; from="$(now_ms)"
+cut_at="$(date +%s)"
 docker network disconnect "$back_net" "$(cid "$active")"
 sleep "$CUT"
 docker network connect --alias "$active" "$back_net" "$(cid "$active")"
-took_over="$(wait_active_engine 60)" || fail "no engine serves after $active was cut off"
+# Its lease lapses during the cut (5 s TTL): the standby must take it, and
+# the cut engine, reconnected, must step down rather than serve on.
+took_over="$(wait_engine_other_than 60 "$active")" || fail "the standby did not take over from $active, cut off"
+stepped_down=0
+for _ in $(seq 120); do
+    if docker logs --since "$cut_at" "$(cid "$active")" 2>&1 | grep -q "MST-1101.*stops serving"; then
+        stepped_down=1; break
+    fi
+    sleep 0.5
+done
+(( stepped_down )) || fail "$active, cut off and back, did not step down (no MST-1101 in its log)"
 wait_confirms_past 60 "$(read -r _ c _ _ <<<"$before"; echo "$c")" || fail "no confirm after $active was cut off"
 wait_healthy "$active" 120
 sleep "$SETTLE"
-drill_report "cut the active engine ($active) off the store ${CUT} s (${took_over:-none} serves now)" "$from" "$before"
+drill_report "cut the active engine ($active) off the store ${CUT} s (${took_over} serves now, $active stepped down)" "$from" "$before"
 say "storage group at the end: $(group_line)"
 
 # Stop publishing, let the consumers drain, read the verdict. The loadgen
