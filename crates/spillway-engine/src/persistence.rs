@@ -447,9 +447,17 @@ async fn run_writer(
             // group applies a retried batch once.
             sequence: last_seq.unwrap_or(0),
         });
+        let started = std::time::Instant::now();
         let landed = write_until_stored(store.as_ref(), batch.clone(), &state, &mut waiters)
             .instrument(batch_span(&traces, batch.ops.len()))
             .await;
+        tracing::debug!(
+            ops = batch.ops.len(),
+            writes,
+            landed,
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "store batch written"
+        );
         state.queued_writes.fetch_sub(writes, Ordering::AcqRel);
         state.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
         if let (Some(seq), true) = (last_seq, landed) {
