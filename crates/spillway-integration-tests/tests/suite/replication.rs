@@ -273,6 +273,12 @@ async fn no_vote_while_empty(group: &mut GroupSandbox) -> anyhow::Result<()> {
     let channel = durable_confirming_channel(&conn).await?;
     publish_confirmed(&channel, 0, 20).await?;
     let leader = group.leader().await?;
+    // Every member holds the log first: a member that never received any
+    // of it could not tell the group ran (docs/replication.md).
+    let committed = group.status_of(leader).await?.committed_index;
+    for id in 1..=3 {
+        group.wait_applied(id, committed).await?;
+    }
     let wiped = (1..=3).find(|id| *id != leader).context("no follower")?;
     let other = (1..=3)
         .find(|id| *id != leader && *id != wiped)

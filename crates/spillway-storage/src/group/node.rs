@@ -129,12 +129,29 @@ impl StorageGroup {
         let starts_empty = machine.applied_nothing()
             && super::log::holds_nothing(&store)
                 .map_err(|error| GroupError::State(error.to_string()))?;
-        let rejoin = if starts_empty {
+        let rejoin_cluster = cluster.clone();
+        let others: Vec<String> = settings
+            .members
+            .iter()
+            .filter(|(id, _)| **id != settings.node_id)
+            .map(|(_, address)| address.clone())
+            .collect();
+        // Empty, while the others run a group: it was formed without this
+        // member, or this member lost its disk. Either way it must not form
+        // the group again, and it votes only once caught up (`rejoin.rs`).
+        // Empty while none runs one: the group's first start.
+        let runs_already = starts_empty
+            && !settings.join
+            && super::rejoin::group_runs_already(&others, &rejoin_cluster).await;
+        let rejoin = if runs_already {
+            tracing::info!(
+                node_id = settings.node_id,
+                "the storage group runs already: this member starts empty and waits for its leader"
+            );
             Rejoin::catching_up()
         } else {
             Rejoin::settled()
         };
-        let rejoin_cluster = cluster.clone();
         let raft = Raft::new(
             settings.node_id,
             config,
@@ -148,7 +165,7 @@ impl StorageGroup {
             .is_initialized()
             .await
             .map_err(|error| GroupError::State(error.to_string()))?;
-        if !initialized && !settings.join {
+        if !initialized && !settings.join && !runs_already {
             let members: BTreeMap<u64, BasicNode> = settings
                 .members
                 .iter()

@@ -11,12 +11,18 @@
 //! lacks an entry committed with the lost copy, or it could vote twice in
 //! one term.
 //!
-//! So until it has applied as far as the leader had committed when it
-//! first heard from one, it refuses its vote to every candidate whose log
-//! holds more than the group's first entry. A whole group starting for the
-//! first time is the same state on every member; its candidates hold only
-//! that first entry and still get votes. A member that is the leader holds
-//! what is committed by definition.
+//! A member tells the two apart at start: it asks the others, and if one
+//! answers that the group has a leader or has committed anything, the
+//! group ran without this member ([`group_runs_already`]). It then does not
+//! form the group again (it would campaign in the group's first term and
+//! could depose its leader), and until it has applied as far as the leader
+//! had committed when it first heard from one, it refuses its vote to
+//! every candidate whose log holds more than the group's first entry. A
+//! member that finds no running group is at the group's first start and
+//! votes as Raft says; so does one that leads.
+//!
+//! What this leaves open: a member that lost its disk while none of the
+//! others could be reached is taken for a first start.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -25,7 +31,7 @@ use std::time::{Duration, Instant};
 use openraft::{BasicNode, RaftMetrics};
 use spillway_proto::cluster::ClusterClient;
 use spillway_proto::storage::storage_group_client::StorageGroupClient;
-use spillway_proto::storage::GroupStatusRequest;
+use spillway_proto::storage::{GroupStatus, GroupStatusRequest};
 use tokio::sync::watch;
 
 /// How often the leader is asked how far it has committed, until it answers.
@@ -131,6 +137,11 @@ impl Rejoin {
 
 /// How far the member at `address` has applied (on a leader: committed).
 async fn committed_at(address: &str, cluster: &ClusterClient) -> Result<u64, String> {
+    Ok(status_of(address, cluster).await?.committed_index)
+}
+
+/// The group as the member at `address` sees it.
+async fn status_of(address: &str, cluster: &ClusterClient) -> Result<GroupStatus, String> {
     let channel =
         spillway_proto::lazy_member_channel(address, cluster).map_err(|error| error.to_string())?;
     let mut client = StorageGroupClient::new(channel);
@@ -140,7 +151,28 @@ async fn committed_at(address: &str, cluster: &ClusterClient) -> Result<u64, Str
         .get_group_status(request)
         .await
         .map_err(|status| status.message().to_string())?;
-    Ok(status.into_inner().committed_index)
+    Ok(status.into_inner())
+}
+
+/// Whether one of `others` (addresses of the other members) answers that
+/// it is in a group that has a leader or has committed something: the
+/// group was formed without this member, which must then not form it
+/// again. A member that forms a running group campaigns in the group's
+/// first term and can depose its leader (seen: 3.3 s without a leader
+/// when the third member of a new group started 0.2 s after the others).
+pub(crate) async fn group_runs_already(others: &[String], cluster: &ClusterClient) -> bool {
+    let asks = others.iter().map(|address| async move {
+        let answer = status_of(address, cluster).await;
+        if let Err(error) = &answer {
+            tracing::info!(member = %address, %error, "a storage group member did not say whether the group runs");
+        }
+        answer
+    });
+    futures::future::join_all(asks)
+        .await
+        .into_iter()
+        .flatten()
+        .any(|status| status.leader != 0 || status.committed_index > 0)
 }
 
 #[cfg(test)]
