@@ -212,6 +212,20 @@ impl StorageApi for GroupStorage {
                 Box::pin(member.group_status())
             })
             .await?;
+        let mut seen = seen;
+        if seen.leader == 0 {
+            // A member that has not heard from the leader yet (one started
+            // after the others) knows none: another may.
+            for index in 0..self.members.len() {
+                match self.members.get(index).1.group_status().await {
+                    Ok(other) if other.leader != 0 => {
+                        seen = other;
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+        }
         let leader = seen
             .members
             .iter()

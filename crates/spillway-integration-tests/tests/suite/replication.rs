@@ -14,7 +14,7 @@ use lapin::options::{
     ConfirmSelectOptions, QueueDeclareOptions,
 };
 use lapin::types::FieldTable;
-use lapin::{BasicProperties, Channel};
+use lapin::{BasicProperties, Channel, PublisherConfirm};
 use spillway_integration_tests::group::GroupSandbox;
 
 const QUEUE: &str = "replicated";
@@ -62,6 +62,30 @@ async fn publish_confirmed(channel: &Channel, from: u64, to: u64) -> anyhow::Res
     Ok(())
 }
 
+/// Publishes persistent message `seq` and checks that no confirm comes
+/// within `quiet` (`why`: what an answer would mean); returns the confirm
+/// still to come.
+async fn publish_unanswered(
+    channel: &Channel,
+    seq: u64,
+    quiet: Duration,
+    why: &str,
+) -> anyhow::Result<std::pin::Pin<Box<PublisherConfirm>>> {
+    let pending = channel
+        .basic_publish(
+            "".into(),
+            QUEUE.into(),
+            BasicPublishOptions::default(),
+            &seq.to_be_bytes(),
+            BasicProperties::default().with_delivery_mode(2),
+        )
+        .await?;
+    let mut pending = Box::pin(pending);
+    let early = tokio::time::timeout(quiet, &mut pending).await;
+    anyhow::ensure!(early.is_err(), "a message was answered ({early:?}) {why}");
+    Ok(pending)
+}
+
 /// Consumes (and acks) until every message 0..expected came back; how
 /// many came twice.
 async fn consume_every_one(conn: &lapin::Connection, expected: u64) -> anyhow::Result<u64> {
@@ -97,6 +121,10 @@ async fn consume_every_one(conn: &lapin::Connection, expected: u64) -> anyhow::R
         seen == (0..expected).collect(),
         "the messages back are not 0..{expected}"
     );
+    // Closed here, not dropped: lapin closes a dropped channel in the
+    // background, and a connection closed meanwhile fails with "invalid
+    // channel state: Closing".
+    channel.close(200, "done".into()).await?;
     Ok(duplicates)
 }
 
@@ -157,22 +185,14 @@ async fn majority_lost(group: &mut GroupSandbox) -> anyhow::Result<()> {
     let follower = (1..=3).find(|id| *id != leader).context("no follower")?;
     group.kill_member(leader).await?;
     group.kill_member(follower).await?;
-    let pending = channel
-        .basic_publish(
-            "".into(),
-            QUEUE.into(),
-            BasicPublishOptions::default(),
-            &10u64.to_be_bytes(),
-            BasicProperties::default().with_delivery_mode(2),
-        )
-        .await?;
     // One member of three cannot commit: no confirm may come.
-    let mut pending = Box::pin(pending);
-    let early = tokio::time::timeout(Duration::from_secs(3), &mut pending).await;
-    anyhow::ensure!(
-        early.is_err(),
-        "a message was answered ({early:?}) with two of three members down"
-    );
+    let pending = publish_unanswered(
+        &channel,
+        10,
+        Duration::from_secs(3),
+        "with two of three members down",
+    )
+    .await?;
     group.start_member(follower).await?;
     let confirmation = tokio::time::timeout(Duration::from_secs(60), pending)
         .await
@@ -290,21 +310,13 @@ async fn no_vote_while_empty(group: &mut GroupSandbox) -> anyhow::Result<()> {
     // The remaining member and the empty one are two of three, but the
     // empty one may have held the only other copy of what was committed:
     // they must not elect a leader, so nothing is confirmed.
-    let pending = channel
-        .basic_publish(
-            "".into(),
-            QUEUE.into(),
-            BasicPublishOptions::default(),
-            &20u64.to_be_bytes(),
-            BasicProperties::default().with_delivery_mode(2),
-        )
-        .await?;
-    let mut pending = Box::pin(pending);
-    let early = tokio::time::timeout(Duration::from_secs(4), &mut pending).await;
-    anyhow::ensure!(
-        early.is_err(),
-        "a message was answered ({early:?}) by a group whose only voters are one member and an empty one"
-    );
+    let pending = publish_unanswered(
+        &channel,
+        20,
+        Duration::from_secs(4),
+        "by a group whose only voters are one member and an empty one",
+    )
+    .await?;
     for id in [wiped, other] {
         let status = group.status_of(id).await?;
         anyhow::ensure!(

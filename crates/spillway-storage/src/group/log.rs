@@ -5,6 +5,7 @@
 //! | `e` + index (8 bytes, big-endian) | the entry (postcard) |
 //! | `!vote` | the vote (postcard) |
 //! | `!purged` | the last purged log id (postcard) |
+//! | `!empty_start` | this member started empty while its group ran (`rejoin.rs`) |
 //!
 //! An append returns (tells openraft it is flushed) only once RocksDB has
 //! fsynced it: an entry a member acknowledged survives the machine dying.
@@ -23,6 +24,7 @@ use crate::store::RAFT_LOG_FAMILY;
 const ENTRY: u8 = b'e';
 const VOTE_KEY: &[u8] = b"!vote";
 const PURGED_KEY: &[u8] = b"!purged";
+const EMPTY_START_KEY: &[u8] = b"!empty_start";
 
 type Entry = openraft::Entry<GroupConfig>;
 type Error = StorageError<u64>;
@@ -76,12 +78,38 @@ impl GroupLog {
         batch.delete_range_cf(family, entry_key(0), entry_key(u64::MAX));
         batch.delete_cf(family, entry_key(u64::MAX));
         batch.delete_cf(family, PURGED_KEY);
+        // What it held is gone: it is no longer a member that never held
+        // anything.
+        batch.delete_cf(family, EMPTY_START_KEY);
         store
             .db
             .write_opt(batch, &synced())
             .map_err(|e| StorageIOError::write_logs(&e))?;
         Ok(())
     }
+}
+
+/// Records (synced) that this member started empty while its group ran.
+/// The mark lives as long as this store: found again with the log still
+/// empty, it says the member never held anything since, so it lost nothing
+/// (a lost disk takes the mark with it).
+pub(crate) fn mark_empty_start(store: &RocksStore) -> Result<(), Error> {
+    let family = family(store).map_err(|e| StorageIOError::write_logs(&e))?;
+    store
+        .db
+        .put_cf_opt(family, EMPTY_START_KEY, [1u8], &synced())
+        .map_err(|e| StorageIOError::write_logs(&e))?;
+    Ok(())
+}
+
+/// Whether [`mark_empty_start`] was recorded in this store.
+pub(crate) fn marked_empty_start(store: &RocksStore) -> Result<bool, Error> {
+    let family = family(store).map_err(|e| StorageIOError::read_logs(&e))?;
+    Ok(store
+        .db
+        .get_cf(family, EMPTY_START_KEY)
+        .map_err(|e| StorageIOError::read_logs(&e))?
+        .is_some())
 }
 
 /// Whether the log holds nothing at all: no entry and no purge mark (the

@@ -143,14 +143,24 @@ impl StorageGroup {
         let runs_already = starts_empty
             && !settings.join
             && super::rejoin::group_runs_already(&others, &rejoin_cluster).await;
-        let rejoin = if runs_already {
+        let state_error = |error: openraft::StorageError<u64>| GroupError::State(error.to_string());
+        let rejoin = if !runs_already {
+            Rejoin::settled()
+        } else if super::log::marked_empty_start(&store).map_err(state_error)? {
+            // It started empty before on this same store and has held
+            // nothing since: it acknowledged nothing, so it lost nothing.
+            tracing::info!(
+                node_id = settings.node_id,
+                "the storage group runs already: this member waits for its leader (it never held anything, so it votes)"
+            );
+            Rejoin::settled()
+        } else {
+            super::log::mark_empty_start(&store).map_err(state_error)?;
             tracing::info!(
                 node_id = settings.node_id,
                 "the storage group runs already: this member starts empty and waits for its leader"
             );
             Rejoin::catching_up()
-        } else {
-            Rejoin::settled()
         };
         let raft = Raft::new(
             settings.node_id,
@@ -334,6 +344,7 @@ impl StorageGroup {
                 "a member id must not be 0".into(),
             ));
         }
+        self.wait_membership_committed().await?;
         let node = BasicNode::new(address);
         self.change(self.inner.raft.add_learner(id, node, false).await)?;
         let started = Instant::now();
@@ -364,6 +375,7 @@ impl StorageGroup {
 
     /// Removes node `id` from the group.
     pub async fn remove_member(&self, id: u64) -> Result<GroupStatus, ServiceError> {
+        self.wait_membership_committed().await?;
         let membership = self.inner.raft.metrics().borrow().membership_config.clone();
         let membership = membership.membership();
         if membership.get_node(&id).is_none() {
@@ -380,6 +392,33 @@ impl StorageGroup {
         }
         tracing::info!(id, "storage group member removed");
         Ok(self.status())
+    }
+
+    /// Waits until the membership in force is committed: a leader elected
+    /// a moment ago refuses a change until its first entry commits ("the
+    /// cluster is already undergoing a configuration change").
+    async fn wait_membership_committed(&self) -> Result<(), ServiceError> {
+        self.inner
+            .raft
+            .wait(Some(APPLY_WAIT))
+            .metrics(
+                |metrics| {
+                    let membership = metrics
+                        .membership_config
+                        .log_id()
+                        .map(|log_id| log_id.index);
+                    let applied = metrics.last_applied.map(|log_id| log_id.index);
+                    applied >= membership
+                },
+                "the membership in force committed",
+            )
+            .await
+            .map(|_| ())
+            .map_err(|error| {
+                ServiceError::Unavailable(format!(
+                    "the storage group's membership is not committed yet: {error}"
+                ))
+            })
     }
 
     fn change<T>(
