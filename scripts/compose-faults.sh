@@ -114,17 +114,8 @@ wait_caught_up() {
         sleep 0.5
     done
 }
-# The engine serving (its /healthz says ok; the standby's says standby).
-active_engine() {
-    local e
-    for e in "${ENGINES[@]}"; do
-        if [[ "$(docker exec "$(cid "$e")" /usr/local/bin/spillway healthcheck --addr 127.0.0.1:9470 2>/dev/null)" == ok ]]; then
-            echo "$e"; return 0
-        fi
-    done
-    echo ""
-}
-# The serving engine other than $1, or "".
+# The serving engine other than $1, or "" (its /healthz says ok; the
+# standby's says standby).
 active_engine_except() {
     local e
     for e in "${ENGINES[@]}"; do
@@ -135,6 +126,8 @@ active_engine_except() {
     done
     echo ""
 }
+# The engine serving.
+active_engine() { active_engine_except ""; }
 wait_active_engine() {
     local limit="$1" start=$SECONDS e
     while :; do
