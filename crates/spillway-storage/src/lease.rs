@@ -9,9 +9,12 @@
 //! storage node that restarts has no live lease, and the running engine
 //! renews its own (same epoch) at its next renewal.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use spillway_proto::ServiceError;
+// tokio's clock is the system's, except in a simulation that runs on a
+// paused clock, where a lease must expire in simulated time.
+use tokio::time::Instant;
 
 /// What [`LeaseState::acquire`] decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -294,7 +294,7 @@ impl StorageApi for MemoryStore {
         request: spillway_proto::storage::AcquireLeaseRequest,
     ) -> Result<spillway_proto::storage::Lease, ServiceError> {
         let ttl = std::time::Duration::from_millis(request.ttl_ms.max(100));
-        let now = std::time::Instant::now();
+        let now = tokio::time::Instant::now();
         let mut lease = self.inner.lease.lock();
         let epoch = match lease.acquire(request.epoch, ttl, now, "in memory")? {
             crate::lease::Grant::Renewed(epoch) => epoch,

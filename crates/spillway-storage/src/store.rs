@@ -14,7 +14,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::RwLock;
@@ -161,6 +161,8 @@ pub struct RocksStore {
     pub(crate) path: PathBuf,
     pub(crate) quota: Arc<Quota>,
     pub(crate) meta: Arc<Meta>,
+    /// Held in RocksDB's in-memory environment ([`RocksStore::open_in_memory`]).
+    pub(crate) in_memory: bool,
 }
 
 /// What a store knows of itself besides its records.
@@ -180,6 +182,7 @@ pub(crate) struct WeakStore {
     path: PathBuf,
     quota: Arc<Quota>,
     pub(crate) meta: Arc<Meta>,
+    in_memory: bool,
 }
 
 impl WeakStore {
@@ -190,6 +193,7 @@ impl WeakStore {
             path: self.path.clone(),
             quota: self.quota.clone(),
             meta: self.meta.clone(),
+            in_memory: self.in_memory,
         })
     }
 }
@@ -239,7 +243,7 @@ impl RocksStore {
     /// that holds no store is refused (`storage.create_if_missing`): a
     /// data volume that is not mounted must not start as an empty broker.
     pub fn open_with(path: &Path, create_if_missing: bool) -> Result<Self, StoreError> {
-        Self::open_inner(path, create_if_missing, false)
+        Self::open_inner(path, create_if_missing, false, None)
     }
 
     /// As [`RocksStore::open_with`], for a member of a storage group: the
@@ -247,16 +251,56 @@ impl RocksStore {
     /// family of its own. A store never in a group has none, so that a
     /// build without groups still opens it.
     pub fn open_for_group(path: &Path, create_if_missing: bool) -> Result<Self, StoreError> {
-        Self::open_inner(path, create_if_missing, true)
+        Self::open_inner(path, create_if_missing, true, None)
     }
 
-    fn open_inner(path: &Path, create_if_missing: bool, group: bool) -> Result<Self, StoreError> {
+    /// A store for a group member held in RocksDB's in-memory environment
+    /// `env`, at `path` inside it: what the simulation (`spillway-sim`)
+    /// runs its members on. Nothing reaches a disk (snapshot files aside,
+    /// under `path` on the real one); opened again over the same `env`, it
+    /// finds what was written. Its calls are memory operations and run
+    /// where they are made rather than on the blocking pool, so that a
+    /// simulation on one thread replays exactly.
+    pub fn open_in_memory(env: &rocksdb::Env, path: &Path) -> Result<Self, StoreError> {
+        Self::open_inner(path, true, true, Some(env))
+    }
+
+    /// Writes the WAL out and fsyncs it. A store in memory has nothing to
+    /// sync (RocksDB's memory environment cannot, and keeps every write).
+    pub(crate) fn sync_wal(&self) -> Result<(), rocksdb::Error> {
+        if self.in_memory {
+            return Ok(());
+        }
+        self.db.flush_wal(true)
+    }
+
+    /// Runs `work` off the async runtime, as RocksDB calls block; in
+    /// memory, right here.
+    pub(crate) async fn off_runtime<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, tokio::task::JoinError> {
+        if self.in_memory {
+            return Ok(work());
+        }
+        tokio::task::spawn_blocking(work).await
+    }
+
+    fn open_inner(
+        path: &Path,
+        create_if_missing: bool,
+        group: bool,
+        env: Option<&rocksdb::Env>,
+    ) -> Result<Self, StoreError> {
         if !create_if_missing && !path.join("CURRENT").is_file() {
             return Err(StoreError::Missing {
                 path: path.to_path_buf(),
             });
         }
         let mut options = Options::default();
+        if let Some(env) = env {
+            options.set_env(env);
+        }
         options.create_if_missing(true);
         options.set_compression_type(DBCompressionType::Lz4);
         options.increase_parallelism(2);
@@ -310,6 +354,7 @@ impl RocksStore {
                 lease: RwLock::new(LeaseState::new(epoch)),
                 corrupt_records: AtomicU64::new(0),
             }),
+            in_memory: env.is_some(),
         })
     }
 
@@ -330,7 +375,7 @@ impl RocksStore {
     /// Takes (epoch 0) or renews the engine lease (see `lease.rs`).
     pub fn acquire_lease(&self, request: &AcquireLeaseRequest) -> Result<Lease, StoreError> {
         let ttl = Duration::from_millis(request.ttl_ms.clamp(100, 600_000));
-        let now = Instant::now();
+        let now = tokio::time::Instant::now();
         let mut lease = self.meta.lease.write();
         let grant = lease
             .acquire(request.epoch, ttl, now, &self.describe())
@@ -571,6 +616,7 @@ impl RocksStore {
             path: self.path.clone(),
             quota: self.quota.clone(),
             meta: self.meta.clone(),
+            in_memory: self.in_memory,
         }
     }
 
@@ -809,7 +855,8 @@ impl RocksStore {
         work: impl FnOnce(&RocksStore) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, ServiceError> {
         let store = self.clone();
-        Ok(tokio::task::spawn_blocking(move || work(&store))
+        Ok(self
+            .off_runtime(move || work(&store))
             .await
             .map_err(StoreError::from)??)
     }

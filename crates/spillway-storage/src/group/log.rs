@@ -64,7 +64,8 @@ impl GroupLog {
         work: impl FnOnce(&RocksStore) -> Result<T, Error> + Send + 'static,
     ) -> Result<T, Error> {
         let store = self.store.clone();
-        tokio::task::spawn_blocking(move || work(&store))
+        self.store
+            .off_runtime(move || work(&store))
             .await
             .map_err(|error| StorageIOError::read_logs(&error))?
     }
@@ -321,8 +322,7 @@ impl RaftLogStorage<GroupConfig> for GroupLog {
             // The entries go; what applying them did must not: the applies
             // share the WAL, unsynced until here.
             store
-                .db
-                .flush_wal(true)
+                .sync_wal()
                 .map_err(|e| StorageIOError::write_logs(&e))?;
             let family = family(store).map_err(|e| StorageIOError::write_logs(&e))?;
             let mut batch = rocksdb::WriteBatch::default();

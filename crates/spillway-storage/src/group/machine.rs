@@ -23,7 +23,7 @@
 use std::io::SeekFrom;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use openraft::storage::RaftStateMachine;
 use openraft::{
@@ -35,6 +35,7 @@ use prost::Message as _;
 use rocksdb::{IteratorMode, WriteOptions};
 use spillway_proto::storage::WriteBatch;
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt, BufReader};
+use tokio::time::Instant;
 
 use super::log::GroupLog;
 use super::types::{Command, GroupConfig, Outcome};
@@ -180,6 +181,12 @@ impl GroupMachine {
         self.applied.lock().last.is_none()
     }
 
+    /// The last log index applied here, as soon as it is (openraft's
+    /// metrics say it a moment later).
+    pub(crate) fn last_applied(&self) -> Option<u64> {
+        self.applied.lock().last.map(|log_id| log_id.index)
+    }
+
     /// The group's id ("" until the first entry is applied here).
     pub(crate) fn group_id(&self) -> String {
         self.group_id.lock().clone()
@@ -301,15 +308,16 @@ impl GroupMachine {
         let mut synced = WriteOptions::default();
         synced.set_sync(true);
         let store = self.store.clone();
-        tokio::task::spawn_blocking(move || -> Result<(), Error> {
-            store
-                .db
-                .put_opt(INSTALLING_KEY, [], &synced)
-                .map_err(io_write)?;
-            clear_records(&store)
-        })
-        .await
-        .map_err(io_write)??;
+        self.store
+            .off_runtime(move || -> Result<(), Error> {
+                store
+                    .db
+                    .put_opt(INSTALLING_KEY, [], &synced)
+                    .map_err(io_write)?;
+                clear_records(&store)
+            })
+            .await
+            .map_err(io_write)??;
         let mut batch = rocksdb::WriteBatch::default();
         loop {
             let Some(key) = read_chunk(&mut reader).await? else {
@@ -322,7 +330,8 @@ impl GroupMachine {
             if batch.size_in_bytes() >= INSTALL_BATCH_BYTES {
                 let full = std::mem::take(&mut batch);
                 let store = self.store.clone();
-                tokio::task::spawn_blocking(move || store.db.write(full).map_err(io_write))
+                self.store
+                    .off_runtime(move || store.db.write(full).map_err(io_write))
                     .await
                     .map_err(io_write)??;
             }
@@ -338,7 +347,8 @@ impl GroupMachine {
         let store = self.store.clone();
         let mut options = WriteOptions::default();
         options.set_sync(true);
-        tokio::task::spawn_blocking(move || store.db.write_opt(batch, &options).map_err(io_write))
+        self.store
+            .off_runtime(move || store.db.write_opt(batch, &options).map_err(io_write))
             .await
             .map_err(io_write)??;
         let epoch = read_epoch(&self.store)?;
@@ -538,7 +548,8 @@ impl RaftSnapshotBuilder<GroupConfig> for GroupMachine {
             (applied.last, applied.membership.clone())
         };
         let store = self.store.clone();
-        tokio::task::spawn_blocking(move || store.db.flush_wal(true).map_err(io_write))
+        self.store
+            .off_runtime(move || store.sync_wal().map_err(io_write))
             .await
             .map_err(io_write)??;
         let meta = Meta {
@@ -588,7 +599,8 @@ impl RaftStateMachine<GroupConfig> for GroupMachine {
     {
         let entries: Vec<Entry> = entries.into_iter().collect();
         let machine = self.clone();
-        tokio::task::spawn_blocking(move || machine.apply_blocking(entries))
+        self.store
+            .off_runtime(move || machine.apply_blocking(entries))
             .await
             .map_err(io_write)?
     }
@@ -620,7 +632,8 @@ impl RaftStateMachine<GroupConfig> for GroupMachine {
             Some(meta) if meta.last_log_id >= built.last_log_id => meta,
             _ => {
                 let machine = self.clone();
-                tokio::task::spawn_blocking(move || machine.dump_blocking())
+                self.store
+                    .off_runtime(move || machine.dump_blocking())
                     .await
                     .map_err(io_write)??
             }

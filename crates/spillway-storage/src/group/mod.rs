@@ -14,6 +14,8 @@
 //!   under its own id, but votes only once it has caught up (`rejoin.rs`).
 //! - Members talk to each other over the `StorageGroup` gRPC service
 //!   (`network.rs`, `service.rs`), with the cluster's secret or mutual TLS.
+//!   That is one [`GroupTransport`]; the simulation (`spillway-sim`) brings
+//!   its own, and seeds the election timeouts (`runtime.rs`).
 //!
 //! [`StorageGroup`] is the node's handle: the [`StorageApi`] the storage
 //! service serves when `storage.members` is set.
@@ -29,9 +31,12 @@ mod machine;
 mod network;
 pub(crate) mod node;
 mod rejoin;
+pub mod runtime;
 mod service;
+mod transport;
 mod types;
 
-pub use node::{GroupError, GroupSettings, StorageGroup};
+pub use node::{GroupError, GroupSettings, LogLevels, LoggedEntry, StorageGroup, VoteWithheld};
 pub use service::StorageGroupService;
+pub use transport::{GroupTransport, GrpcTransport};
 pub use types::{Command, GroupConfig, Outcome};

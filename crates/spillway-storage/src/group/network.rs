@@ -21,7 +21,7 @@ use spillway_proto::storage::RaftPayload;
 use super::types::GroupConfig;
 
 /// Makes a [`PeerClient`] per member.
-pub(crate) struct GroupNetwork {
+pub struct GroupNetwork {
     cluster: ClusterClient,
 }
 
@@ -51,7 +51,7 @@ impl RaftNetworkFactory<GroupConfig> for GroupNetwork {
 }
 
 /// One member as the others reach it.
-pub(crate) struct PeerClient {
+pub struct PeerClient {
     target: u64,
     address: String,
     /// The channel, or why the member's address cannot be dialled.

@@ -4,10 +4,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
-use openraft::error::{ClientWriteError, RaftError};
+use openraft::error::{ClientWriteError, Infallible, InstallSnapshotError, RaftError};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
 use openraft::{BasicNode, ChangeMembers, Raft, ServerState};
 use spillway_proto::cluster::ClusterClient;
 use spillway_proto::management::SetStoreQuotaRequest;
@@ -17,10 +21,12 @@ use spillway_proto::storage::{
 };
 use spillway_proto::{ServiceError, StorageApi};
 
+use tokio::time::Instant;
+
 use super::log::GroupLog;
 use super::machine::GroupMachine;
-use super::network::GroupNetwork;
 use super::rejoin::Rejoin;
+use super::transport::{GroupTransport, GrpcTransport};
 use super::types::{Command, GroupConfig, Outcome};
 use crate::lease::Grant;
 use crate::store::RocksStore;
@@ -64,6 +70,33 @@ pub enum GroupError {
     State(String),
 }
 
+/// How far a member's log reaches ([`StorageGroup::log_levels`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogLevels {
+    /// It leads the group.
+    pub leads: bool,
+    /// Its log's last index.
+    pub last_log: Option<u64>,
+    /// The last index it applied.
+    pub applied: Option<u64>,
+}
+
+/// One entry of a member's log ([`StorageGroup::applied_entries`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoggedEntry {
+    pub index: u64,
+    /// The term of the leader that appended it.
+    pub term: u64,
+    /// None: a new leader's blank entry, or a membership change.
+    pub command: Option<Command>,
+}
+
+/// A vote this member withholds: it started empty and has not caught up
+/// (`rejoin.rs`). The caller answers UNAVAILABLE.
+#[derive(Debug, thiserror::Error)]
+#[error("this storage group member started empty and votes once it has caught up")]
+pub struct VoteWithheld;
+
 /// One member of a storage group. Cheap to clone.
 #[derive(Clone)]
 pub struct StorageGroup {
@@ -86,6 +119,16 @@ impl StorageGroup {
         store: RocksStore,
         settings: GroupSettings,
         cluster: ClusterClient,
+    ) -> Result<Self, GroupError> {
+        Self::start_over(store, settings, GrpcTransport::new(cluster)).await
+    }
+
+    /// [`StorageGroup::start`], reaching the other members through
+    /// `transport` (the simulation's network, or gRPC).
+    pub async fn start_over(
+        store: RocksStore,
+        settings: GroupSettings,
+        transport: impl GroupTransport,
     ) -> Result<Self, GroupError> {
         if settings.node_id == 0 {
             return Err(GroupError::NodeIdZero);
@@ -129,7 +172,6 @@ impl StorageGroup {
         let starts_empty = machine.applied_nothing()
             && super::log::holds_nothing(&store)
                 .map_err(|error| GroupError::State(error.to_string()))?;
-        let rejoin_cluster = cluster.clone();
         let others: Vec<String> = settings
             .members
             .iter()
@@ -142,7 +184,7 @@ impl StorageGroup {
         // Empty while none runs one: the group's first start.
         let runs_already = starts_empty
             && !settings.join
-            && super::rejoin::group_runs_already(&others, &rejoin_cluster).await;
+            && super::rejoin::group_runs_already(&others, &transport).await;
         let state_error = |error: openraft::StorageError<u64>| GroupError::State(error.to_string());
         let rejoin = if !runs_already {
             Rejoin::settled()
@@ -165,7 +207,7 @@ impl StorageGroup {
         let raft = Raft::new(
             settings.node_id,
             config,
-            GroupNetwork::new(cluster),
+            transport.network(),
             GroupLog::new(store.clone()),
             machine.clone(),
         )
@@ -196,7 +238,7 @@ impl StorageGroup {
         tokio::spawn(
             rejoin
                 .clone()
-                .watch(raft.metrics(), settings.node_id, rejoin_cluster),
+                .watch(raft.metrics(), settings.node_id, transport),
         );
         tracing::info!(node_id = settings.node_id, "storage group member started");
         Ok(Self {
@@ -210,19 +252,107 @@ impl StorageGroup {
         })
     }
 
-    /// Whether this member withholds its vote from a candidate whose last
-    /// log index is `candidate_last_index` (`rejoin.rs`).
-    pub(crate) fn withholds_vote_for(&self, candidate_last_index: Option<u64>) -> bool {
-        self.inner.rejoin.withholds_vote_for(candidate_last_index)
+    /// openraft's AppendEntries from the leader.
+    pub async fn on_append_entries(
+        &self,
+        request: AppendEntriesRequest<GroupConfig>,
+    ) -> Result<AppendEntriesResponse<u64>, RaftError<u64, Infallible>> {
+        self.inner.raft.append_entries(request).await
+    }
+
+    /// openraft's RequestVote from a candidate; withheld while this member
+    /// catches up after starting empty (`rejoin.rs`).
+    pub async fn on_vote(
+        &self,
+        request: VoteRequest<u64>,
+    ) -> Result<Result<VoteResponse<u64>, RaftError<u64, Infallible>>, VoteWithheld> {
+        let candidate_last_index = request.last_log_id.map(|log_id| log_id.index);
+        if self.inner.rejoin.withholds_vote_for(candidate_last_index) {
+            tracing::debug!(
+                candidate = request.vote.leader_id().voted_for().unwrap_or(0),
+                candidate_last_index,
+                "vote withheld: this member started empty and has not caught up"
+            );
+            return Err(VoteWithheld);
+        }
+        Ok(self.inner.raft.vote(request).await)
+    }
+
+    /// openraft's InstallSnapshot (one chunk) from the leader.
+    pub async fn on_install_snapshot(
+        &self,
+        request: InstallSnapshotRequest<GroupConfig>,
+    ) -> Result<InstallSnapshotResponse<u64>, RaftError<u64, InstallSnapshotError>> {
+        self.inner.raft.install_snapshot(request).await
+    }
+
+    /// How far this member's log reaches and how far it has applied it.
+    pub fn log_levels(&self) -> LogLevels {
+        let metrics = self.inner.raft.metrics().borrow().clone();
+        LogLevels {
+            leads: metrics.state == ServerState::Leader,
+            last_log: metrics.last_log_index,
+            applied: metrics.last_applied.map(|log_id| log_id.index),
+        }
+    }
+
+    /// This member's id.
+    pub fn node_id(&self) -> u64 {
+        self.inner.node_id
+    }
+
+    /// The log entries this member has applied, from `from` on, in order:
+    /// what an oracle compares between members. An entry purged since
+    /// (behind a snapshot) is not among them.
+    pub async fn applied_entries(&self, from: u64) -> Result<Vec<LoggedEntry>, GroupError> {
+        // From the machine itself: a write is answered once applied there,
+        // before openraft's metrics say so.
+        let Some(applied) = self.inner.machine.last_applied() else {
+            return Ok(Vec::new());
+        };
+        if from > applied {
+            return Ok(Vec::new());
+        }
+        self.logged(from..=applied).await
+    }
+
+    /// The entries of this member's log after the last one it applied
+    /// (appended, not known to be committed here yet).
+    pub async fn unapplied_entries(&self) -> Result<Vec<LoggedEntry>, GroupError> {
+        let from = self
+            .inner
+            .machine
+            .last_applied()
+            .map_or(0, |index| index + 1);
+        self.logged(from..).await
+    }
+
+    async fn logged(
+        &self,
+        range: impl std::ops::RangeBounds<u64> + Clone + std::fmt::Debug + Send + Sync,
+    ) -> Result<Vec<LoggedEntry>, GroupError> {
+        use openraft::RaftLogReader as _;
+        let mut log = GroupLog::new(self.inner.store.clone());
+        let entries = log
+            .try_get_log_entries(range)
+            .await
+            .map_err(|error| GroupError::State(error.to_string()))?;
+        Ok(entries
+            .into_iter()
+            .map(|entry| LoggedEntry {
+                index: entry.log_id.index,
+                term: entry.log_id.leader_id.term,
+                command: match entry.payload {
+                    openraft::EntryPayload::Normal(command) => Some(command),
+                    _ => None,
+                },
+            })
+            .collect())
     }
 
     /// This member's store.
     pub fn store(&self) -> &RocksStore {
         &self.inner.store
-    }
-
-    pub(crate) fn raft(&self) -> &Raft<GroupConfig> {
-        &self.inner.raft
     }
 
     /// Stops taking part in the group.
@@ -492,7 +622,9 @@ impl StorageApi for StorageGroup {
     async fn remove_orphans(&self, epoch: u64, below_id: u64) -> Result<u64, ServiceError> {
         self.leader_only()?;
         let store = self.inner.store.clone();
-        let orphans = tokio::task::spawn_blocking(move || store.orphan_ids(below_id))
+        let orphans = store
+            .clone()
+            .off_runtime(move || store.orphan_ids(below_id))
             .await
             .map_err(crate::store::StoreError::from)??;
         let removed = orphans.len() as u64;

@@ -26,18 +26,16 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use openraft::{BasicNode, RaftMetrics};
-use spillway_proto::cluster::ClusterClient;
-use spillway_proto::storage::storage_group_client::StorageGroupClient;
-use spillway_proto::storage::{GroupStatus, GroupStatusRequest};
 use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::transport::GroupTransport;
 
 /// How often the leader is asked how far it has committed, until it answers.
 const ASK_EVERY: Duration = Duration::from_millis(500);
-/// How long one such question may take.
-const ASK_WITHIN: Duration = Duration::from_secs(2);
 
 /// Whether this member still catches up after starting empty. Cheap to clone.
 #[derive(Clone, Default)]
@@ -75,7 +73,7 @@ impl Rejoin {
         self,
         mut metrics: watch::Receiver<RaftMetrics<u64, BasicNode>>,
         node_id: u64,
-        cluster: ClusterClient,
+        transport: impl GroupTransport,
     ) {
         if !self.is_catching_up() {
             return;
@@ -110,8 +108,10 @@ impl Rejoin {
                     .get_node(&leader)
                     .map(|node| node.addr.clone());
                 if let Some(address) = address {
-                    match committed_at(&address, &cluster).await {
-                        Ok(committed) => {
+                    match transport.status_of(&address).await {
+                        Ok(status) => {
+                            // On a leader, applied is committed.
+                            let committed = status.committed_index;
                             tracing::info!(
                                 node_id,
                                 leader,
@@ -135,34 +135,15 @@ impl Rejoin {
     }
 }
 
-/// How far the member at `address` has applied (on a leader: committed).
-async fn committed_at(address: &str, cluster: &ClusterClient) -> Result<u64, String> {
-    Ok(status_of(address, cluster).await?.committed_index)
-}
-
-/// The group as the member at `address` sees it.
-async fn status_of(address: &str, cluster: &ClusterClient) -> Result<GroupStatus, String> {
-    let channel =
-        spillway_proto::lazy_member_channel(address, cluster).map_err(|error| error.to_string())?;
-    let mut client = StorageGroupClient::new(channel);
-    let mut request = tonic::Request::new(GroupStatusRequest {});
-    request.set_timeout(ASK_WITHIN);
-    let status = client
-        .get_group_status(request)
-        .await
-        .map_err(|status| status.message().to_string())?;
-    Ok(status.into_inner())
-}
-
 /// Whether one of `others` (addresses of the other members) answers that
 /// it is in a group that has a leader or has committed something: the
 /// group was formed without this member, which must then not form it
 /// again. A member that forms a running group campaigns in the group's
 /// first term and can depose its leader (seen: 3.3 s without a leader
 /// when the third member of a new group started 0.2 s after the others).
-pub(crate) async fn group_runs_already(others: &[String], cluster: &ClusterClient) -> bool {
+pub(crate) async fn group_runs_already(others: &[String], transport: &impl GroupTransport) -> bool {
     let asks = others.iter().map(|address| async move {
-        let answer = status_of(address, cluster).await;
+        let answer = transport.status_of(address).await;
         if let Err(error) = &answer {
             tracing::info!(member = %address, %error, "a storage group member did not say whether the group runs");
         }

@@ -1,7 +1,6 @@
 //! The `StorageGroup` gRPC service: openraft's messages from the other
 //! members, and the group's status and membership for operators.
 
-use openraft::raft::VoteRequest;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use spillway_proto::storage::storage_group_server::StorageGroup as StorageGroupRpc;
@@ -50,24 +49,16 @@ impl StorageGroupRpc for StorageGroupService {
         &self,
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
-        let answer = self.group.raft().append_entries(decode(request)?).await;
+        let answer = self.group.on_append_entries(decode(request)?).await;
         encode(&answer)
     }
 
     async fn vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        let request: VoteRequest<u64> = decode(request)?;
-        let candidate_last_index = request.last_log_id.map(|log_id| log_id.index);
-        if self.group.withholds_vote_for(candidate_last_index) {
-            tracing::debug!(
-                candidate = request.vote.leader_id().voted_for().unwrap_or(0),
-                candidate_last_index,
-                "vote withheld: this member started empty and has not caught up"
-            );
-            return Err(Status::unavailable(
-                "this storage group member started empty and votes once it has caught up",
-            ));
-        }
-        let answer = self.group.raft().vote(request).await;
+        let answer = self
+            .group
+            .on_vote(decode(request)?)
+            .await
+            .map_err(|withheld| Status::unavailable(withheld.to_string()))?;
         encode(&answer)
     }
 
@@ -75,7 +66,7 @@ impl StorageGroupRpc for StorageGroupService {
         &self,
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
-        let answer = self.group.raft().install_snapshot(decode(request)?).await;
+        let answer = self.group.on_install_snapshot(decode(request)?).await;
         encode(&answer)
     }
 

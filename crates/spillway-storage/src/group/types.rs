@@ -15,7 +15,7 @@ openraft::declare_raft_types!(
         Node = openraft::BasicNode,
         Entry = openraft::Entry<GroupConfig>,
         SnapshotData = tokio::fs::File,
-        AsyncRuntime = openraft::TokioRuntime,
+        AsyncRuntime = super::runtime::GroupRuntime,
 );
 
 /// One entry of the group's log.
