@@ -17,10 +17,11 @@
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
+use tokio::time::Instant;
 
 use crate::backoff::Backoff;
 use crate::boundary::ChannelTimeouts;
@@ -47,14 +48,15 @@ const LEASE_ATTEMPT: Duration = Duration::from_secs(2);
 /// on loaded cores can take a few seconds to answer).
 const STATUS_ATTEMPT: Duration = Duration::from_secs(5);
 
-/// Every member of a storage group, as the engine reaches them.
-pub struct GroupStorage {
+/// Every member of a storage group, as the engine reaches them: over gRPC
+/// ([`RemoteStorage`]), or in the simulation over its faulty network.
+pub struct GroupStorage<M = RemoteStorage> {
     /// The addresses as configured and a client of each; calls go first
     /// to the leader, as last found.
-    members: Rotation<RemoteStorage>,
+    members: Rotation<M>,
 }
 
-impl GroupStorage {
+impl GroupStorage<RemoteStorage> {
     /// Clients of every address in `addrs` (connected lazily).
     pub fn connect_lazy(addrs: &[String], cluster: &ClusterClient) -> Result<Self, ServiceError> {
         let fence = Arc::new(AtomicU64::new(0));
@@ -70,6 +72,14 @@ impl GroupStorage {
                 Ok((addr.clone(), client))
             })
             .collect::<Result<Vec<_>, ServiceError>>()?;
+        Self::over(members)
+    }
+}
+
+impl<M: StorageApi> GroupStorage<M> {
+    /// The group's members as (address, client), the address as the
+    /// members name it in a redirection to their leader.
+    pub fn over(members: Vec<(String, M)>) -> Result<Self, ServiceError> {
         Ok(Self {
             members: Rotation::new("storage group member", members)?,
         })
@@ -80,7 +90,7 @@ impl GroupStorage {
     async fn on_leader<'a, T>(
         &'a self,
         deadline: Duration,
-        call: impl Fn(&'a RemoteStorage) -> BoxFuture<'a, Result<T, ServiceError>>,
+        call: impl Fn(&'a M) -> BoxFuture<'a, Result<T, ServiceError>>,
     ) -> Result<T, ServiceError> {
         self.on_leader_within(deadline, None, call).await
     }
@@ -91,7 +101,7 @@ impl GroupStorage {
         &'a self,
         deadline: Duration,
         attempt: Option<Duration>,
-        call: impl Fn(&'a RemoteStorage) -> BoxFuture<'a, Result<T, ServiceError>>,
+        call: impl Fn(&'a M) -> BoxFuture<'a, Result<T, ServiceError>>,
     ) -> Result<T, ServiceError> {
         let started = Instant::now();
         let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
@@ -139,7 +149,7 @@ impl GroupStorage {
 }
 
 #[async_trait]
-impl StorageApi for GroupStorage {
+impl<M: StorageApi> StorageApi for GroupStorage<M> {
     async fn write(&self, batch: Arc<WriteBatch>) -> Result<(), ServiceError> {
         self.on_leader_within(CALL_DEADLINE, Some(WRITE_ATTEMPT), |member| {
             let batch = batch.clone();
