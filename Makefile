@@ -4,8 +4,9 @@
 # make images   build the images docker-compose.yml runs (no registry needed)
 # make compose-test     the compose stack with its `test` profile (load, flow to disk, capacity)
 # make compose-faults   kill storage, engine, gateways and cut engine<->storage under traffic
+# make sim SEEDS=N      the storage group's deterministic simulation (SEED=S replays one)
 .PHONY: images run test test-stages build deps venv lint test-build test-rust test-python bench fmt clean \
-	test-fuzz fuzz \
+	test-fuzz fuzz sim \
 	bench-flow-to-disk \
 	docker-check images-from-build compose-test compose-faults
 
@@ -50,6 +51,15 @@ test-fuzz: deps
 
 fuzz: deps
 	FUZZ_SECONDS=$${FUZZ_SECONDS:-600} scripts/fuzz.sh
+
+# The storage group's deterministic simulation (docs/replication.md): SEEDS
+# seeds from FIRST (1000 from 1 by default), or SEED=S alone to replay one.
+# `make test` runs 400 of them (crates/spillway-sim/tests/seeds.rs).
+SEEDS ?= 1000
+FIRST ?= 1
+sim: deps
+	$(CARGO) build --release --workspace --all-targets
+	./target/release/spillway-sim $(if $(SEED),--seed $(SEED),--seeds $(SEEDS) --first $(FIRST))
 
 test-python: test-build venv
 	$(TIMED) python-tests .venv/bin/pytest tests/python -q -p no:cacheprovider
