@@ -175,6 +175,21 @@ impl SimEngine {
         pace: Duration,
     ) -> Result<Self, ServiceError> {
         let host = crate::network::ENGINE_HOSTS + number;
+        Ok(Self {
+            number,
+            host,
+            storage: Self::client(host, member_ids, network)?,
+            history,
+            pace,
+        })
+    }
+
+    /// The engine's client of the group (`GroupStorage`), from `host`.
+    pub fn client(
+        host: Host,
+        member_ids: &[Host],
+        network: Arc<Network>,
+    ) -> Result<GroupStorage<Link>, ServiceError> {
         let links = member_ids
             .iter()
             .map(|id| {
@@ -188,13 +203,7 @@ impl SimEngine {
                 )
             })
             .collect();
-        Ok(Self {
-            number,
-            host,
-            storage: GroupStorage::over(links)?,
-            history,
-            pace,
-        })
+        GroupStorage::over(links)
     }
 
     /// Takes the lease (waiting while another engine holds it), then

@@ -69,12 +69,14 @@ fn main() -> anyhow::Result<()> {
                         Ok(report) => {
                             passed += 1;
                             println!(
-                                "seed {seed}: ok, digest {:016x}, {} faults, {} leases, {} confirmed, {} refused, log at {} ({})",
+                                "seed {seed}: ok, digest {:016x}, {} faults, {} leases, {} confirmed, {} refused, {} added, {} removed, log at {} ({})",
                                 report.digest,
                                 report.faults,
                                 report.leases,
                                 report.confirmed,
                                 report.refused,
+                                report.members_added,
+                                report.members_removed,
                                 report.applied_index,
                                 report.weather
                             );

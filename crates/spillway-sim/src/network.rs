@@ -17,6 +17,7 @@ use parking_lot::Mutex;
 use rand08::rngs::StdRng;
 use rand08::{Rng, SeedableRng};
 use spillway_storage::StorageGroup;
+use tokio::sync::watch;
 
 /// A host of the simulation: storage members are 1..=N, engines above
 /// [`ENGINE_HOSTS`].
@@ -39,8 +40,9 @@ struct State {
     weather: Weather,
     /// Pairs of hosts that cannot reach each other (smaller host first).
     cut: BTreeSet<(Host, Host)>,
-    /// The members that run, by id.
-    members: BTreeMap<Host, StorageGroup>,
+    /// The members that run, by id, each with a sender whose drop (the
+    /// member's crash) ends the calls it is serving.
+    members: BTreeMap<Host, (StorageGroup, watch::Sender<()>)>,
 }
 
 /// The network and the members on it. Shared by every task of one run.
@@ -106,17 +108,27 @@ impl Network {
 
     /// `member` runs (from now on reachable).
     pub fn member_up(&self, id: Host, member: StorageGroup) {
-        self.state.lock().members.insert(id, member);
+        let (alive, _) = watch::channel(());
+        self.state.lock().members.insert(id, (member, alive));
     }
 
     /// `member` is down: messages to it are refused. Its handle, to stop.
     pub fn member_down(&self, id: Host) -> Option<StorageGroup> {
-        self.state.lock().members.remove(&id)
+        self.state
+            .lock()
+            .members
+            .remove(&id)
+            .map(|(member, _alive)| member)
     }
 
     /// The members that run.
     pub fn members(&self) -> BTreeMap<Host, StorageGroup> {
-        self.state.lock().members.clone()
+        self.state
+            .lock()
+            .members
+            .iter()
+            .map(|(id, (member, _))| (*id, member.clone()))
+            .collect()
     }
 
     /// (delay, lost, hangs if lost)
@@ -156,11 +168,24 @@ impl Network {
         Fut: Future<Output = T>,
     {
         self.leg(from, to, "request").await?;
-        let member = self.state.lock().members.get(&to).cloned();
-        let Some(member) = member else {
+        let member = self
+            .state
+            .lock()
+            .members
+            .get(&to)
+            .map(|(member, alive)| (member.clone(), alive.subscribe()));
+        let Some((member, mut alive)) = member else {
             return Err(Undelivered(format!("member {to} is down")));
         };
-        let answer = work(member).await;
+        // A crash ends what the member was doing for the caller, as the
+        // process's end does (and lets its store close).
+        let answer = tokio::select! {
+            biased;
+            _ = alive.changed() => {
+                return Err(Undelivered(format!("member {to} crashed while serving")));
+            }
+            answer = work(member) => answer,
+        };
         self.leg(to, from, "answer").await?;
         Ok(answer)
     }

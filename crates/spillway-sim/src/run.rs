@@ -9,6 +9,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use rand08::rngs::StdRng;
 use rand08::{Rng, SeedableRng};
+use spillway_proto::StorageApi as _;
 use spillway_storage::group::{runtime, GroupSettings, LogLevels};
 use spillway_storage::{RocksStore, StorageGroup};
 use tokio::task::JoinHandle;
@@ -23,8 +24,11 @@ use crate::transport::SimTransport;
 /// The shape of a run.
 #[derive(Clone, Debug)]
 pub struct Settings {
-    /// Storage members.
+    /// Storage members the group starts with.
     pub members: u64,
+    /// One more member, started waiting to join: the schedule adds it
+    /// (`add-member`) and later removes one of the members.
+    pub joiner: bool,
     /// Engines running at once (one active, the others waiting for the
     /// lease).
     pub engines: u64,
@@ -40,6 +44,7 @@ impl Default for Settings {
     fn default() -> Self {
         Self {
             members: 3,
+            joiner: true,
             engines: 2,
             faults_for: Duration::from_secs(20),
             settle_within: Duration::from_secs(30),
@@ -60,6 +65,10 @@ pub struct Report {
     pub refused: usize,
     pub effective_writes: usize,
     pub applied_index: u64,
+    /// Membership changes that were answered: the joiner added, a member
+    /// removed.
+    pub members_added: usize,
+    pub members_removed: usize,
     pub weather: String,
 }
 
@@ -123,6 +132,19 @@ struct Slot {
     path: PathBuf,
 }
 
+/// What the operator has done to the membership, by task.
+#[derive(Default)]
+struct Membership {
+    /// An add or remove is under way.
+    busy: bool,
+    added: bool,
+    /// The member removed (then stopped for good).
+    removed: Option<Host>,
+}
+
+/// The operator's host (never cut off).
+const OPERATOR: Host = ENGINE_HOSTS - 1;
+
 /// A fault undone at a given time.
 enum Undo {
     Restart(Host),
@@ -145,6 +167,9 @@ struct Run {
     engine_restarts: Vec<Instant>,
     undo: Vec<(Instant, Undo)>,
     faults: usize,
+    membership: Arc<Mutex<Membership>>,
+    /// Members stopped for good (removed from the group).
+    retired: Vec<Host>,
 }
 
 fn unsettled(detail: impl std::fmt::Display) -> Violation {
@@ -165,7 +190,8 @@ impl Run {
             },
         };
         let mut slots = BTreeMap::new();
-        for id in 1..=settings.members {
+        let slots_wanted = settings.members + u64::from(settings.joiner);
+        for id in 1..=slots_wanted {
             let env = rocksdb::Env::mem_env().map_err(|error| Failure {
                 seed,
                 violation: unsettled(format!("no in-memory RocksDB environment: {error}")),
@@ -193,6 +219,8 @@ impl Run {
             engine_restarts: Vec::new(),
             undo: Vec::new(),
             faults: 0,
+            membership: Arc::new(Mutex::new(Membership::default())),
+            retired: Vec::new(),
         })
     }
 
@@ -224,16 +252,18 @@ impl Run {
                 }
             }
         };
+        // The initial members form the group; the joiner knows it and
+        // waits to be added.
+        let joins = id > self.settings.members;
+        let known = if joins { id } else { self.settings.members };
         let settings = GroupSettings {
             node_id: id,
-            members: (1..=self.settings.members)
-                .map(|id| (id, address_of(id)))
-                .collect(),
+            members: (1..=known).map(|id| (id, address_of(id))).collect(),
             heartbeat: Duration::from_millis(100),
             // No snapshots: the simulation's members keep their logs (a
             // member that lost its disk is the fault drills' business).
             snapshot_entries: u64::MAX / 2,
-            join: false,
+            join: joins,
         };
         let transport = SimTransport {
             me: id,
@@ -281,7 +311,8 @@ impl Run {
     /// The faults of the schedule, then the settling; the oracle after
     /// every step.
     async fn go(&mut self) -> Result<(), Violation> {
-        for id in 1..=self.settings.members {
+        let ids: Vec<Host> = self.slots.keys().copied().collect();
+        for id in ids {
             self.start_member(id).await?;
         }
         for _ in 0..self.settings.engines {
@@ -292,6 +323,7 @@ impl Run {
             tokio::time::sleep(self.settings.step).await;
             self.observe().await?;
             self.undo_due().await?;
+            self.retire_removed().await;
             self.replace_stopped_engines()?;
             if self.rng.gen_bool(0.12) {
                 self.next_fault().await?;
@@ -310,6 +342,7 @@ impl Run {
         self.undo = later;
         for (_, undo) in due {
             match undo {
+                Undo::Restart(id) if self.retired.contains(&id) => {}
                 Undo::Restart(id) => {
                     self.record(Event::Fault(format!("member {id} restarts")));
                     self.start_member(id).await?;
@@ -353,7 +386,9 @@ impl Run {
         let members: Vec<Host> = self.slots.keys().copied().collect();
         let up: Vec<Host> = self.network.members().keys().copied().collect();
         let for_a_while = |rng: &mut StdRng| Duration::from_millis(rng.gen_range(200..=4_000));
-        match self.rng.gen_range(0..5) {
+        match self.rng.gen_range(0..6) {
+            // Add the joiner, or later remove a member.
+            5 => self.change_membership(),
             // Crash a member (never more than all but one at once).
             0 if up.len() > 1 => {
                 let id = up[self.rng.gen_range(0..up.len())];
@@ -404,6 +439,88 @@ impl Run {
         Ok(())
     }
 
+    /// Starts the next membership change, as an operator's `spillctl`
+    /// would, through the engine's client of the group.
+    fn change_membership(&mut self) {
+        let joiner = self.settings.members + 1;
+        let mut membership = self.membership.lock();
+        if !self.settings.joiner || membership.busy || membership.removed.is_some() {
+            return;
+        }
+        let change = if membership.added {
+            let removed = self.rng.gen_range(1..=joiner);
+            self.history
+                .lock()
+                .record(Event::Fault(format!("removing member {removed}")));
+            Err(removed)
+        } else {
+            self.history
+                .lock()
+                .record(Event::Fault(format!("adding member {joiner}")));
+            Ok(joiner)
+        };
+        membership.busy = true;
+        drop(membership);
+        let links: Vec<Host> = self.slots.keys().copied().collect();
+        let operator = match SimEngine::client(OPERATOR, &links, self.network.clone()) {
+            Ok(operator) => operator,
+            Err(_) => return,
+        };
+        let (state, history) = (self.membership.clone(), self.history.clone());
+        tokio::spawn(async move {
+            // As spillctl's call has its deadline (a lost answer may never
+            // come).
+            let call = async {
+                match change {
+                    Ok(id) => operator.add_member(id, address_of(id)).await,
+                    Err(id) => operator.remove_member(id).await,
+                }
+            };
+            let done = tokio::time::timeout(Duration::from_secs(30), call)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(spillway_proto::ServiceError::Unavailable(
+                        "no answer within 30 s".into(),
+                    ))
+                });
+            let mut state = state.lock();
+            state.busy = false;
+            match (change, done) {
+                (Ok(id), Ok(_)) => {
+                    state.added = true;
+                    history
+                        .lock()
+                        .record(Event::Fault(format!("member {id} added")));
+                }
+                (Err(id), Ok(_)) => {
+                    state.removed = Some(id);
+                    history
+                        .lock()
+                        .record(Event::Fault(format!("member {id} removed")));
+                }
+                (_, Err(error)) => history
+                    .lock()
+                    .record(Event::Fault(format!("membership change failed: {error}"))),
+            }
+        });
+    }
+
+    /// A member removed from the group is stopped for good.
+    async fn retire_removed(&mut self) {
+        let removed = self.membership.lock().removed;
+        let Some(id) = removed else {
+            return;
+        };
+        if self.retired.contains(&id) {
+            return;
+        }
+        self.retired.push(id);
+        self.record(Event::Fault(format!("member {id} stopped for good")));
+        if let Some(member) = self.network.member_down(id) {
+            member.shutdown().await;
+        }
+    }
+
     fn pick_engine(&mut self) -> Option<u64> {
         let running: Vec<u64> = self.engines.keys().copied().collect();
         if running.is_empty() {
@@ -426,7 +543,7 @@ impl Run {
         let up = self.network.members();
         let ids: Vec<Host> = self.slots.keys().copied().collect();
         for id in ids {
-            if !up.contains_key(&id) {
+            if !up.contains_key(&id) && !self.retired.contains(&id) {
                 self.start_member(id).await?;
             }
         }
@@ -449,16 +566,26 @@ impl Run {
         loop {
             tokio::time::sleep(self.settings.step).await;
             self.observe().await?;
+            self.retire_removed().await;
+            // Every member of the leader's membership runs and has applied
+            // the leader's last entry.
             let members = self.network.members();
-            let levels: Vec<LogLevels> = members.values().map(|m| m.log_levels()).collect();
-            let leader_last = levels
+            let levels: BTreeMap<Host, LogLevels> = members
                 .iter()
-                .find(|levels| levels.leads)
-                .and_then(|levels| levels.last_log);
-            let level = leader_last.is_some()
-                && levels.len() as u64 == self.settings.members
-                && levels.iter().all(|levels| levels.applied == leader_last);
-            if level {
+                .map(|(id, member)| (*id, member.log_levels()))
+                .collect();
+            let leader = members
+                .iter()
+                .find(|(id, _)| levels.get(id).is_some_and(|levels| levels.leads));
+            let level = leader.is_some_and(|(id, leader)| {
+                let last = levels.get(id).and_then(|levels| levels.last_log);
+                leader.status().members.iter().all(|member| {
+                    levels
+                        .get(&member.id)
+                        .is_some_and(|levels| levels.applied == last)
+                })
+            });
+            if level && !self.membership.lock().busy {
                 break;
             }
             if started.elapsed() > self.settings.settle_within {
@@ -468,7 +595,13 @@ impl Run {
                 )));
             }
         }
-        let members = self.network.members();
+        // The records of every member in the group (not of a joiner never
+        // added).
+        let mut members = self.network.members();
+        if let Some((_, leader)) = members.iter().find(|(_, m)| m.log_levels().leads) {
+            let ids: Vec<Host> = leader.status().members.iter().map(|m| m.id).collect();
+            members.retain(|id, _| ids.contains(id));
+        }
         self.oracle.check_records(&members).await
     }
 
@@ -500,6 +633,12 @@ impl Run {
             confirmed: count(|event| matches!(event, Event::Confirmed(_))),
             refused: count(|event| matches!(event, Event::Refused { .. })),
             effective_writes: self.oracle.effective_writes(),
+            members_added: count(
+                |event| matches!(event, Event::Fault(what) if what.ends_with(" added")),
+            ),
+            members_removed: count(
+                |event| matches!(event, Event::Fault(what) if what.ends_with(" removed")),
+            ),
             applied_index: self.oracle.applied_index(),
             weather: format!(
                 "delays up to {} ms, {} of 1000 messages lost",

@@ -78,6 +78,23 @@ fn every_seed_keeps_every_guarantee() {
         confirmed as u64 > count * 50,
         "{confirmed} writes confirmed in {count} seeds"
     );
+    let added = reports
+        .iter()
+        .filter(|report| report.members_added > 0)
+        .count();
+    let removed = reports
+        .iter()
+        .filter(|report| report.members_removed > 0)
+        .count();
+    println!("{added} seeds added a member, {removed} removed one");
+    assert!(
+        added as u64 > count / 2,
+        "only {added} seeds added a member"
+    );
+    assert!(
+        removed as u64 > count / 4,
+        "only {removed} seeds removed a member"
+    );
     let idle = reports
         .iter()
         .filter(|report| report.confirmed == 0)
