@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use spillway_sim::{run_seed, Settings};
+use spillway_sim::{run_seed, Report, Settings};
 
 /// Seeds per `make test`; `SPILLWAY_SIM_SEEDS` sets another number.
 const CI_SEEDS: u64 = 400;
@@ -16,11 +16,7 @@ fn seeds() -> u64 {
 }
 
 /// Runs seeds `first..first + count` on two threads; the first failure.
-fn run_all(
-    first: u64,
-    count: u64,
-    settings: &Settings,
-) -> Result<Vec<spillway_sim::Report>, String> {
+fn run_all(first: u64, count: u64, settings: &Settings) -> Result<Vec<Report>, String> {
     let half = count / 2;
     let ranges = [(first, half), (first + half, count - half)];
     let handles: Vec<_> = ranges
@@ -45,6 +41,11 @@ fn run_all(
     Ok(reports)
 }
 
+/// How many of `reports` show `what`.
+fn seeds_where(reports: &[Report], what: impl Fn(&Report) -> bool) -> usize {
+    reports.iter().filter(|report| what(report)).count()
+}
+
 #[test]
 fn every_seed_keeps_every_guarantee() {
     let count = seeds();
@@ -56,8 +57,8 @@ fn every_seed_keeps_every_guarantee() {
     // The runs did something: faults happened, engines took over from
     // each other, and writes were confirmed through them.
     let faults: usize = reports.iter().map(|report| report.faults).sum();
-    let takeovers = reports.iter().filter(|report| report.leases > 1).count();
-    let refused = reports.iter().filter(|report| report.refused > 0).count();
+    let takeovers = seeds_where(&reports, |report| report.leases > 1);
+    let refused = seeds_where(&reports, |report| report.refused > 0);
     let confirmed: usize = reports.iter().map(|report| report.confirmed).sum();
     println!(
         "{count} seeds: {faults} faults, {takeovers} with a lease taken over, {refused} with a deposed engine refused, {confirmed} writes confirmed"
@@ -78,14 +79,8 @@ fn every_seed_keeps_every_guarantee() {
         confirmed as u64 > count * 50,
         "{confirmed} writes confirmed in {count} seeds"
     );
-    let added = reports
-        .iter()
-        .filter(|report| report.members_added > 0)
-        .count();
-    let removed = reports
-        .iter()
-        .filter(|report| report.members_removed > 0)
-        .count();
+    let added = seeds_where(&reports, |report| report.members_added > 0);
+    let removed = seeds_where(&reports, |report| report.members_removed > 0);
     println!("{added} seeds added a member, {removed} removed one");
     assert!(
         added as u64 > count / 2,
@@ -95,10 +90,7 @@ fn every_seed_keeps_every_guarantee() {
         removed as u64 > count / 4,
         "only {removed} seeds removed a member"
     );
-    let idle = reports
-        .iter()
-        .filter(|report| report.confirmed == 0)
-        .count();
+    let idle = seeds_where(&reports, |report| report.confirmed == 0);
     assert!(idle as u64 <= count / 20, "{idle} seeds confirmed nothing");
 }
 

@@ -37,21 +37,26 @@ async fn durable_confirming_channel(conn: &lapin::Connection) -> anyhow::Result<
     Ok(channel)
 }
 
+/// Publishes persistent message `seq` (its body is the number) to the
+/// queue; the confirm to come.
+async fn publish_persistent(channel: &Channel, seq: u64) -> anyhow::Result<PublisherConfirm> {
+    Ok(channel
+        .basic_publish(
+            "".into(),
+            QUEUE.into(),
+            BasicPublishOptions::default(),
+            &seq.to_be_bytes(),
+            BasicProperties::default().with_delivery_mode(2),
+        )
+        .await?)
+}
+
 /// Publishes persistent messages numbered `from..to` and waits for every
 /// confirm (each must be an ack).
 async fn publish_confirmed(channel: &Channel, from: u64, to: u64) -> anyhow::Result<()> {
     let mut confirms = Vec::new();
     for seq in from..to {
-        let confirm = channel
-            .basic_publish(
-                "".into(),
-                QUEUE.into(),
-                BasicPublishOptions::default(),
-                &seq.to_be_bytes(),
-                BasicProperties::default().with_delivery_mode(2),
-            )
-            .await?;
-        confirms.push(confirm);
+        confirms.push(publish_persistent(channel, seq).await?);
     }
     for (seq, confirm) in (from..to).zip(confirms) {
         let confirmation = tokio::time::timeout(Duration::from_secs(60), confirm)
@@ -71,16 +76,7 @@ async fn publish_unanswered(
     quiet: Duration,
     why: &str,
 ) -> anyhow::Result<std::pin::Pin<Box<PublisherConfirm>>> {
-    let pending = channel
-        .basic_publish(
-            "".into(),
-            QUEUE.into(),
-            BasicPublishOptions::default(),
-            &seq.to_be_bytes(),
-            BasicProperties::default().with_delivery_mode(2),
-        )
-        .await?;
-    let mut pending = Box::pin(pending);
+    let mut pending = Box::pin(publish_persistent(channel, seq).await?);
     let early = tokio::time::timeout(quiet, &mut pending).await;
     anyhow::ensure!(early.is_err(), "a message was answered ({early:?}) {why}");
     Ok(pending)
