@@ -187,6 +187,16 @@ fn parse_per_message_method(payload: &[u8]) -> Option<AMQPClass> {
     }
 }
 
+/// The `prefetch-size` of a basic.qos method frame's payload, which
+/// amq-protocol's parser reads and drops (None for any other method).
+/// RabbitMQ refuses a non-zero one; the gateway does the same.
+pub fn qos_prefetch_size(payload: &[u8]) -> Option<u32> {
+    match payload {
+        [0, 60, 0, 10, a, b, c, d, ..] => Some(u32::from_be_bytes([*a, *b, *c, *d])),
+        _ => None,
+    }
+}
+
 /// A short string (length byte, UTF-8 text) off the front of `input`, and
 /// what follows it.
 fn split_short_str(input: &[u8]) -> Option<(&str, &[u8])> {

@@ -1184,12 +1184,17 @@ fn queue_table(queues: &[m::Queue]) -> String {
         queues
             .iter()
             .map(|q| {
-                let status = q.status.unwrap_or_default();
+                let status = q.status.clone().unwrap_or_default();
+                let consumers = if status.active_consumer.is_empty() {
+                    status.consumers.to_string()
+                } else {
+                    format!("{} (active: {})", status.consumers, status.active_consumer)
+                };
                 vec![
                     q.name.clone(),
                     status.messages.to_string(),
                     status.unacked.to_string(),
-                    status.consumers.to_string(),
+                    consumers,
                     status.bytes.to_string(),
                     flags(&[
                         ("durable", q.durable),

@@ -408,6 +408,11 @@ pub fn required(command: &Command) -> [Option<(Access, Resource, &str)>; 2] {
     use Resource::{Exchange, Queue};
     match command {
         Command::Publish(cmd) => [Some((Write, Exchange, cmd.exchange.as_str())), None],
+        // The direct reply-to pseudo-queue is every client's own (RabbitMQ
+        // checks nothing there either).
+        Command::Consume(cmd) if cmd.queue == crate::broker::direct_reply::PSEUDO_QUEUE => {
+            [None, None]
+        }
         Command::Consume(cmd) => [Some((Read, Queue, cmd.queue.as_str())), None],
         Command::Get(cmd) => [Some((Read, Queue, cmd.queue.as_str())), None],
         Command::QueuePurge(cmd) => [Some((Read, Queue, cmd.queue.as_str())), None],

@@ -201,6 +201,12 @@ fn queue_view(vhost: &str, queue: &Queue, stats: Option<&QueueStats>) -> m::Queu
             overfull: queue.overfull,
             blocked_channels: queue.blocked_channels.len() as u32,
             recovering: queue.recovering,
+            active_consumer: queue
+                .consumers
+                .first()
+                .filter(|_| queue.single_active_consumer)
+                .map(|c| c.tag.clone())
+                .unwrap_or_default(),
         }),
     }
 }

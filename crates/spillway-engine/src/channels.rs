@@ -22,14 +22,26 @@ pub struct Consumer {
     pub unacked: u32,
 }
 
+/// A channel's direct reply-to consumer (`broker/direct_reply.rs`).
+pub struct DirectReplyConsumer {
+    pub tag: String,
+    /// What follows `amq.rabbitmq.reply-to.` in this channel's reply-to
+    /// name: random, so that one client cannot guess another's.
+    pub token: String,
+}
+
 #[derive(Default)]
 pub struct ChannelState {
     pub next_delivery_tag: u64,
     pub unacked: BTreeMap<u64, Unacked>,
     pub consumers: HashMap<String, Consumer>,
+    /// Its consumer on `amq.rabbitmq.reply-to`, if it has one.
+    pub direct_reply: Option<DirectReplyConsumer>,
     /// basic.qos global=false: applies to consumers started afterwards.
     pub consumer_prefetch: u32,
-    /// basic.qos global=true: unacked limit for the whole channel (0 = none).
+    /// basic.qos global=true: unacked limit for the whole channel, shared by
+    /// its consumers (0 = none). A later global=false qos lifts it, as in
+    /// RabbitMQ.
     pub channel_prefetch: u32,
     pub confirm: bool,
     /// Overfull queues this channel published to: blocked while not empty.

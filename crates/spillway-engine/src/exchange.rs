@@ -1,10 +1,13 @@
 //! An exchange: its kind, its flags and arguments, and its bindings
 //! (indexed in `bindings.rs`).
 
-use amq_protocol_types::FieldTable;
+use amq_protocol_types::{AMQPValue, FieldTable};
 
 use crate::bindings::Bindings;
 use crate::model::ExchangeKind;
+
+/// The exchange argument naming the alternate exchange, as RabbitMQ spells it.
+pub const ALTERNATE_EXCHANGE: &str = "alternate-exchange";
 
 pub struct Exchange {
     pub name: String,
@@ -26,6 +29,16 @@ impl Exchange {
             internal: false,
             arguments: FieldTable::default(),
             bindings: Bindings::new(kind),
+        }
+    }
+
+    /// Where messages that match none of this exchange's bindings go: the
+    /// `alternate-exchange` argument (a string, checked at declare).
+    pub fn alternate_exchange(&self) -> Option<&str> {
+        match self.arguments.inner().get(ALTERNATE_EXCHANGE)? {
+            AMQPValue::LongString(name) => std::str::from_utf8(name.as_bytes()).ok(),
+            AMQPValue::ShortString(name) => Some(name.as_str()),
+            _ => None,
         }
     }
 

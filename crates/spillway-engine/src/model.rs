@@ -365,6 +365,9 @@ pub struct ConsumerRef {
     pub session: SessionId,
     pub channel: ChannelId,
     pub tag: String,
+    /// The consume's `x-priority` (0 without it): the queue offers a
+    /// message to lower priorities only while every higher one is full.
+    pub priority: i32,
 }
 
 /// A delivery awaiting its ack.

@@ -61,6 +61,10 @@ pub struct Queue {
     pub had_consumers: bool,
     /// Round-robin position in `consumers`.
     pub next_consumer: usize,
+    /// `x-single-active-consumer`: only the first consumer in `consumers`
+    /// (the earliest still there) receives; the next takes over when it
+    /// goes. `consumers` is then in arrival order, not by priority.
+    pub single_active_consumer: bool,
     /// Set once an exclusive (basic.consume exclusive) consumer holds it.
     pub exclusive_consumer: bool,
     /// Over its capacity: channels publishing to it are blocked.
@@ -111,6 +115,7 @@ impl Queue {
             consumers: Vec::new(),
             had_consumers: false,
             next_consumer: 0,
+            single_active_consumer: false,
             exclusive_consumer: false,
             overfull: false,
             blocked_channels: BTreeSet::new(),

@@ -31,7 +31,9 @@ use spillway_proto::backoff::Backoff;
 use spillway_proto::storage::Definitions;
 use spillway_proto::ServiceError;
 
-use crate::broker::{recovered_dead_letter, recovered_limits, Broker};
+use crate::broker::{
+    recovered_dead_letter, recovered_limits, recovered_single_active_consumer, Broker,
+};
 use crate::exchange::Exchange;
 use crate::model::ExchangeKind;
 use crate::model::{Binding, Destination};
@@ -91,6 +93,7 @@ pub(crate) fn install_definitions(
         let mut queue = Queue::new(def.name.clone(), true, def.auto_delete, None);
         queue.limits = recovered_limits(&arguments);
         queue.dead_letter = recovered_dead_letter(&def.name, &arguments);
+        queue.single_active_consumer = recovered_single_active_consumer(&arguments);
         queue.arguments = arguments;
         queue.recovering = true;
         pending.push((def.vhost, def.name.clone()));

@@ -11,7 +11,11 @@ pub use crate::model::ExchangeKind;
 use crate::vhost::VHost;
 
 /// The queues a message reaches from `exchange`, following exchange-to-
-/// exchange bindings (each exchange visited once, so cycles end).
+/// exchange bindings (each exchange visited once, so cycles end). An
+/// exchange none of whose bindings match hands the message to its
+/// alternate exchange, if it names one that exists (RabbitMQ's rule: per
+/// exchange, so an alternate's own alternate is followed too, and the
+/// visited set ends loops among them).
 pub fn route(
     vhost: &VHost,
     exchange: &Exchange,
@@ -32,6 +36,7 @@ pub fn route(
         if exchange.kind == ExchangeKind::Headers && headers.is_none() {
             headers = Some(message_headers(&cmd.properties)?);
         }
+        let mut matched = false;
         // Direct and topic bindings come out of the index already matched.
         for binding in exchange
             .bindings
@@ -45,6 +50,7 @@ pub fn route(
             {
                 continue;
             }
+            matched = true;
             match &binding.destination {
                 Destination::Queue(queue) => targets.push(queue.clone()),
                 Destination::Exchange(next) => {
@@ -57,6 +63,19 @@ pub fn route(
                     }
                 }
             }
+        }
+        if matched {
+            continue;
+        }
+        let Some(alternate) = exchange.alternate_exchange() else {
+            continue;
+        };
+        if visited.contains(&alternate) {
+            continue;
+        }
+        if let Some(alternate) = vhost.exchanges.get(alternate) {
+            visited.push(alternate.name.as_str());
+            pending.push(alternate);
         }
     }
     targets.sort();

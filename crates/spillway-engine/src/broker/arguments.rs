@@ -1,12 +1,18 @@
-//! Queue arguments: the `x-*` (and Qpid) arguments that set a queue's
-//! limits, how they are checked, and when a redeclare's arguments agree with
-//! the queue's.
+//! Declare arguments: the `x-*` (and Qpid) arguments that set a queue's
+//! limits, an exchange's `alternate-exchange`, how they are checked, and
+//! when a redeclare's arguments agree with the queue's or exchange's.
 
 use amq_protocol_types::{AMQPValue, FieldTable};
 use spillway_amqp::reply_code;
 use spillway_proto::engine::AmqpError;
 
 use super::OpResult;
+use crate::exchange::ALTERNATE_EXCHANGE;
+
+/// The queue argument that makes one consumer at a time receive.
+pub const SINGLE_ACTIVE_CONSUMER: &str = "x-single-active-consumer";
+/// The consume argument that ranks a consumer among a queue's others.
+pub const CONSUMER_PRIORITY: &str = "x-priority";
 use crate::model::{DeadLetterTarget, Overflow, QueueLimits};
 use crate::routing::{as_integer, values_equal};
 
@@ -196,6 +202,82 @@ fn ttl_argument(
         Ok(ms) if ms <= MAX_EXPIRY => Ok(Some(ms)),
         _ => Err(refuse(format!("{{value_too_large,{n}}}"))),
     }
+}
+
+/// `x-single-active-consumer`: a boolean, as in RabbitMQ (406 otherwise).
+pub(super) fn single_active_consumer(
+    arguments: &FieldTable,
+    queue: &str,
+    vhost: &str,
+) -> Result<bool, AmqpError> {
+    match arguments.inner().get(SINGLE_ACTIVE_CONSUMER) {
+        None => Ok(false),
+        Some(AMQPValue::Boolean(on)) => Ok(*on),
+        Some(other) => Err(AmqpError::invalid_argument(
+            reply_code::PRECONDITION_FAILED,
+            format!(
+                "invalid arg '{SINGLE_ACTIVE_CONSUMER}' for queue '{queue}' in vhost '{vhost}': \
+                 {{unacceptable_type,{}}}",
+                rabbit_type_name(other)
+            ),
+        )),
+    }
+}
+
+/// A recovered queue's `x-single-active-consumer`, checked when it was
+/// declared.
+pub fn recovered_single_active_consumer(arguments: &FieldTable) -> bool {
+    single_active_consumer(arguments, "", "").unwrap_or_default()
+}
+
+/// A consume's `x-priority`: an integer (406 otherwise), 0 without it.
+/// RabbitMQ takes any integer type; values beyond `i32` are clamped.
+pub(super) fn consumer_priority(arguments: &FieldTable) -> Result<i32, AmqpError> {
+    let Some(value) = arguments.inner().get(CONSUMER_PRIORITY) else {
+        return Ok(0);
+    };
+    match as_integer(value) {
+        Some(n) => Ok(n.clamp(i128::from(i32::MIN), i128::from(i32::MAX)) as i32),
+        None => Err(AmqpError::invalid_argument(
+            reply_code::PRECONDITION_FAILED,
+            format!(
+                "invalid arg '{CONSUMER_PRIORITY}': {{unacceptable_type,{}}}",
+                rabbit_type_name(value)
+            ),
+        )),
+    }
+}
+
+/// Checks an exchange declare's arguments as RabbitMQ does: an
+/// `alternate-exchange` must be a string (406 otherwise).
+pub(super) fn check_exchange_arguments(
+    arguments: &FieldTable,
+    exchange: &str,
+    vhost: &str,
+) -> Result<(), AmqpError> {
+    match arguments.inner().get(ALTERNATE_EXCHANGE) {
+        None | Some(AMQPValue::LongString(_)) | Some(AMQPValue::ShortString(_)) => Ok(()),
+        Some(other) => Err(AmqpError::invalid_argument(
+            reply_code::PRECONDITION_FAILED,
+            format!(
+                "invalid type '{}' for arg '{ALTERNATE_EXCHANGE}' in exchange '{exchange}' in vhost '{vhost}'",
+                rabbit_type_name(other)
+            ),
+        )),
+    }
+}
+
+/// The exchange arguments a redeclare must repeat: RabbitMQ compares only
+/// `alternate-exchange`. Returns the one that differs.
+pub(super) fn inequivalent_exchange_argument(
+    current: &FieldTable,
+    received: &FieldTable,
+) -> Option<&'static str> {
+    let (a, b) = (
+        current.inner().get(ALTERNATE_EXCHANGE),
+        received.inner().get(ALTERNATE_EXCHANGE),
+    );
+    (!equivalent_argument(a, b)).then_some(ALTERNATE_EXCHANGE)
 }
 
 /// RabbitMQ's name of a field's type, as its refusals print it.

@@ -8,8 +8,9 @@ use spillway_proto::engine::{self as pb, session_event::Event, AmqpError};
 use spillway_proto::storage::{self as store, write_op, WriteOp};
 
 use super::arguments::{
-    check_queue_type, dead_letter_exchange_name, dead_letter_queue_name, dead_letter_target,
-    dlq_enabled, first_inequivalent_argument, queue_limits,
+    check_exchange_arguments, check_queue_type, dead_letter_exchange_name, dead_letter_queue_name,
+    dead_letter_target, dlq_enabled, first_inequivalent_argument, inequivalent_exchange_argument,
+    queue_limits, single_active_consumer,
 };
 use super::{
     check_exclusive, event, find_exchange, find_queue, find_queue_mut, op, Broker, OpResult,
@@ -68,6 +69,16 @@ impl Broker {
                     existing.auto_delete,
                 ));
             }
+            let arguments = amqp::decode_table(&cmd.arguments)?;
+            if let Some(key) = inequivalent_exchange_argument(&existing.arguments, &arguments) {
+                return Err(AmqpError::new(
+                    reply_code::PRECONDITION_FAILED,
+                    format!(
+                        "inequivalent arg '{key}' for exchange '{}' in vhost '{vhost_name}'",
+                        cmd.exchange
+                    ),
+                ));
+            }
             return Ok(());
         }
         if cmd.passive {
@@ -92,6 +103,7 @@ impl Broker {
             ));
         }
         let arguments = amqp::decode_table(&cmd.arguments)?;
+        check_exchange_arguments(&arguments, &cmd.exchange, &vhost_name)?;
         self.admit_exchange(&vhost_name, &cmd.exchange)?;
         let exchange = Exchange {
             name: cmd.exchange.clone(),
@@ -196,6 +208,7 @@ impl Broker {
         cmd: &pb::QueueDeclare,
     ) -> OpResult<pb::QueueDeclareOk> {
         let vhost_name = self.session_vhost(session)?;
+        let reply_name_is_live = cmd.passive && self.reply_name_is_live(&cmd.queue);
         let vhost = self.vhost_mut(&vhost_name)?;
         let name = if cmd.queue.is_empty() {
             if cmd.passive {
@@ -263,6 +276,15 @@ impl Broker {
             self.touch_queue(&vhost_name, &ok.queue);
             return Ok(ok);
         }
+        if reply_name_is_live {
+            // A direct reply-to name whose client is there, as RabbitMQ
+            // answers it.
+            return Ok(pb::QueueDeclareOk {
+                queue: name,
+                message_count: 0,
+                consumer_count: 1,
+            });
+        }
         if cmd.passive {
             return Err(AmqpError::new(
                 reply_code::NOT_FOUND,
@@ -286,6 +308,7 @@ impl Broker {
         )?;
         let limits = queue_limits(&arguments, &name, &vhost_name)?;
         let dead_letter = dead_letter_target(&arguments, &name, &vhost_name)?;
+        let single_active = single_active_consumer(&arguments, &name, &vhost_name)?;
         let qpid_dlq = dlq_enabled(&arguments) == Some(true);
         let mut new_queues = 1;
         if qpid_dlq {
@@ -309,6 +332,7 @@ impl Broker {
         queue.arguments = arguments;
         queue.limits = limits;
         queue.dead_letter = dead_letter;
+        queue.single_active_consumer = single_active;
         queue.created_by = Some(session);
         let durable = queue.durable;
         if queue.stores_messages() {
@@ -566,6 +590,23 @@ impl Broker {
         routing_key: &str,
         arguments: &bytes::Bytes,
     ) -> OpResult<()> {
+        // RabbitMQ answers unbind-ok when either end is already gone (an
+        // auto-delete queue that went with its consumer, say): there is no
+        // binding left to remove. The default exchange is still refused.
+        let vhost_name = self.session_vhost(session)?;
+        if source.is_empty() {
+            return Err(default_exchange_refused());
+        }
+        let vhost = self.vhost_mut(&vhost_name)?;
+        let destination_gone = match &destination {
+            Destination::Queue(name) => !vhost.queues.contains_key(name),
+            Destination::Exchange(name) => !name.is_empty() && !vhost.exchanges.contains_key(name),
+        };
+        let source_gone = !vhost.exchanges.contains_key(source);
+        if destination_gone || source_gone {
+            amqp::decode_table(arguments)?;
+            return Ok(());
+        }
         let (vhost_name, probe, durable) =
             self.binding_request(session, destination, source, routing_key, arguments)?;
         let vhost = self.vhost_mut(&vhost_name)?;

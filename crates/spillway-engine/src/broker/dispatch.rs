@@ -8,6 +8,8 @@ use spillway_proto::engine::{self as pb, session_event::Event, AmqpError};
 use spillway_proto::storage::Durability;
 use tokio::sync::oneshot;
 
+use super::arguments::consumer_priority;
+use super::direct_reply;
 use super::{check_exclusive, event, find_queue_mut, Broker, OpResult};
 use crate::broker::flow_to_disk::discard;
 use crate::channels::*;
@@ -29,7 +31,8 @@ pub enum GetOutcome {
 impl Broker {
     pub fn consume(&mut self, session: SessionId, cmd: &pb::Consume) -> OpResult<String> {
         let vhost_name = self.session_vhost(session)?;
-        amqp::decode_table(&cmd.arguments)?;
+        let arguments = amqp::decode_table(&cmd.arguments)?;
+        let priority = consumer_priority(&arguments)?;
         let tag = if cmd.consumer_tag.is_empty() {
             format!(
                 "amq.ctag-{}",
@@ -39,11 +42,15 @@ impl Broker {
             cmd.consumer_tag.clone()
         };
         let channel = self.channel_mut(session, cmd.channel)?;
-        if channel.consumers.contains_key(&tag) {
+        let reply_tag = channel.direct_reply.as_ref().map(|c| c.tag.as_str());
+        if channel.consumers.contains_key(&tag) || reply_tag == Some(tag.as_str()) {
             return Err(AmqpError::new(
                 reply_code::NOT_ALLOWED,
                 format!("attempt to reuse consumer tag '{tag}'"),
             ));
+        }
+        if cmd.queue == direct_reply::PSEUDO_QUEUE {
+            return self.consume_direct_reply(session, cmd, tag);
         }
         let prefetch = channel.consumer_prefetch;
         let pacing = self.pacing;
@@ -65,11 +72,20 @@ impl Broker {
             queue.pacing.reset(&pacing);
         }
         queue.had_consumers = true;
-        queue.consumers.push(ConsumerRef {
+        let consumer = ConsumerRef {
             session,
             channel: cmd.channel,
             tag: tag.clone(),
-        });
+            priority,
+        };
+        // By priority, highest first, arrivals last among equals; a single
+        // active consumer queue keeps arrival order (the first is active).
+        let position = if queue.single_active_consumer {
+            queue.consumers.len()
+        } else {
+            queue.consumers.partition_point(|c| c.priority >= priority)
+        };
+        queue.consumers.insert(position, consumer);
         let channel = self.channel_mut(session, cmd.channel)?;
         channel.consumers.insert(
             tag.clone(),
@@ -85,6 +101,9 @@ impl Broker {
 
     pub fn cancel(&mut self, session: SessionId, cmd: &pb::Cancel) -> OpResult<()> {
         let vhost_name = self.session_vhost(session)?;
+        if self.cancel_direct_reply(session, cmd.channel, &cmd.consumer_tag) {
+            return Ok(());
+        }
         let channel = self.channel_mut(session, cmd.channel)?;
         let Some(consumer) = channel.consumers.remove(&cmd.consumer_tag) else {
             return Ok(());
@@ -97,6 +116,8 @@ impl Broker {
             &cmd.consumer_tag,
         );
         self.auto_delete_if_unused(&vhost_name, &consumer.queue);
+        // A waiting single active consumer takes over now.
+        self.dispatch(&vhost_name, &consumer.queue);
         Ok(())
     }
 
@@ -132,7 +153,11 @@ impl Broker {
         if cmd.global {
             channel.channel_prefetch = cmd.prefetch_count;
         } else {
+            // RabbitMQ's reading (3.x, `rabbit_channel`): a per-consumer
+            // qos also lifts the channel-wide limit. Set per consumer first
+            // and then global to have both, as its documentation does.
             channel.consumer_prefetch = cmd.prefetch_count;
+            channel.channel_prefetch = 0;
         }
         let queues: Vec<String> = channel
             .consumers
@@ -364,36 +389,34 @@ impl Broker {
             if queue.messages.front().is_none_or(|m| m.message.is_none()) {
                 break;
             }
-            let count = queue.consumers.len();
-            let mut chosen = None;
-            for step in 0..count {
-                let index = (queue.next_consumer + step) % count;
-                let consumer_ref = &queue.consumers[index];
+            let can_take = |consumer_ref: &ConsumerRef| {
                 let Some(session) = sessions.get(&consumer_ref.session) else {
-                    continue;
+                    return false;
                 };
                 if !session.credit.has_room() {
-                    continue;
+                    return false;
                 }
                 let Some(channel) = session.channels.get(&consumer_ref.channel) else {
-                    continue;
+                    return false;
                 };
                 let Some(consumer) = channel.consumers.get(&consumer_ref.tag) else {
-                    continue;
+                    return false;
                 };
                 let held_back = unacked_pressure
                     && !consumer.no_ack
                     && channel.unacked.len()
                         >= crate::broker::flow_to_disk::PRESSURE_UNACKED_PER_CHANNEL;
-                if channel.has_room(consumer) && !held_back {
-                    chosen = Some(index);
-                    break;
-                }
-            }
+                channel.has_room(consumer) && !held_back
+            };
+            let chosen = if queue.single_active_consumer {
+                queue.consumers.first().is_some_and(can_take).then_some(0)
+            } else {
+                next_consumer(&queue.consumers, queue.next_consumer, can_take)
+            };
             let Some(index) = chosen else {
                 break;
             };
-            queue.next_consumer = (index + 1) % count;
+            queue.next_consumer = index + 1;
             let consumer_ref = queue.consumers[index].clone();
             let Some(mut entry) = queue.dequeue() else {
                 break;
@@ -472,6 +495,43 @@ impl Broker {
         self.read_ahead(vhost_name, queue_name);
         self.check_underfull(vhost_name, queue_name);
     }
+}
+
+/// Which consumer the next message goes to: the highest priority with
+/// room, round robin among equals. `consumers` is sorted by priority,
+/// highest first; `next` is where the last choice left off (past it, or out
+/// of range after consumers left: its group starts from its beginning).
+fn next_consumer(
+    consumers: &[ConsumerRef],
+    next: usize,
+    mut can_take: impl FnMut(&ConsumerRef) -> bool,
+) -> Option<usize> {
+    debug_assert!(
+        consumers.windows(2).all(|w| w[0].priority >= w[1].priority),
+        "consumers are kept by priority"
+    );
+    let mut start = 0;
+    while start < consumers.len() {
+        let priority = consumers[start].priority;
+        let len = consumers[start..]
+            .iter()
+            .take_while(|c| c.priority == priority)
+            .count();
+        let end = start + len;
+        let first = if (start..end).contains(&next) {
+            next - start
+        } else {
+            0
+        };
+        for step in 0..len {
+            let index = start + (first + step) % len;
+            if can_take(&consumers[index]) {
+                return Some(index);
+            }
+        }
+        start = end;
+    }
+    None
 }
 
 /// The properties a delivery carries: as published the first time, with

@@ -36,6 +36,7 @@
 mod arguments;
 mod dead_letter;
 mod definitions;
+pub(crate) mod direct_reply;
 mod dispatch;
 mod expiry;
 pub(crate) mod flow_to_disk;
@@ -68,7 +69,8 @@ use crate::vhost::VHost;
 use flow_to_disk::LoadRequest;
 
 pub(crate) use arguments::{
-    dlq_enabled, recovered_dead_letter, recovered_limits, RUNTIME_ARGUMENTS,
+    dlq_enabled, recovered_dead_letter, recovered_limits, recovered_single_active_consumer,
+    RUNTIME_ARGUMENTS,
 };
 pub use dead_letter::DeadLetterJob;
 pub(crate) use definitions::still_recovering;
@@ -124,6 +126,9 @@ pub struct Broker {
     /// Publisher pacing (`pacing.rs`): its settings and counts.
     pub(crate) pacing: PacingConfig,
     pacing_stats: PacingStats,
+    /// Direct reply-to: each live reply-to name's token, and the channel
+    /// whose consumer its replies go to (`direct_reply.rs`).
+    reply_routes: HashMap<String, (SessionId, ChannelId)>,
 }
 
 /// What the broker needs from the engine around it besides its
@@ -166,6 +171,7 @@ impl Broker {
             tx: TxState::new(config.transactions.clone()),
             pacing: config.pacing,
             pacing_stats: PacingStats::default(),
+            reply_routes: HashMap::new(),
         }
     }
 
@@ -268,9 +274,10 @@ impl Broker {
             return;
         };
         let vhost = state.vhost.clone();
-        let Some(channel_state) = state.channels.remove(&channel) else {
+        let Some(mut channel_state) = state.channels.remove(&channel) else {
             return;
         };
+        self.forget_direct_reply(channel_state.direct_reply.take());
         if !channel_state.blocked_on.is_empty() {
             self.forget_blocked_channel(session, channel, &vhost, &channel_state.blocked_on);
         }

@@ -10,6 +10,7 @@ use spillway_proto::storage::{self as store, write_op, Durability, WriteOp};
 use tokio::sync::oneshot;
 
 use super::dead_letter::DeadLetterJob;
+use super::direct_reply::ReplyOutcome;
 use super::{find_exchange, op, Broker, OpResult};
 use crate::broker::flow_to_disk::discard;
 use crate::model::*;
@@ -45,7 +46,24 @@ pub(super) fn publish_targets(
 }
 
 impl Broker {
-    pub fn publish(&mut self, session: SessionId, cmd: pb::Publish) -> OpResult<PublishOutcome> {
+    pub fn publish(
+        &mut self,
+        session: SessionId,
+        mut cmd: pb::Publish,
+    ) -> OpResult<PublishOutcome> {
+        // Direct reply-to: a reply goes straight to its client, and a
+        // request gets its channel's reply-to name.
+        match self.deliver_reply(&cmd) {
+            ReplyOutcome::NotAReply => {}
+            ReplyOutcome::Handled => return Ok(PublishOutcome::Done),
+            ReplyOutcome::NoRoute => {
+                if cmd.mandatory {
+                    self.send(session, no_route(cmd));
+                }
+                return Ok(PublishOutcome::Done);
+            }
+        }
+        self.resolve_reply_to(session, &mut cmd)?;
         if self.in_tx(session, cmd.channel) {
             // Held until tx.commit (`tx.rs`).
             return self.tx_publish(session, cmd).map(|()| PublishOutcome::Done);

@@ -85,11 +85,19 @@ pub(super) fn translate(
         AMQPClass::Channel(chan::AMQPMethod::CloseOk(_) | chan::AMQPMethod::FlowOk(_)) => {
             Translation::Ignore
         }
-        // Client-initiated flow control: acknowledged; deliveries are paced
-        // by prefetch and TCP back-pressure instead.
+        // Client-initiated flow control: `active=true` is what a channel
+        // already is; `active=false` is refused as RabbitMQ refuses it
+        // (540). Answering flow-ok and delivering on would promise a pause
+        // that never happens; deliveries are paced by prefetch and TCP
+        // back-pressure instead.
         AMQPClass::Channel(chan::AMQPMethod::Flow(flow)) => {
+            if !flow.active {
+                return Err(
+                    ConnectionError::new(reply_code::NOT_IMPLEMENTED, "active=false").on(id),
+                );
+            }
             Translation::Reply(AMQPClass::Channel(chan::AMQPMethod::FlowOk(chan::FlowOk {
-                active: flow.active,
+                active: true,
             })))
         }
         AMQPClass::Access(access::AMQPMethod::Request(_)) => Translation::Reply(AMQPClass::Access(
@@ -195,6 +203,15 @@ pub(super) fn translate(
                 if_empty: m.if_empty,
             }),
         ),
+        // RabbitMQ implements no recover that redelivers to the same
+        // consumer and refuses it with 540; accepting it would promise what
+        // is not done.
+        AMQPClass::Basic(basic::AMQPMethod::Recover(basic::Recover { requeue: false }))
+        | AMQPClass::Basic(basic::AMQPMethod::RecoverAsync(basic::RecoverAsync {
+            requeue: false,
+        })) => {
+            return Err(ConnectionError::new(reply_code::NOT_IMPLEMENTED, "requeue=false").on(id));
+        }
         AMQPClass::Basic(basic::AMQPMethod::Qos(m)) => request(
             Answer::Qos,
             false,

@@ -354,6 +354,15 @@ impl Connection {
                 if frame.channel == 0 {
                     return self.on_connection_method(method, out);
                 }
+                // RabbitMQ implements no byte prefetch and refuses one;
+                // accepting it would promise a limit that is not kept.
+                if let Some(size @ 1..) = codec::qos_prefetch_size(&frame.payload) {
+                    return Err(ConnectionError::new(
+                        reply_code::NOT_IMPLEMENTED,
+                        format!("prefetch_size!=0 ({size})"),
+                    )
+                    .on(MethodId::BASIC_QOS));
+                }
                 self.on_channel_method(frame.channel, method, out, commands)?;
                 Ok(Next::Continue)
             }

@@ -7,12 +7,14 @@
 //! subscriber, which would collect the spans of every other module's
 //! in-process broker.
 
+mod alternate_exchanges;
 mod amqp_methods;
 mod amqps;
 mod background_recovery;
 mod cluster_tls;
 mod compression;
 mod configuration;
+mod consumer_selection;
 mod consumer_timeout;
 mod crash_recovery;
 mod dead_letters;

@@ -13,7 +13,9 @@
 //! - `if-unused` counts consumers only, `if-empty` ready messages only.
 //!
 //! And `basic.publish` with `immediate=true`, which RabbitMQ removed and
-//! refuses with a connection error 540.
+//! refuses with a connection error 540; and unbinds and deletes of what is
+//! already gone, which RabbitMQ answers with ok (aio-pika's RPC pattern
+//! unbinds its auto-delete reply queue after cancelling its consumer).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -36,6 +38,7 @@ both_wirings!(
     basic_get_renews_the_x_expires_lease,
     if_unused_counts_consumers_and_if_empty_ready_messages,
     immediate_publish_closes_the_connection_with_540,
+    unbinding_or_deleting_what_is_gone_answers_ok,
 );
 
 fn amqp_code(error: &lapin::Error) -> Option<u16> {
@@ -423,5 +426,88 @@ async fn immediate_publish_closes_the_connection_with_540(sb: &mut Sandbox) -> a
     eventually(WAIT, || async { !conn.status().connected() }).await?;
     assert_eq!(message_count(&ch, "imm").await?, 0);
     setup.close(200, s("bye")).await?;
+    Ok(())
+}
+
+/// The auto-delete queue went with its consumer; unbinding it afterwards,
+/// unbinding from an exchange that is gone, and deleting either again all
+/// answer ok, as RabbitMQ does. The default exchange is still refused.
+async fn unbinding_or_deleting_what_is_gone_answers_ok(sb: &mut Sandbox) -> anyhow::Result<()> {
+    let conn = sb.connect().await?;
+    let ch = conn.create_channel().await?;
+    ch.exchange_declare(
+        s("gone.x"),
+        lapin::ExchangeKind::Direct,
+        ExchangeDeclareOptions::default(),
+        FieldTable::default(),
+    )
+    .await?;
+    declare_auto_delete(&ch, "gone.reply", false).await?;
+    ch.queue_bind(
+        s("gone.reply"),
+        s("gone.x"),
+        s("rpc"),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await?;
+    let consumer = ch
+        .basic_consume(
+            s("gone.reply"),
+            s("rpc-consumer"),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    ch.basic_cancel(consumer.tag(), BasicCancelOptions::default())
+        .await?;
+    wait_until_gone(&conn, "gone.reply").await?;
+
+    let unbind = |queue: &'static str, exchange: &'static str| {
+        let ch = ch.clone();
+        async move {
+            ch.queue_unbind(s(queue), s(exchange), s("rpc"), FieldTable::default())
+                .await
+        }
+    };
+    unbind("gone.reply", "gone.x").await?;
+    unbind("never.there", "never.there.x").await?;
+    ch.exchange_unbind(
+        s("gone.x"),
+        s("never.there.x"),
+        s("k"),
+        ExchangeUnbindOptions::default(),
+        FieldTable::default(),
+    )
+    .await?;
+    ch.queue_delete(s("gone.reply"), QueueDeleteOptions::default())
+        .await?;
+    ch.exchange_delete(s("gone.x"), ExchangeDeleteOptions::default())
+        .await?;
+    ch.exchange_delete(s("gone.x"), ExchangeDeleteOptions::default())
+        .await?;
+    unbind("gone.reply", "gone.x").await?;
+
+    // Both ends there, no such binding: ok too.
+    declare_auto_delete(&ch, "gone.other", false).await?;
+    ch.queue_unbind(
+        s("gone.other"),
+        s("amq.direct"),
+        s("none"),
+        FieldTable::default(),
+    )
+    .await?;
+    // The default exchange stays off limits.
+    let refused = ch
+        .queue_unbind(
+            s("gone.other"),
+            s(""),
+            s("gone.other"),
+            FieldTable::default(),
+        )
+        .await
+        .expect_err("unbinding from the default exchange is refused");
+    assert_eq!(amqp_code(&refused), Some(403));
+    conn.close(200, s("bye")).await?;
     Ok(())
 }

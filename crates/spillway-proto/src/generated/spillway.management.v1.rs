@@ -192,7 +192,7 @@ pub struct Queue {
 }
 #[allow(clippy::all)]
 #[derive(serde::Serialize)]
-#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct QueueStatus {
     /// Ready: queued, not delivered to anyone.
     #[prost(uint64, tag = "1")]
@@ -225,6 +225,10 @@ pub struct QueueStatus {
     /// `messages` counts only what was published since.
     #[prost(bool, tag = "10")]
     pub recovering: bool,
+    /// With x-single-active-consumer: the tag of the consumer that receives
+    /// (empty while the queue has none).
+    #[prost(string, tag = "11")]
+    pub active_consumer: ::prost::alloc::string::String,
 }
 #[allow(clippy::all)]
 #[derive(serde::Serialize)]
