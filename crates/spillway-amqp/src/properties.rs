@@ -98,6 +98,36 @@ pub fn parse_expiration(text: &str) -> Result<u64, String> {
     }
 }
 
+/// The `priority` property of a content header's property list (flags
+/// first), read without parsing the rest: the engine asks for it only for
+/// priority queues, on every message they take. None when it is absent or
+/// the list is cut short; the gateway has refused malformed lists already.
+pub fn priority(bytes: &[u8]) -> Option<u8> {
+    const CONTENT_TYPE: u16 = 1 << 15;
+    const CONTENT_ENCODING: u16 = 1 << 14;
+    const HEADERS: u16 = 1 << 13;
+    const DELIVERY_MODE: u16 = 1 << 12;
+    const PRIORITY: u16 = 1 << 11;
+    let flags = u16::from_be_bytes([*bytes.first()?, *bytes.get(1)?]);
+    if flags & PRIORITY == 0 {
+        return None;
+    }
+    let mut at = 2usize;
+    for flag in [CONTENT_TYPE, CONTENT_ENCODING] {
+        if flags & flag != 0 {
+            at = at.checked_add(1 + usize::from(*bytes.get(at)?))?;
+        }
+    }
+    if flags & HEADERS != 0 {
+        let len = u32::from_be_bytes(bytes.get(at..at.checked_add(4)?)?.try_into().ok()?);
+        at = at.checked_add(4)?.checked_add(usize::try_from(len).ok()?)?;
+    }
+    if flags & DELIVERY_MODE != 0 {
+        at = at.checked_add(1)?;
+    }
+    bytes.get(at).copied()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,5 +200,34 @@ mod tests {
             parse_expiration("4294967296").err().as_deref(),
             Some("{value_too_large,4294967296}")
         );
+    }
+
+    #[test]
+    fn priority_is_read_past_the_fields_before_it() {
+        use amq_protocol::types::{AMQPValue, FieldTable};
+        let mut headers = FieldTable::default();
+        headers.insert("k".into(), AMQPValue::LongString("v".into()));
+        let cases = [
+            AMQPProperties::default(),
+            AMQPProperties::default().with_priority(7),
+            AMQPProperties::default()
+                .with_content_type(ShortString::from("text/plain"))
+                .with_content_encoding(ShortString::from("gzip"))
+                .with_headers(headers)
+                .with_delivery_mode(2)
+                .with_priority(200)
+                .with_correlation_id(ShortString::from("c")),
+            AMQPProperties::default()
+                .with_delivery_mode(1)
+                .with_expiration(ShortString::from("5")),
+        ];
+        for properties in cases {
+            let bytes = encoded(&properties);
+            assert_eq!(priority(&bytes), *properties.priority());
+            // Cut short anywhere: no answer, no panic.
+            for end in 0..bytes.len() {
+                let _ = priority(&bytes[..end]);
+            }
+        }
     }
 }

@@ -1365,6 +1365,7 @@ fn move_round(
             message.body.clone(),
             message.persistent,
         );
+        let priority = target.priority_of(&copy.properties);
         if copy.persistent && target_stores {
             ops.push(store_op(write_op::Op::PutMessage(copy.record(id))));
             ops.push(store_op(write_op::Op::PutQueueEntry(store::QueueEntry {
@@ -1375,10 +1376,12 @@ fn move_round(
                 redelivered: old.redelivered,
                 delivery_count: old.delivery_count,
                 expires_at_ms: old.expires_at,
+                priority: u32::from(priority),
             })));
             copy.mark_stored(u64::MAX);
         }
         let mut entry = QueuedMessage::resident(id, copy);
+        entry.priority = priority;
         entry.redelivered = old.redelivered;
         entry.delivery_count = old.delivery_count;
         // A moved message keeps its expiry.

@@ -33,8 +33,9 @@
 //!   file per concern;
 //! - the state the broker is made of, each part in its own file that no
 //!   lower one imports: `routing.rs`, `vhost.rs`, `exchange.rs` and
-//!   `bindings.rs`, `channels.rs` (sessions and channels), `queue.rs`,
-//!   `transaction.rs`, `pacing.rs`, `limits.rs`;
+//!   `bindings.rs`, `channels.rs` (sessions and channels), `queue.rs` (and
+//!   its ready messages in priority order, `ready.rs`), `transaction.rs`,
+//!   `pacing.rs`, `limits.rs`;
 //! - at the bottom, plain data (`model.rs`), the memory budget
 //!   (`budget.rs`), delivery credit (`credit.rs`) and the ordered pipe to
 //!   the store (`persistence.rs`).
@@ -60,6 +61,7 @@ mod model;
 mod pacing;
 mod persistence;
 mod queue;
+mod ready;
 mod recovery;
 mod routing;
 mod service;

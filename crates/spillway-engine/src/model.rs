@@ -141,9 +141,12 @@ pub const STORED_EARLIER: u64 = 1;
 /// costs this much memory per message.
 #[derive(Clone, Debug)]
 pub struct QueuedMessage {
-    /// Engine-wide, increasing: a queue is ordered by it, and it keys the
-    /// message in the store.
+    /// Engine-wide, increasing: a queue is ordered by it (within a
+    /// priority), and it keys the message in the store.
     pub id: u64,
+    /// Its `priority` property as this queue took it: at most the queue's
+    /// `x-max-priority`; 0 on a queue without priorities.
+    pub priority: u8,
     /// The payload, or `None` once it flowed to disk: read back before
     /// delivery.
     pub message: Option<Arc<Message>>,
@@ -170,6 +173,7 @@ impl QueuedMessage {
     pub fn resident(id: u64, message: Arc<Message>) -> Self {
         Self {
             id,
+            priority: 0,
             body_size: message.body.size(),
             persistent: message.persistent,
             message: Some(message),

@@ -4,7 +4,7 @@
 //! here keep its byte counts exact; what happens across queues is the
 //! broker's (`broker/`).
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use amq_protocol_types::FieldTable;
@@ -12,6 +12,7 @@ use tokio::sync::oneshot;
 
 use crate::model::*;
 use crate::pacing::QueuePacing;
+use crate::ready::ReadyMessages;
 
 pub struct Queue {
     pub name: String,
@@ -31,9 +32,10 @@ pub struct Queue {
     /// Messages dead-lettered from it and dropped for want of a
     /// destination, by reason (for `/metrics`).
     pub dead_letter_counts: DeadLetterCounts,
-    /// Ready messages, ordered by id. Changed only through the methods below,
-    /// which keep `ready_bytes` and `resident_bytes` exact.
-    pub messages: VecDeque<QueuedMessage>,
+    /// Ready messages, in delivery order: by priority (`x-max-priority`),
+    /// then id (`ready.rs`). Changed only through the methods below, which
+    /// keep `ready_bytes` and `resident_bytes` exact.
+    pub messages: ReadyMessages,
     /// Body bytes of the ready messages, resident or not.
     pub ready_bytes: u64,
     /// Accounted bytes of the ready messages whose payload is resident.
@@ -45,11 +47,12 @@ pub struct Queue {
     /// This queue's share of the flow-to-disk threshold while flow to disk
     /// is active (`u64::MAX` otherwise): resident bytes above it go to disk.
     pub target_bytes: u64,
-    /// Every ready message with an id at or above this one has flowed to
+    /// Every ready message ranked at or above this one (its rank: see
+    /// `ready.rs`; the id, for a queue without priorities) has flowed to
     /// disk (or is being read back): spilling starts below it.
     pub spilled_from: u64,
-    /// Every ready message with an id below this one is resident or being
-    /// read back: read-ahead continues from it.
+    /// Every ready message ranked below this one is resident or being read
+    /// back: read-ahead continues from it.
     pub read_ahead_until: u64,
     /// basic.get callers waiting for the head's payload.
     pub get_waiters: Vec<oneshot::Sender<()>>,
@@ -103,7 +106,7 @@ impl Queue {
             limits: QueueLimits::default(),
             dead_letter: None,
             dead_letter_counts: DeadLetterCounts::default(),
-            messages: VecDeque::new(),
+            messages: ReadyMessages::new(0),
             ready_bytes: 0,
             resident_bytes: 0,
             spilled_count: 0,
@@ -124,6 +127,29 @@ impl Queue {
             last_used: 0,
             pacing: QueuePacing::default(),
         }
+    }
+
+    /// Makes this a priority queue (`x-max-priority`), before it holds
+    /// anything.
+    pub fn set_max_priority(&mut self, max_priority: u8) {
+        debug_assert!(self.messages.is_empty());
+        self.messages = ReadyMessages::new(max_priority);
+    }
+
+    /// The priority a message with these properties has here: its
+    /// `priority` property, at most the queue's maximum (RabbitMQ's rule);
+    /// 0 on a queue without priorities, which never reads it.
+    pub fn priority_of(&self, properties: &[u8]) -> u8 {
+        let max = self.max_priority();
+        if max == 0 {
+            return 0;
+        }
+        spillway_amqp::properties::priority(properties).map_or(0, |p| p.min(max))
+    }
+
+    /// A priority queue's `x-max-priority` (0: not one).
+    pub fn max_priority(&self) -> u8 {
+        self.messages.max_priority()
     }
 
     /// Whether persistent messages on this queue are written to the store.
@@ -182,9 +208,14 @@ impl Queue {
     /// to keep within the limits.
     pub fn enqueue(&mut self, message: QueuedMessage) -> Vec<QueuedMessage> {
         self.count_in(&message);
-        if message.message.is_some() {
-            // The tail is resident again: spilling must look at it.
-            self.spilled_from = u64::MAX;
+        let rank = self.messages.rank(&message);
+        if message.message.is_some() && rank >= self.spilled_from {
+            // Resident where everything was spilled (the tail, or a priority
+            // level's end): spilling must look at it.
+            self.spilled_from = rank.saturating_add(1);
+        }
+        if message.message.is_none() {
+            self.read_ahead_until = self.read_ahead_until.min(rank);
         }
         self.messages.push_back(message);
         let mut dropped = Vec::new();
@@ -205,47 +236,40 @@ impl Queue {
     pub fn requeue(&mut self, mut message: QueuedMessage) {
         message.redelivered = true;
         self.count_in(&message);
-        if message.message.is_some() && message.id >= self.spilled_from {
-            self.spilled_from = message.id.saturating_add(1);
+        let rank = self.messages.rank(&message);
+        if message.message.is_some() && rank >= self.spilled_from {
+            self.spilled_from = rank.saturating_add(1);
         }
         if message.message.is_none() {
             // Its payload went to the store while it was unacknowledged:
             // read-ahead must look at it again.
             message.loading = false;
-            self.read_ahead_until = self.read_ahead_until.min(message.id);
+            self.read_ahead_until = self.read_ahead_until.min(rank);
         }
-        let position = self.messages.partition_point(|m| m.id < message.id);
-        self.messages.insert(position, message);
+        self.messages.insert_by_id(message);
     }
 
     /// Puts the messages recovered from the store (oldest first, payloads
     /// in the store) ahead of those published while they were being read,
     /// which all have later ids.
     pub fn prepend_recovered(&mut self, recovered: Vec<QueuedMessage>) {
-        let Some(first) = recovered.first().map(|m| m.id) else {
+        let Some(lowest) = recovered.iter().map(|m| self.messages.rank(m)).min() else {
             return;
         };
         debug_assert!(recovered.windows(2).all(|pair| pair[0].id < pair[1].id));
-        debug_assert!(recovered
-            .last()
-            .zip(self.messages.front())
-            .is_none_or(|(last, front)| last.id < front.id));
-        // Nothing resident behind them: spilling may start at them.
-        let tail_spilled = self
-            .messages
-            .front()
-            .is_none_or(|front| front.id >= self.spilled_from);
+        // Nothing resident here yet: spilling may start anywhere.
+        let all_spilled = self.spilled_count == self.messages.len() as u64;
         for message in &recovered {
             self.count_in(message);
         }
-        for message in recovered.into_iter().rev() {
-            self.messages.push_front(message);
+        self.messages.prepend(recovered);
+        if all_spilled {
+            if let Some(front) = self.messages.front() {
+                self.spilled_from = self.messages.rank(front);
+            }
         }
-        if tail_spilled {
-            self.spilled_from = first;
-        }
-        // Read-ahead starts again at the new head.
-        self.read_ahead_until = self.read_ahead_until.min(first);
+        // Read-ahead starts again at the first of them.
+        self.read_ahead_until = self.read_ahead_until.min(lowest);
     }
 
     pub fn purge(&mut self) -> Vec<QueuedMessage> {
@@ -254,13 +278,12 @@ impl Queue {
         self.spilled_count = 0;
         self.spilled_bytes = 0;
         self.spilled_from = u64::MAX;
-        self.messages.drain(..).collect()
+        self.messages.drain_all()
     }
 
     /// The position of the ready message `id`, if it is still here.
     pub fn position(&self, id: u64) -> Option<usize> {
-        let position = self.messages.partition_point(|m| m.id < id);
-        (self.messages.get(position)?.id == id).then_some(position)
+        self.messages.position_of_id(id)
     }
 
     /// Drops the payload of the ready message at `position` from memory (its
@@ -282,7 +305,9 @@ impl Queue {
         let Some(position) = self.position(id) else {
             return false;
         };
-        let entry = &mut self.messages[position];
+        let Some(entry) = self.messages.get_mut(position) else {
+            return false;
+        };
         entry.loading = false;
         if entry.message.is_some() {
             return false;
@@ -291,8 +316,10 @@ impl Queue {
         self.spilled_count -= 1;
         self.spilled_bytes -= entry.body_size;
         entry.message = Some(message);
-        if id >= self.spilled_from {
-            self.spilled_from = id.saturating_add(1);
+        let priority = entry.priority;
+        let rank = self.messages.rank_of(priority, id);
+        if rank >= self.spilled_from {
+            self.spilled_from = rank.saturating_add(1);
         }
         true
     }

@@ -32,7 +32,8 @@ use spillway_proto::storage::Definitions;
 use spillway_proto::ServiceError;
 
 use crate::broker::{
-    recovered_dead_letter, recovered_limits, recovered_single_active_consumer, Broker,
+    recovered_dead_letter, recovered_limits, recovered_max_priority,
+    recovered_single_active_consumer, Broker,
 };
 use crate::exchange::Exchange;
 use crate::model::ExchangeKind;
@@ -94,6 +95,7 @@ pub(crate) fn install_definitions(
         queue.limits = recovered_limits(&arguments);
         queue.dead_letter = recovered_dead_letter(&def.name, &arguments);
         queue.single_active_consumer = recovered_single_active_consumer(&arguments);
+        queue.set_max_priority(recovered_max_priority(&arguments));
         queue.arguments = arguments;
         queue.recovering = true;
         pending.push((def.vhost, def.name.clone()));

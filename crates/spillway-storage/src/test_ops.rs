@@ -29,6 +29,7 @@ pub(crate) fn put_entry(queue: &str, id: u64) -> WriteOp {
         redelivered: false,
         delivery_count: 0,
         expires_at_ms: 0,
+        priority: 0,
     }))
 }
 

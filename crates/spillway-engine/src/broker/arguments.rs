@@ -9,6 +9,8 @@ use spillway_proto::engine::AmqpError;
 use super::OpResult;
 use crate::exchange::ALTERNATE_EXCHANGE;
 
+/// The queue argument that makes a priority queue, and its highest priority.
+pub const MAX_PRIORITY: &str = "x-max-priority";
 /// The queue argument that makes one consumer at a time receive.
 pub const SINGLE_ACTIVE_CONSUMER: &str = "x-single-active-consumer";
 /// The consume argument that ranks a consumer among a queue's others.
@@ -202,6 +204,39 @@ fn ttl_argument(
         Ok(ms) if ms <= MAX_EXPIRY => Ok(Some(ms)),
         _ => Err(refuse(format!("{{value_too_large,{n}}}"))),
     }
+}
+
+/// `x-max-priority`: an integer from 0 to 255, as in RabbitMQ (406
+/// otherwise, in its words); 0 or absent is a queue without priorities.
+pub(super) fn max_priority(
+    arguments: &FieldTable,
+    queue: &str,
+    vhost: &str,
+) -> Result<u8, AmqpError> {
+    let Some(value) = arguments.inner().get(MAX_PRIORITY) else {
+        return Ok(0);
+    };
+    let refuse = |why: String| {
+        AmqpError::invalid_argument(
+            reply_code::PRECONDITION_FAILED,
+            format!("invalid arg '{MAX_PRIORITY}' for queue '{queue}' in vhost '{vhost}': {why}"),
+        )
+    };
+    let Some(n) = as_integer(value) else {
+        return Err(refuse(format!(
+            "\"expected integer, got {}\"",
+            rabbit_type_name(value)
+        )));
+    };
+    if n < 0 {
+        return Err(refuse(format!("{{value_negative,{n}}}")));
+    }
+    u8::try_from(n).map_err(|_| refuse(format!("{{max_value_exceeded,{n}}}")))
+}
+
+/// A recovered queue's `x-max-priority`, checked when it was declared.
+pub fn recovered_max_priority(arguments: &FieldTable) -> u8 {
+    max_priority(arguments, "", "").unwrap_or_default()
 }
 
 /// `x-single-active-consumer`: a boolean, as in RabbitMQ (406 otherwise).

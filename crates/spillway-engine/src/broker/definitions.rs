@@ -10,7 +10,7 @@ use spillway_proto::storage::{self as store, write_op, WriteOp};
 use super::arguments::{
     check_exchange_arguments, check_queue_type, dead_letter_exchange_name, dead_letter_queue_name,
     dead_letter_target, dlq_enabled, first_inequivalent_argument, inequivalent_exchange_argument,
-    queue_limits, single_active_consumer,
+    max_priority, queue_limits, single_active_consumer,
 };
 use super::{
     check_exclusive, event, find_exchange, find_queue, find_queue_mut, op, Broker, OpResult,
@@ -309,6 +309,7 @@ impl Broker {
         let limits = queue_limits(&arguments, &name, &vhost_name)?;
         let dead_letter = dead_letter_target(&arguments, &name, &vhost_name)?;
         let single_active = single_active_consumer(&arguments, &name, &vhost_name)?;
+        let max_priority = max_priority(&arguments, &name, &vhost_name)?;
         let qpid_dlq = dlq_enabled(&arguments) == Some(true);
         let mut new_queues = 1;
         if qpid_dlq {
@@ -333,6 +334,7 @@ impl Broker {
         queue.limits = limits;
         queue.dead_letter = dead_letter;
         queue.single_active_consumer = single_active;
+        queue.set_max_priority(max_priority);
         queue.created_by = Some(session);
         let durable = queue.durable;
         if queue.stores_messages() {
@@ -736,7 +738,7 @@ impl Broker {
         }
         // The queue's entries went with DeleteQueue; the records of messages
         // no other queue holds go one by one.
-        for entry in &queue.messages {
+        for entry in queue.messages.iter() {
             discard(
                 &mut self.shared_refs,
                 vhost_name,

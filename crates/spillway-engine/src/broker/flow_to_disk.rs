@@ -26,7 +26,6 @@ use spillway_proto::cluster::BATCH_BYTES;
 use spillway_proto::storage::{self as store, write_op, Durability, MessageRecord, WriteOp};
 
 use crate::broker::Broker;
-use crate::budget::shrunk_capacity;
 use crate::model::{Message, QueuedMessage};
 use crate::persistence::store_op as op;
 use crate::queue::Queue;
@@ -93,10 +92,7 @@ impl Broker {
         // A queue that drained keeps its entries' allocation unless given
         // back: a spilled backlog of millions would hold it for good.
         for queue in self.vhosts.values_mut().flat_map(|v| v.queues.values_mut()) {
-            let (len, capacity) = (queue.messages.len(), queue.messages.capacity());
-            if let Some(shrunk) = shrunk_capacity(len, capacity, SHRINK_ABOVE_ENTRIES) {
-                queue.messages.shrink_to(shrunk);
-            }
+            queue.messages.shrink(SHRINK_ABOVE_ENTRIES);
         }
         let (entries, unacked) = self.bookkeeping();
         self.budget.set_bookkeeping(entries + unacked);
@@ -223,6 +219,15 @@ impl Broker {
         let Some(position) = queue.position(id) else {
             return;
         };
+        // A priority queue's arrival may land in the read-ahead region,
+        // ahead of what is being read back: it stays.
+        let in_read_ahead = queue
+            .messages
+            .get(position)
+            .is_some_and(|entry| queue.messages.rank(entry) < queue.read_ahead_until);
+        if in_read_ahead || (position as u64) < read_ahead_window(queue) {
+            return;
+        }
         let mut spill = Spill::default();
         spill_entry(queue, position, &mut spill);
         submit_spill(persist, &mut spill);
@@ -243,9 +248,7 @@ impl Broker {
             return;
         }
         let window = read_ahead_window(queue) as usize;
-        let start = queue
-            .messages
-            .partition_point(|m| m.id < queue.read_ahead_until);
+        let start = queue.messages.count_below(queue.read_ahead_until);
         if start >= window {
             return;
         }
@@ -255,8 +258,8 @@ impl Broker {
         // body goes alone).
         let mut bytes = 0;
         let end = window.min(queue.messages.len());
-        for entry in queue.messages.range_mut(start..end) {
-            queue.read_ahead_until = entry.id.saturating_add(1);
+        for (rank, entry) in queue.messages.range_mut(start..end) {
+            queue.read_ahead_until = rank.saturating_add(1);
             if entry.message.is_some() || entry.loading {
                 continue;
             }
@@ -321,7 +324,11 @@ impl Broker {
             let Some(position) = queue.position(*id) else {
                 continue;
             };
-            if queue.messages[position].message.is_some() {
+            if queue
+                .messages
+                .get(position)
+                .is_none_or(|entry| entry.message.is_some())
+            {
                 continue;
             }
             if let Some(entry) = queue.messages.remove(position) {
@@ -494,22 +501,26 @@ pub(crate) fn read_ahead_window(queue: &Queue) -> u64 {
 /// Spills from the tail until the queue is within its target, leaving the
 /// read-ahead region alone.
 fn spill_tail(queue: &mut Queue, spill: &mut Spill) {
-    let mut position = queue
-        .messages
-        .partition_point(|m| m.id < queue.spilled_from);
+    let mut position = queue.messages.count_below(queue.spilled_from);
     let mut tail_spilled = true;
     while position > 0 && queue.resident_bytes > queue.target_bytes {
         position -= 1;
-        let entry = &queue.messages[position];
-        if entry.id < queue.read_ahead_until {
+        let Some(entry) = queue.messages.get(position) else {
+            break;
+        };
+        let rank = queue.messages.rank(entry);
+        if rank < queue.read_ahead_until {
             break;
         }
         if entry.message.is_some() {
             spill_entry(queue, position, spill);
         }
-        let entry = &queue.messages[position];
-        if entry.message.is_none() && tail_spilled {
-            queue.spilled_from = entry.id;
+        let spilled = queue
+            .messages
+            .get(position)
+            .is_some_and(|entry| entry.message.is_none());
+        if spilled && tail_spilled {
+            queue.spilled_from = rank;
         } else {
             tail_spilled = false;
         }

@@ -69,8 +69,8 @@ use crate::vhost::VHost;
 use flow_to_disk::LoadRequest;
 
 pub(crate) use arguments::{
-    dlq_enabled, recovered_dead_letter, recovered_limits, recovered_single_active_consumer,
-    RUNTIME_ARGUMENTS,
+    dlq_enabled, recovered_dead_letter, recovered_limits, recovered_max_priority,
+    recovered_single_active_consumer, RUNTIME_ARGUMENTS,
 };
 pub use dead_letter::DeadLetterJob;
 pub(crate) use definitions::still_recovering;

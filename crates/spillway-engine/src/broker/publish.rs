@@ -254,6 +254,7 @@ impl Broker {
                 continue;
             }
             let stores = queue.stores_messages();
+            let priority = queue.priority_of(&message.properties);
             let expires_at = super::expiry::expires_at(now, message_ttl, queue.limits.message_ttl);
             if expires_at == now {
                 enqueued.zero_ttl = true;
@@ -271,9 +272,11 @@ impl Broker {
                     redelivered: false,
                     delivery_count: 0,
                     expires_at_ms: expires_at,
+                    priority: u32::from(priority),
                 })));
             }
             let mut entry = QueuedMessage::resident(id, message.clone());
+            entry.priority = priority;
             entry.shared = shared;
             entry.expires_at = expires_at;
             holders += 1;

@@ -195,6 +195,7 @@ impl Broker {
 fn recovered(entry: QueueEntry) -> QueuedMessage {
     QueuedMessage {
         id: entry.id,
+        priority: entry.priority.min(u32::from(u8::MAX)) as u8,
         message: None,
         body_size: entry.body_size,
         delivery_count: entry.delivery_count,

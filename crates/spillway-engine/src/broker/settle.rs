@@ -230,6 +230,7 @@ impl Broker {
                         redelivered: true,
                         delivery_count: entry.delivery_count,
                         expires_at_ms: entry.expires_at,
+                        priority: u32::from(entry.priority),
                     })));
                 }
                 // Its expiry stands: one that passed while it was out

@@ -29,6 +29,7 @@ mod management;
 mod memory_ceiling;
 mod metrics;
 mod permission_escapes;
+mod priority_queues;
 mod producer_flow_control;
 mod publisher_pacing;
 mod queue_deletion;

@@ -386,6 +386,10 @@ pub struct QueueEntry {
     /// the Unix epoch; 0 = never.
     #[prost(uint64, tag = "7")]
     pub expires_at_ms: u64,
+    /// Its priority in a priority queue (`x-max-priority`), at most the queue's
+    /// maximum; 0 elsewhere and in records written before priorities existed.
+    #[prost(uint32, tag = "8")]
+    pub priority: u32,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
