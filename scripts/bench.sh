@@ -24,7 +24,8 @@
 #                    watermark (RabbitMQ) at BENCH_BACKLOG_THRESHOLD (256 MiB): run by
 #                    scripts/bench-flow-to-disk.sh (`make bench-flow-to-disk` runs it alone)
 #                    through the same client, for spillway-all-in-one (with the loadgen's
-#                    prefetch, then with none: --prefetch 0) and rabbitmq, in a table of its own
+#                    prefetch, then with none: --prefetch 0, then on priority queues: BENCH_BACKLOG_PRIORITIES)
+#                    and rabbitmq (prefetch, priorities), in a table of its own
 # For every other run the table shows msg/s,
 # the max backlog (the most messages published and not yet consumed at once, sampled by the
 # loadgen every 5 ms: whether the queue stays short), the broker's CPU per message (user + system time of every broker process, from /proc,
@@ -48,6 +49,9 @@
 #   BENCH_SCENARIOS="transient confirm-ack persistent tx large fixed-rate fanout16 compressible idle backlog"
 #   BENCH_BACKLOG_BYTES=2GiB      case d's backlog
 #   BENCH_BACKLOG_THRESHOLD=256MiB  case d's flow-to-disk threshold and RabbitMQ watermark
+#   BENCH_BACKLOG_PRIORITIES=10   case d again on priority queues with this many priorities
+#                                 (loadgen --priorities; 0 = skip): RSS, drain rate, and
+#                                 the drain's priority order (inversions) against RabbitMQ
 #   BENCH_COMPRESSION_THRESHOLD=8KiB  gateway.message_compression_threshold_size of target
 #                                 spillway-compressed (bodies longer than it are compressed)
 #   BENCH_COMPRESSION_BODY=compressible  case i's bodies: compressible, or random (the cost
@@ -73,6 +77,7 @@ BENCH_TARGETS="${BENCH_TARGETS:-spillway-all-in-one spillway-separate spillway-c
 BENCH_SCENARIOS="${BENCH_SCENARIOS:-transient confirm-ack persistent tx large fixed-rate fanout16 compressible idle backlog}"
 BENCH_BACKLOG_BYTES="${BENCH_BACKLOG_BYTES:-2GiB}"
 BENCH_BACKLOG_THRESHOLD="${BENCH_BACKLOG_THRESHOLD:-256MiB}"
+BENCH_BACKLOG_PRIORITIES="${BENCH_BACKLOG_PRIORITIES:-10}"
 BENCH_IDLE="${BENCH_IDLE:-10000}"
 BENCH_CLIENT="${BENCH_CLIENT:-raw}"
 BENCH_RATE_SECONDS="${BENCH_RATE_SECONDS:-5}"
@@ -430,11 +435,16 @@ run_backlog() {
     case " $BENCH_TARGETS " in *" spillway-all-in-one "*) ftd_targets=spill ;; esac
     case " $BENCH_TARGETS " in *" rabbitmq "*) ftd_targets="$ftd_targets rabbitmq" ;; esac
     [ -n "$ftd_targets" ] || { log "backlog: neither spillway-all-in-one nor rabbitmq is a target"; return; }
-    for pass in prefetch no-prefetch; do
+    for pass in prefetch no-prefetch priorities; do
         targets="$ftd_targets"; extra=""
         if [ "$pass" = no-prefetch ]; then
             case " $ftd_targets " in *" spill "*) targets=spill ;; *) continue ;; esac
             extra="--prefetch 0"
+        fi
+        if [ "$pass" = priorities ]; then
+            # A priority queue (x-max-priority 9), priorities 0-9 spread over the backlog.
+            extra="--priorities $BENCH_BACKLOG_PRIORITIES"
+            [ "$BENCH_BACKLOG_PRIORITIES" -gt 0 ] || continue
         fi
         results="$SPW_WORKDIR/backlog-$pass.jsonl"
         log "backlog ($pass): scripts/bench-flow-to-disk.sh for $targets"
@@ -453,7 +463,9 @@ run_backlog() {
                 def f: if . == null then "-" else tostring end;
                 def mib: if . == null then "-" else (. / 1048576 | floor | tostring) end;
                 [(if .target == "spill" then "spillway-all-in-one" else .target end),
-                 (if $pass == "prefetch" then "prefetch 100" else "no prefetch" end),
+                 (if $pass == "prefetch" then "prefetch 100"
+                  elif $pass == "priorities" then "prio, \(.loadgen_drain.priority_inversions // "?") inv."
+                  else "no prefetch" end),
                  (.publish_msg_s | f), ((.loadgen_publish.blocked_ms // 0) / 1000 | floor | tostring),
                  (.drain_msg_s | f),
                  (if .broker_cpu_s == null then "-" else (.broker_cpu_s * 1e6 / .messages * 10 | floor / 10 | tostring) end),
@@ -522,7 +534,9 @@ if [ "${#BACKLOG_ROWS[@]}" -gt 0 ]; then
     echo
     printf 'd. a %s backlog of 1 KiB transient messages into 2 durable queues, threshold (RabbitMQ: watermark) %s:\n' "$BENCH_BACKLOG_BYTES" "$BENCH_BACKLOG_THRESHOLD"
     printf '   filled with confirms and no consumer, then drained; blocked = seconds publishers were held by\n'
-    printf '   connection.blocked, CPU over fill and drain, RSS = peak of the broker process in each phase\n'
+    printf '   connection.blocked, CPU over fill and drain, RSS = peak of the broker process in each phase;\n'
+    printf '   "prio, N inv.": priority queues (x-max-priority %s), priorities spread over the backlog,\n' "$((BENCH_BACKLOG_PRIORITIES - 1))"
+    printf '   prefetch 100; N = deliveries of a higher priority than the one before (0: drained in order)\n'
     dfmt='%-20s | %-13s | %10s | %9s | %10s | %8s | %12s | %13s | %6s %s\n'
     # shellcheck disable=SC2059
     printf "$dfmt" target consumer "fill/s" "blocked s" "drain/s" "CPU µs" "RSS fill MiB" "RSS drain MiB" lost ""

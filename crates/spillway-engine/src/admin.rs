@@ -1318,10 +1318,10 @@ fn move_round(
                 wait_for_payload = Some(wait);
                 break;
             }
-            let pending_bytes: u64 = batch.iter().map(|m| m.body_size).sum();
+            let pending_bytes: u64 = batch.iter().map(|m| m.body_size()).sum();
             // One round's write stays within one gRPC message to a remote
             // storage node; the next round moves the rest.
-            if !batch.is_empty() && pending_bytes + front.body_size > BATCH_BYTES as u64 {
+            if !batch.is_empty() && pending_bytes + front.body_size() > BATCH_BYTES as u64 {
                 batch_full = true;
                 break;
             }
@@ -1332,7 +1332,7 @@ fn move_round(
             let fits_bytes = target
                 .limits
                 .max_bytes
-                .is_none_or(|max| target.ready_bytes + pending_bytes + front.body_size <= max);
+                .is_none_or(|max| target.ready_bytes + pending_bytes + front.body_size() <= max);
             if !(fits_count && fits_bytes) {
                 progress.stopped_reason =
                     format!("queue '{destination}' is full (x-max-length / x-max-length-bytes)");
@@ -1355,6 +1355,7 @@ fn move_round(
     let count = batch.len() as u64;
     let first_id = broker.reserve_message_ids(count);
     for (offset, old) in batch.into_iter().enumerate() {
+        let body_size = old.body_size();
         let Some(message) = old.message else { continue };
         let id = first_id + offset as u64;
         let copy = crate::model::Message::new(
@@ -1372,7 +1373,7 @@ fn move_round(
                 vhost: vhost_name.to_string(),
                 queue: destination.to_string(),
                 id,
-                body_size: old.body_size,
+                body_size,
                 redelivered: old.redelivered,
                 delivery_count: old.delivery_count,
                 expires_at_ms: old.expires_at,

@@ -151,8 +151,10 @@ pub struct QueuedMessage {
     /// delivery.
     pub message: Option<Arc<Message>>,
     /// Of the body as published (compressed or not): what queue limits
-    /// (`x-max-length-bytes`) and queue depth in bytes count.
-    pub body_size: u64,
+    /// (`x-max-length-bytes`) and queue depth in bytes count. 32 bits keep
+    /// an entry at 40 bytes with its priority (`gateway.max_message_size`
+    /// is at most 512 MiB); read it with [`QueuedMessage::body_size`].
+    body_len: u32,
     /// Deliveries so far (basic.deliver and basic.get-ok): the next one
     /// carries it as `x-delivery-count`, and the delivery limit counts it.
     pub delivery_count: u32,
@@ -169,12 +171,22 @@ pub struct QueuedMessage {
     pub expires_at: u64,
 }
 
+/// A body size as an entry keeps it; bodies are bounded far below 4 GiB by
+/// `gateway.max_message_size` (and the gRPC message limit).
+fn body_len(size: u64) -> u32 {
+    debug_assert!(size <= u64::from(u32::MAX));
+    u32::try_from(size).unwrap_or(u32::MAX)
+}
+
+// A queue entry's size is what a backlog of millions costs: keep it at 40.
+const _: () = assert!(std::mem::size_of::<QueuedMessage>() <= 40);
+
 impl QueuedMessage {
     pub fn resident(id: u64, message: Arc<Message>) -> Self {
         Self {
             id,
             priority: 0,
-            body_size: message.body.size(),
+            body_len: body_len(message.body.size()),
             persistent: message.persistent,
             message: Some(message),
             delivery_count: 0,
@@ -183,6 +195,27 @@ impl QueuedMessage {
             loading: false,
             expires_at: 0,
         }
+    }
+
+    /// A queued entry whose payload is only in the store (recovered).
+    pub fn stored(id: u64, body_size: u64) -> Self {
+        Self {
+            id,
+            priority: 0,
+            message: None,
+            body_len: body_len(body_size),
+            delivery_count: 0,
+            redelivered: false,
+            persistent: true,
+            shared: false,
+            loading: false,
+            expires_at: 0,
+        }
+    }
+
+    /// Of the body as published (compressed or not).
+    pub fn body_size(&self) -> u64 {
+        u64::from(self.body_len)
     }
 
     /// Expired at `now` (milliseconds since the Unix epoch)? A message is

@@ -297,7 +297,7 @@ impl Queue {
         };
         self.resident_bytes -= message.accounted_size();
         self.spilled_count += 1;
-        self.spilled_bytes += entry.body_size;
+        self.spilled_bytes += entry.body_size();
     }
 
     /// Puts a payload read back from the store into the ready message `id`.
@@ -314,7 +314,7 @@ impl Queue {
         }
         self.resident_bytes += message.accounted_size();
         self.spilled_count -= 1;
-        self.spilled_bytes -= entry.body_size;
+        self.spilled_bytes -= entry.body_size();
         entry.message = Some(message);
         let priority = entry.priority;
         let rank = self.messages.rank_of(priority, id);
@@ -325,20 +325,20 @@ impl Queue {
     }
 
     fn count_in(&mut self, message: &QueuedMessage) {
-        self.ready_bytes += message.body_size;
+        self.ready_bytes += message.body_size();
         self.resident_bytes += message.resident_size();
         if message.message.is_none() {
             self.spilled_count += 1;
-            self.spilled_bytes += message.body_size;
+            self.spilled_bytes += message.body_size();
         }
     }
 
     fn count_out(&mut self, message: &QueuedMessage) {
-        self.ready_bytes -= message.body_size;
+        self.ready_bytes -= message.body_size();
         self.resident_bytes -= message.resident_size();
         if message.message.is_none() {
             self.spilled_count -= 1;
-            self.spilled_bytes -= message.body_size;
+            self.spilled_bytes -= message.body_size();
         }
     }
 }

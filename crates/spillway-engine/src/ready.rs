@@ -213,18 +213,9 @@ mod tests {
     use super::*;
 
     fn message(id: u64, priority: u8) -> QueuedMessage {
-        QueuedMessage {
-            id,
-            priority,
-            message: None,
-            body_size: 1,
-            delivery_count: 0,
-            redelivered: false,
-            persistent: false,
-            shared: false,
-            loading: false,
-            expires_at: 0,
-        }
+        let mut message = QueuedMessage::stored(id, 1);
+        message.priority = priority;
+        message
     }
 
     fn ids(ready: &ReadyMessages) -> Vec<u64> {

@@ -30,6 +30,15 @@ pub fn table(entries: &[(&str, AMQPValue)]) -> FieldTable {
     table
 }
 
+/// The AMQP reply code that closed the channel or connection, for an error
+/// the broker sent (None for any other failure).
+pub fn amqp_code(error: &lapin::Error) -> Option<u16> {
+    match error.kind() {
+        lapin::ErrorKind::ProtocolError(e) => Some(e.get_id()),
+        _ => None,
+    }
+}
+
 /// A long-string field value.
 pub fn text(value: &str) -> AMQPValue {
     AMQPValue::LongString(value.into())

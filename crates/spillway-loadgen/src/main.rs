@@ -98,6 +98,11 @@ struct Args {
     /// true/false as booleans, anything else as a string. E.g. x-qpid-capacity=1048576.
     #[arg(long = "queue-arg", value_name = "KEY=VALUE")]
     queue_args: Vec<String>,
+    /// Publish with priorities 0..N (spread over the sequence; 0 = no priority property)
+    /// and declare the queues with x-max-priority N-1. Order is then checked per priority,
+    /// and `priority_inversions` counts deliveries of a higher priority than the one before.
+    #[arg(long, default_value_t = 0)]
+    priorities: u8,
     /// Message body size in bytes (at least 24: the header).
     #[arg(long, default_value_t = 1024)]
     size: usize,
@@ -247,6 +252,12 @@ impl Args {
     /// The --queue-arg list as a field table.
     fn declare_arguments(&self) -> Result<FieldTable> {
         let mut table = FieldTable::default();
+        if self.priorities > 0 {
+            table.insert(
+                "x-max-priority".into(),
+                AMQPValue::LongLongInt(i64::from(self.priorities) - 1),
+            );
+        }
         for arg in &self.queue_args {
             let Some((key, value)) = arg.split_once('=') else {
                 bail!("--queue-arg {arg:?}: expected KEY=VALUE");
@@ -673,7 +684,13 @@ impl Publisher {
                 self.queue.as_str().into(),
                 BasicPublishOptions::default(),
                 &self.buf,
-                self.props.clone(),
+                if args.priorities > 0 {
+                    self.props
+                        .clone()
+                        .with_priority(message::priority_of(seq, args.priorities))
+                } else {
+                    self.props.clone()
+                },
             )
             .await
             .context("basic.publish")?;
@@ -933,6 +950,7 @@ async fn run_consumer(
     ready: tokio::sync::mpsc::Sender<()>,
 ) -> ConsumerOutcome {
     let mut out = ConsumerOutcome::default();
+    out.tally.priorities = shared.args.priorities;
     let mut ready = Some(ready);
     let mut retry = Retry::new();
     loop {
@@ -1084,6 +1102,7 @@ struct Summary {
     lost: u64,
     duplicated: u64,
     out_of_order: u64,
+    priority_inversions: u64,
     corrupt: u64,
     unexpected: u64,
     redelivered: u64,
@@ -1439,6 +1458,7 @@ async fn run(args: Args, stop_publishing: watch::Receiver<bool>) -> Result<(Summ
         lost: verdict.lost,
         duplicated: verdict.duplicated,
         out_of_order: verdict.out_of_order,
+        priority_inversions: verdict.priority_inversions,
         corrupt: verdict.corrupt,
         unexpected: verdict.unexpected,
         redelivered: verdict.redelivered,

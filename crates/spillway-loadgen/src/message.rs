@@ -128,6 +128,15 @@ pub const HEADER_LEN: usize = 24;
 /// Highest sequence number accepted on decode (guards the bookkeeping against garbage).
 pub const MAX_SEQ: u64 = 1 << 30;
 
+/// The priority `--priorities N` gives message `seq`: spread over 0..N, in no order a
+/// queue would keep by itself. Consumers recompute it from the sequence number.
+pub fn priority_of(seq: u64, priorities: u8) -> u8 {
+    if priorities == 0 {
+        return 0;
+    }
+    ((seq.wrapping_mul(7).wrapping_add(seq / 13)) % u64::from(priorities)) as u8
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Header {
     pub producer: u32,

@@ -306,7 +306,9 @@ async fn close(writer: &mut OwnedWriteHalf, reader: Option<&mut FrameReader>) {
 
 /// The frames every publish of a run shares: the basic.publish method frame and the
 /// content header (the body size is fixed per run).
-fn publish_prefix(queue: &str, persistent: bool, size: usize) -> Result<Vec<u8>> {
+/// With `priority`, the header carries a priority property too, as the prefix's
+/// second-to-last byte ([`set_priority`] changes it per message).
+fn publish_prefix(queue: &str, persistent: bool, size: usize, priority: bool) -> Result<Vec<u8>> {
     let mut out = FrameWriter::default();
     out.method(
         CHANNEL,
@@ -321,18 +323,29 @@ fn publish_prefix(queue: &str, persistent: bool, size: usize) -> Result<Vec<u8>>
     if prefix.is_empty() {
         bail!("queue name {queue:?} cannot be encoded (over 255 bytes?)");
     }
-    // Content header: class 60, weight 0, body size, flags (delivery-mode only), mode.
-    let header_payload = 2 + 2 + 8 + 2 + 1;
+    // Content header: class 60, weight 0, body size, flags (delivery-mode, and priority
+    // with `priority`), mode (and priority).
+    let header_payload = 2 + 2 + 8 + 2 + 1 + u32::from(priority);
     prefix.put_u8(FRAME_HEADER);
     prefix.put_u16(CHANNEL);
     prefix.put_u32(header_payload);
     prefix.put_u16(60);
     prefix.put_u16(0);
     prefix.put_u64(size as u64);
-    prefix.put_u16(0x1000);
+    prefix.put_u16(if priority { 0x1800 } else { 0x1000 });
     prefix.put_u8(if persistent { 2 } else { 1 });
+    if priority {
+        prefix.put_u8(0);
+    }
     prefix.put_u8(FRAME_END);
     Ok(prefix)
+}
+
+/// Sets the priority byte of a prefix made with `priority`.
+fn set_priority(prefix: &mut [u8], priority: u8) {
+    if let Some(at) = prefix.len().checked_sub(2) {
+        prefix[at] = priority;
+    }
 }
 
 /// Confirms seen by a producer's reader; the publisher waits on `settled`.
@@ -553,7 +566,7 @@ async fn publish(
     frame_max: usize,
 ) -> Result<()> {
     let args = &shared.args;
-    let prefix = publish_prefix(queue, args.persistent, args.size)?;
+    let mut prefix = publish_prefix(queue, args.persistent, args.size, args.priorities > 0)?;
     let chunk = frame_max.saturating_sub(8).max(1);
     let body_len = args.size.max(HEADER_LEN);
     let mut body = Vec::new();
@@ -607,6 +620,12 @@ async fn publish(
                 seq,
                 sent_ns: now_ns(),
             };
+            if args.priorities > 0 {
+                set_priority(
+                    &mut prefix,
+                    crate::message::priority_of(seq, args.priorities),
+                );
+            }
             batch.extend_from_slice(&prefix);
             if body_len <= chunk {
                 // One body frame: the body is made in place, not copied.
@@ -999,4 +1018,35 @@ pub(crate) async fn declare_queues(url: &str, prefix: &str, count: u32) -> Resul
         declared_queues: count,
         declared_s: crate::round(started.elapsed().as_secs_f64(), 3),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The content header's property list in a prefix: after the method frame and the
+    /// header frame's type, channel, size, class, weight and body size.
+    fn properties(prefix: &[u8]) -> &[u8] {
+        let method_len =
+            7 + u32::from_be_bytes([prefix[3], prefix[4], prefix[5], prefix[6]]) as usize + 1;
+        let header = &prefix[method_len..];
+        &header[7 + 12..header.len() - 1]
+    }
+
+    #[test]
+    fn the_prefix_carries_the_priority_set_per_message() {
+        let plain = publish_prefix("q", true, 100, false).unwrap();
+        assert_eq!(
+            spillway_amqp::properties::priority(properties(&plain)),
+            None
+        );
+        let mut prefix = publish_prefix("q", true, 100, true).unwrap();
+        for priority in [0, 5, 9] {
+            set_priority(&mut prefix, priority);
+            assert_eq!(
+                spillway_amqp::properties::priority(properties(&prefix)),
+                Some(priority)
+            );
+        }
+    }
 }

@@ -145,12 +145,16 @@ impl SeenSet {
 /// Last sequence number seen per producer, on one consumer.
 #[derive(Debug, Default, Clone)]
 pub struct OrderCheck {
-    last: HashMap<u32, u64>,
+    /// By producer and priority (always 0 without `--priorities`): a priority queue keeps
+    /// each priority's messages in order, not the whole sequence.
+    last: HashMap<(u32, u8), u64>,
 }
 
 impl OrderCheck {
-    /// Returns false when `seq` comes after a higher sequence number of the same producer.
-    pub fn observe(&mut self, producer: u32, seq: u64) -> bool {
+    /// Returns false when `seq` comes after a higher sequence number of the same producer
+    /// and priority.
+    pub fn observe_at(&mut self, producer: u32, priority: u8, seq: u64) -> bool {
+        let producer = (producer, priority);
         match self.last.get_mut(&producer) {
             None => {
                 self.last.insert(producer, seq);
@@ -261,6 +265,13 @@ pub struct Tally {
     pub corrupt: u64,
     pub redelivered: u64,
     pub latency_us: Histogram,
+    /// `--priorities`: messages carry priorities 0..N (`message::priority_of`).
+    pub priorities: u8,
+    /// With priorities: deliveries of a higher priority than the one before them at this
+    /// consumer. Draining a backlog that was complete before the drain began, a priority
+    /// queue has none.
+    pub priority_inversions: u64,
+    last_priority: Option<u8>,
 }
 
 impl Tally {
@@ -284,10 +295,17 @@ impl Tally {
     }
 
     pub fn record_header(&mut self, h: Header, now_ns: u64) {
+        let priority = crate::message::priority_of(h.seq, self.priorities);
         if !self.seen.insert(h.producer, h.seq) {
             self.duplicated += 1;
-        } else if !self.order.observe(h.producer, h.seq) {
+        } else if !self.order.observe_at(h.producer, priority, h.seq) {
             self.out_of_order += 1;
+        }
+        if self.priorities > 0 {
+            if self.last_priority.is_some_and(|last| priority > last) {
+                self.priority_inversions += 1;
+            }
+            self.last_priority = Some(priority);
         }
         self.latency_us
             .record(now_ns.saturating_sub(h.sent_ns) / 1_000);
@@ -316,6 +334,7 @@ pub struct Verdict {
     pub unexpected: u64,
     pub redelivered: u64,
     pub latency_us: Histogram,
+    pub priority_inversions: u64,
 }
 
 impl Verdict {
@@ -354,6 +373,7 @@ pub fn judge(tallies: &[Tally], expected: &Expected) -> Verdict {
         v.bytes += t.bytes;
         v.duplicated += t.duplicated + seen.merge(&t.seen);
         v.out_of_order += t.out_of_order;
+        v.priority_inversions += t.priority_inversions;
         v.corrupt += t.corrupt;
         v.redelivered += t.redelivered;
         v.latency_us.merge(&t.latency_us);
@@ -562,5 +582,54 @@ mod tests {
         }
         hist.record(u64::MAX);
         assert_eq!(hist.max(), u64::MAX);
+    }
+
+    #[test]
+    fn priorities_are_checked_in_order_per_priority_and_across_them() {
+        let priorities = 4;
+        let mut in_priority_order: Vec<u64> = (0..100).collect();
+        in_priority_order.sort_by_key(|&seq| {
+            (
+                std::cmp::Reverse(crate::message::priority_of(seq, priorities)),
+                seq,
+            )
+        });
+        let mut good = Tally {
+            priorities,
+            ..Tally::default()
+        };
+        for &seq in &in_priority_order {
+            good.record_header(
+                Header {
+                    producer: 0,
+                    seq,
+                    sent_ns: 0,
+                },
+                0,
+            );
+        }
+        assert_eq!((good.out_of_order, good.priority_inversions), (0, 0));
+        let mut fifo = Tally {
+            priorities,
+            ..Tally::default()
+        };
+        for seq in 0..100 {
+            fifo.record_header(
+                Header {
+                    producer: 0,
+                    seq,
+                    sent_ns: 0,
+                },
+                0,
+            );
+        }
+        assert_eq!(
+            fifo.out_of_order, 0,
+            "each priority's messages are still in order"
+        );
+        assert!(
+            fifo.priority_inversions > 0,
+            "publish order is not priority order"
+        );
     }
 }

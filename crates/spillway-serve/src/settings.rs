@@ -18,6 +18,10 @@ use std::time::Duration;
 use serde::Deserialize;
 use spillway_gateway::GatewayConfig;
 
+/// The largest `gateway.max_message_size`: RabbitMQ's own limit (512 MiB).
+/// The engine keeps a queued body's size in 32 bits.
+const MAX_MESSAGE_SIZE_LIMIT: u64 = 512 * 1024 * 1024;
+
 pub mod aliases;
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -1252,10 +1256,10 @@ impl Settings {
             "within gateway.min_heartbeat and gateway.max_heartbeat (0 = off only without a maximum)",
         );
         check(
-            gateway.max_message_size >= 1,
+            (1..=MAX_MESSAGE_SIZE_LIMIT).contains(&gateway.max_message_size),
             "gateway.max_message_size",
             &gateway.max_message_size,
-            "at least 1 byte",
+            "from 1 byte to 512 MiB (RabbitMQ's limit)",
         );
         check(
             !gateway.handshake_timeout.is_zero(),
@@ -2085,7 +2089,7 @@ mod tests {
                     .to_string(),
                 format!("`gateway.channel_max` = 0 (in {file}) is out of range: 1 to 65535"),
                 format!(
-                    "`gateway.max_message_size` = 0 (in {file}) is out of range: at least 1 byte"
+                    "`gateway.max_message_size` = 0 (in {file}) is out of range: from 1 byte to 512 MiB (RabbitMQ's limit)"
                 ),
                 format!("`gateway.handshake_timeout` = 0 (in {file}) is out of range: more than 0"),
                 format!(

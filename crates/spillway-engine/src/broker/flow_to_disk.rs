@@ -263,7 +263,7 @@ impl Broker {
             if entry.message.is_some() || entry.loading {
                 continue;
             }
-            if !ids.is_empty() && bytes + entry.body_size > BATCH_BYTES as u64 {
+            if !ids.is_empty() && bytes + entry.body_size() > BATCH_BYTES as u64 {
                 let _ = loads.send(LoadRequest {
                     vhost: vhost.to_string(),
                     queue: queue_name.to_string(),
@@ -274,7 +274,7 @@ impl Broker {
             }
             entry.loading = true;
             ids.push(entry.id);
-            bytes += entry.body_size;
+            bytes += entry.body_size();
             if ids.len() == LOAD_CHUNK {
                 let _ = loads.send(LoadRequest {
                     vhost: vhost.to_string(),
@@ -332,9 +332,9 @@ impl Broker {
                 continue;
             }
             if let Some(entry) = queue.messages.remove(position) {
-                queue.ready_bytes -= entry.body_size;
+                queue.ready_bytes -= entry.body_size();
                 queue.spilled_count -= 1;
-                queue.spilled_bytes -= entry.body_size;
+                queue.spilled_bytes -= entry.body_size();
                 lost.push(entry.id);
             }
         }

@@ -193,16 +193,11 @@ impl Broker {
 /// until a consumer needs it. Shared until recovery completes (see the
 /// module's documentation).
 fn recovered(entry: QueueEntry) -> QueuedMessage {
-    QueuedMessage {
-        id: entry.id,
-        priority: entry.priority.min(u32::from(u8::MAX)) as u8,
-        message: None,
-        body_size: entry.body_size,
-        delivery_count: entry.delivery_count,
-        redelivered: entry.redelivered,
-        persistent: true,
-        shared: true,
-        loading: false,
-        expires_at: entry.expires_at_ms,
-    }
+    let mut queued = QueuedMessage::stored(entry.id, entry.body_size);
+    queued.priority = entry.priority.min(u32::from(u8::MAX)) as u8;
+    queued.delivery_count = entry.delivery_count;
+    queued.redelivered = entry.redelivered;
+    queued.shared = true;
+    queued.expires_at = entry.expires_at_ms;
+    queued
 }

@@ -226,7 +226,7 @@ impl Broker {
                         vhost: vhost.to_string(),
                         queue: unacked.queue.clone(),
                         id: entry.id,
-                        body_size: entry.body_size,
+                        body_size: entry.body_size(),
                         redelivered: true,
                         delivery_count: entry.delivery_count,
                         expires_at_ms: entry.expires_at,

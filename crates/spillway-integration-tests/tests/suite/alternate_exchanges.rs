@@ -12,7 +12,9 @@
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Confirmation, ExchangeKind};
-use spillway_integration_tests::amqp::{fanout_to_queue, get, message_count, s, table, text};
+use spillway_integration_tests::amqp::{
+    amqp_code, fanout_to_queue, get, message_count, s, table, text,
+};
 use spillway_integration_tests::{both_wirings, Sandbox};
 
 both_wirings!(
@@ -76,13 +78,6 @@ async fn returned(ch: &Channel, exchange: &str, key: &str, body: &[u8]) -> anyho
     match confirmation {
         Confirmation::Ack(returned) => Ok(returned.is_some()),
         other => anyhow::bail!("publish not acked: {other:?}"),
-    }
-}
-
-fn code(error: &lapin::Error) -> Option<u16> {
-    match error.kind() {
-        lapin::ErrorKind::ProtocolError(e) => Some(e.get_id()),
-        _ => None,
     }
 }
 
@@ -206,7 +201,7 @@ async fn the_argument_is_checked_and_must_be_repeated(sb: &mut Sandbox) -> anyho
         )
         .await
         .expect_err("an alternate-exchange that is not a string is refused");
-    assert_eq!(code(&refused), Some(406));
+    assert_eq!(amqp_code(&refused), Some(406));
 
     let ch = conn.create_channel().await?;
     declare_exchange(&ch, "ae.kept", ExchangeKind::Fanout, Some("ae.one")).await?;
@@ -221,7 +216,7 @@ async fn the_argument_is_checked_and_must_be_repeated(sb: &mut Sandbox) -> anyho
         )
         .await
         .expect_err("a redeclare naming another alternate is refused");
-    assert_eq!(code(&refused), Some(406));
+    assert_eq!(amqp_code(&refused), Some(406));
     let ch = conn.create_channel().await?;
     let refused = ch
         .exchange_declare(
@@ -232,7 +227,7 @@ async fn the_argument_is_checked_and_must_be_repeated(sb: &mut Sandbox) -> anyho
         )
         .await
         .expect_err("a redeclare leaving the alternate out is refused");
-    assert_eq!(code(&refused), Some(406));
+    assert_eq!(amqp_code(&refused), Some(406));
     Ok(())
 }
 

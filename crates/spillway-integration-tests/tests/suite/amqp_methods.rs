@@ -9,6 +9,7 @@ use futures::StreamExt;
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ExchangeKind};
+use spillway_integration_tests::amqp::amqp_code;
 use spillway_integration_tests::{both_wirings, eventually, publish, Component, Sandbox, Wiring};
 
 both_wirings!(
@@ -75,13 +76,6 @@ async fn bodies_via_get(ch: &Channel, queue: &str) -> anyhow::Result<Vec<Vec<u8>
         out.push(message.delivery.data.clone());
     }
     Ok(out)
-}
-
-fn amqp_code(error: &lapin::Error) -> Option<u16> {
-    match error.kind() {
-        lapin::ErrorKind::ProtocolError(e) => Some(e.get_id()),
-        _ => None,
-    }
 }
 
 async fn publish_consume_keeps_properties_and_order(sb: &mut Sandbox) -> anyhow::Result<()> {

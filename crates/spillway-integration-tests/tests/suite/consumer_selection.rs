@@ -16,7 +16,7 @@ use lapin::message::Delivery;
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, Consumer};
-use spillway_integration_tests::amqp::{s, table, text};
+use spillway_integration_tests::amqp::{amqp_code, s, table, text};
 use spillway_integration_tests::{both_wirings, eventually, next_delivery, publish, Sandbox};
 use spillway_proto::management as m;
 
@@ -28,13 +28,6 @@ both_wirings!(
 );
 
 const QUIET: Duration = Duration::from_millis(300);
-
-fn code(error: &lapin::Error) -> Option<u16> {
-    match error.kind() {
-        lapin::ErrorKind::ProtocolError(e) => Some(e.get_id()),
-        _ => None,
-    }
-}
 
 async fn consume(
     conn: &Connection,
@@ -156,7 +149,7 @@ async fn a_consumer_priority_must_be_an_integer(sb: &mut Sandbox) -> anyhow::Res
         )
         .await
         .expect_err("a string x-priority is refused");
-    assert_eq!(code(&refused), Some(406));
+    assert_eq!(amqp_code(&refused), Some(406));
 
     let ch = conn.create_channel().await?;
     let refused = ch
@@ -167,7 +160,7 @@ async fn a_consumer_priority_must_be_an_integer(sb: &mut Sandbox) -> anyhow::Res
         )
         .await
         .expect_err("a string x-single-active-consumer is refused");
-    assert_eq!(code(&refused), Some(406));
+    assert_eq!(amqp_code(&refused), Some(406));
     Ok(())
 }
 

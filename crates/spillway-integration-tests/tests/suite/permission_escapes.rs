@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
-use spillway_integration_tests::amqp::{declare, get, message_count, s, table, text};
+use spillway_integration_tests::amqp::{amqp_code, declare, get, message_count, s, table, text};
 use spillway_integration_tests::{both_wirings, publish, Management, Sandbox};
 use spillway_proto::management as m;
 
@@ -36,13 +36,6 @@ both_wirings!(
     a_password_guesser_is_slowed_and_the_user_still_gets_in,
     deleting_the_stored_guest_removes_it_from_management_too,
 );
-
-fn amqp_code(error: &lapin::Error) -> Option<u16> {
-    match error.kind() {
-        lapin::ErrorKind::ProtocolError(e) => Some(e.get_id()),
-        _ => None,
-    }
-}
 
 /// RabbitMQ's words for a refused operation.
 fn refused(kind: &str, name: &str, user: &str) -> String {

@@ -13,7 +13,7 @@ use futures::StreamExt;
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel};
-use spillway_integration_tests::amqp::{get, s, table, text};
+use spillway_integration_tests::amqp::{amqp_code, get, s, table, text};
 use spillway_integration_tests::{both_wirings, eventually, Sandbox, Wiring};
 use spillway_proto::management as m;
 
@@ -26,13 +26,6 @@ both_wirings!(
 );
 
 const MIB: u64 = 1 << 20;
-
-fn code(error: &lapin::Error) -> Option<u16> {
-    match error.kind() {
-        lapin::ErrorKind::ProtocolError(e) => Some(e.get_id()),
-        _ => None,
-    }
-}
 
 fn max_priority(max: i64) -> FieldTable {
     table(&[("x-max-priority", AMQPValue::LongLongInt(max))])
@@ -170,7 +163,7 @@ async fn the_maximum_is_checked_as_rabbitmq_checks_it(wiring: Wiring) -> anyhow:
             )
             .await
             .expect_err("refused");
-        assert_eq!(code(&refused), Some(406), "{name}");
+        assert_eq!(amqp_code(&refused), Some(406), "{name}");
     }
     let ch = conn.create_channel().await?;
     declare(&ch, "prio.kept", false, 255).await?;
@@ -183,7 +176,7 @@ async fn the_maximum_is_checked_as_rabbitmq_checks_it(wiring: Wiring) -> anyhow:
         )
         .await
         .expect_err("a redeclare with another maximum is refused");
-    assert_eq!(code(&refused), Some(406));
+    assert_eq!(amqp_code(&refused), Some(406));
     Ok(())
 }
 

@@ -25,7 +25,7 @@ use futures::StreamExt;
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection};
-use spillway_integration_tests::amqp::{get, message_count, s, table, WAIT};
+use spillway_integration_tests::amqp::{amqp_code, get, message_count, s, table, WAIT};
 use spillway_integration_tests::{both_wirings, eventually, publish, Sandbox};
 use spillway_proto::management::ListQueuesRequest;
 
@@ -40,13 +40,6 @@ both_wirings!(
     immediate_publish_closes_the_connection_with_540,
     unbinding_or_deleting_what_is_gone_answers_ok,
 );
-
-fn amqp_code(error: &lapin::Error) -> Option<u16> {
-    match error.kind() {
-        lapin::ErrorKind::ProtocolError(e) => Some(e.get_id()),
-        _ => None,
-    }
-}
 
 async fn declare_auto_delete(ch: &Channel, name: &str, durable: bool) -> anyhow::Result<()> {
     ch.queue_declare(

@@ -16,7 +16,7 @@ use futures::StreamExt;
 use lapin::options::*;
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
-use spillway_integration_tests::amqp::{self, get, s};
+use spillway_integration_tests::amqp::{self, amqp_code, get, s};
 use spillway_integration_tests::{eventually, Sandbox, Wiring};
 use spillway_proto::management::SetTransactionTimeoutsRequest;
 
@@ -89,13 +89,6 @@ async fn drain(conn: &Connection, queue: &str) -> anyhow::Result<Vec<Vec<u8>>> {
     }
     ch.close(200, s("bye")).await?;
     Ok(bodies)
-}
-
-fn code(error: &lapin::Error) -> Option<u16> {
-    match error.kind() {
-        lapin::ErrorKind::ProtocolError(e) => Some(e.get_id()),
-        _ => None,
-    }
 }
 
 /// A consumer whose stream ends with the connection's close: how a lapin
@@ -353,13 +346,13 @@ async fn commit_without_select_and_mixing_with_confirms_are_refused(
     let conn = sb.connect().await?;
     let ch = conn.create_channel().await?;
     let error = ch.tx_commit().await.expect_err("commit without select");
-    anyhow::ensure!(code(&error) == Some(406), "{error}");
+    anyhow::ensure!(amqp_code(&error) == Some(406), "{error}");
     anyhow::ensure!(error.to_string().contains("not transactional"), "{error}");
 
     let ch = conn.create_channel().await?;
     ch.confirm_select(ConfirmSelectOptions::default()).await?;
     let error = ch.tx_select().await.expect_err("tx on a confirm channel");
-    anyhow::ensure!(code(&error) == Some(406), "{error}");
+    anyhow::ensure!(amqp_code(&error) == Some(406), "{error}");
 
     let ch = conn.create_channel().await?;
     ch.tx_select().await?;
@@ -367,7 +360,7 @@ async fn commit_without_select_and_mixing_with_confirms_are_refused(
         .confirm_select(ConfirmSelectOptions::default())
         .await
         .expect_err("confirms on a tx channel");
-    anyhow::ensure!(code(&error) == Some(406), "{error}");
+    anyhow::ensure!(amqp_code(&error) == Some(406), "{error}");
     conn.close(200, s("bye")).await?;
     Ok(())
 }
@@ -391,7 +384,7 @@ async fn unroutable_mandatory_in_a_transaction_closes_the_connection(
     )
     .await?;
     let error = closed_by_broker(&conn, &mut watching, WAIT).await?;
-    anyhow::ensure!(code(&error) == Some(312), "{error}");
+    anyhow::ensure!(amqp_code(&error) == Some(312), "{error}");
     anyhow::ensure!(error.to_string().contains("No route"), "{error}");
     Ok(())
 }
@@ -475,7 +468,7 @@ async fn a_transaction_past_max_transaction_bytes_closes_the_channel(
         Some(Err(error)) => error,
         other => anyhow::bail!("the channel's consumer saw {other:?}, not its close"),
     };
-    anyhow::ensure!(code(&error) == Some(406), "{error}");
+    anyhow::ensure!(amqp_code(&error) == Some(406), "{error}");
     let text = error.to_string();
     anyhow::ensure!(
         text.contains("PRECONDITION_FAILED") && text.contains("engine.max_transaction_bytes"),
@@ -565,7 +558,7 @@ async fn an_open_transaction_times_out_with_506(wiring: Wiring) -> anyhow::Resul
         None => closed_by_broker(&conn, &mut watching, WAIT).await?,
     };
     let elapsed = started.elapsed();
-    anyhow::ensure!(code(&error) == Some(506), "{error}");
+    anyhow::ensure!(amqp_code(&error) == Some(506), "{error}");
     anyhow::ensure!(
         error.to_string().contains("Open transaction timed out"),
         "{error}"
@@ -615,7 +608,7 @@ async fn an_idle_transaction_times_out_with_506(wiring: Wiring) -> anyhow::Resul
     publish(&ch, "tx-idle", b"left", BasicProperties::default()).await?;
     let error = closed_by_broker(&conn, &mut watching, WAIT).await?;
     let elapsed = started.elapsed();
-    anyhow::ensure!(code(&error) == Some(506), "{error}");
+    anyhow::ensure!(amqp_code(&error) == Some(506), "{error}");
     anyhow::ensure!(
         error.to_string().contains("Idle transaction timed out"),
         "{error}"
