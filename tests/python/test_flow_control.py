@@ -39,6 +39,7 @@ def rss_bytes(broker) -> int:
     return total
 
 
+@pytest.mark.spillway_only  # Qpid's queue capacities: RabbitMQ ignores them
 def test_blocked_then_unblocked_once_a_consumer_drains(broker, names, ch):
     q = capped(names, ch)
     producer = broker.connect()
@@ -96,6 +97,7 @@ def test_blocked_then_unblocked_once_a_consumer_drains(broker, names, ch):
     consumer.close()
 
 
+@pytest.mark.spillway_only  # Qpid's queue capacities: RabbitMQ ignores them
 def test_blocked_connection_timeout_closes_the_connection(broker, names, ch):
     """pika's blocked_connection_timeout: blocked for longer than it, pika closes the
     connection itself and raises ConnectionBlockedTimeout."""
@@ -116,6 +118,7 @@ def test_blocked_connection_timeout_closes_the_connection(broker, names, ch):
     ch.queue_purge(q)
 
 
+@pytest.mark.spillway_only  # Qpid's queue capacities: RabbitMQ ignores them
 def test_a_producer_that_ignores_the_block_is_held_with_memory_bounded(broker, names, ch):
     """pika keeps writing while blocked; the gateway lets it spend its overdraft, then stops
     reading its socket. Aiming for 1 GiB into a 1 MiB queue, it gets nowhere near, and the
