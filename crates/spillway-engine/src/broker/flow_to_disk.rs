@@ -144,6 +144,13 @@ impl Broker {
         // write lands: queued payloads share what is left of the threshold.
         let threshold = threshold.saturating_sub(entries + unacked + self.budget.spill_reserve());
         let mut spill = Spill::default();
+        // What this pass may put on its way to the store: payloads in
+        // flight are still in memory until their write lands, so a pass
+        // that spilled a whole resident set at once would double it.
+        let mut write_room = self
+            .budget
+            .spill_window()
+            .saturating_sub(self.budget.in_flight_bytes());
         let now = self.clock.now();
         let Self {
             vhosts,
@@ -156,10 +163,19 @@ impl Broker {
         for queue in vhosts.values_mut().flat_map(|v| v.queues.values_mut()) {
             let share = u128::from(threshold) * u128::from(queue_weight(queue)) / u128::from(total);
             queue.target_bytes = u64::try_from(share).unwrap_or(u64::MAX);
+            if queue.max_priority() > 0 {
+                // A priority queue keeps only its read-ahead resident: what
+                // it would keep besides is its highest priorities' oldest
+                // payloads, allocated among every priority's, and the pages
+                // they pin once their neighbours are spilled cost the
+                // process more than the payloads (performance.md). What
+                // read-ahead brings back is allocated afresh, together.
+                queue.target_bytes = queue.target_bytes.min(READ_AHEAD_BYTES);
+            }
             if queue.resident_bytes <= queue.target_bytes {
                 continue;
             }
-            spill_tail(queue, &mut spill);
+            spill_tail(queue, &mut spill, &mut write_room);
             if spill.bytes >= SPILL_CHUNK_BYTES {
                 submit_spill(persist, &mut spill);
             }
@@ -486,10 +502,12 @@ fn queue_weight(queue: &Queue) -> u64 {
     queue.ready_bytes + queue.messages.len() as u64
 }
 
+/// What read-ahead keeps resident (or loading) ahead of a queue's consumers.
+const READ_AHEAD_BYTES: u64 = 4 << 20;
+
 /// How many messages from the head a queue keeps resident (or loading) for
 /// its consumers: `READ_AHEAD_BYTES` worth at the queue's average size.
 pub(crate) fn read_ahead_window(queue: &Queue) -> u64 {
-    const READ_AHEAD_BYTES: u64 = 4 << 20;
     let count = queue.messages.len() as u64;
     if count == 0 {
         return READ_AHEAD_MIN_MESSAGES;
@@ -499,8 +517,9 @@ pub(crate) fn read_ahead_window(queue: &Queue) -> u64 {
 }
 
 /// Spills from the tail until the queue is within its target, leaving the
-/// read-ahead region alone.
-fn spill_tail(queue: &mut Queue, spill: &mut Spill) {
+/// read-ahead region alone, and writing at most `write_room` bytes (what is
+/// left over target goes at the next pass).
+fn spill_tail(queue: &mut Queue, spill: &mut Spill, write_room: &mut u64) {
     let mut position = queue.messages.count_below(queue.spilled_from);
     let mut tail_spilled = true;
     while position > 0 && queue.resident_bytes > queue.target_bytes {
@@ -512,7 +531,14 @@ fn spill_tail(queue: &mut Queue, spill: &mut Spill) {
         if rank < queue.read_ahead_until {
             break;
         }
-        if entry.message.is_some() {
+        if let Some(message) = &entry.message {
+            if message.stored_seq() == 0 {
+                let size = message.accounted_size();
+                if size > *write_room {
+                    break;
+                }
+                *write_room -= size;
+            }
             spill_entry(queue, position, spill);
         }
         let spilled = queue
