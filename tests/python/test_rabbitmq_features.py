@@ -265,3 +265,33 @@ def test_what_rabbitmq_does_not_implement_is_refused_alike(broker, method, text)
     finally:
         if conn.is_open:
             conn.close()
+
+
+def test_aio_pika_rpc_pattern_and_its_teardown(broker):
+    """aio-pika's RPC pattern end to end: a call and its answer, then closing it, which
+    cancels the reply consumer (deleting its auto-delete queue) and then unbinds that queue;
+    RabbitMQ answers the unbind of what is gone with ok, and so must Spillway (it used to
+    close the channel with 404, failing about 40 of aio-pika's own tests)."""
+    import asyncio
+
+    import aio_pika
+    from aio_pika.patterns import RPC
+
+    async def multiply(*, x, y):
+        return x * y
+
+    async def scenario():
+        connection = await aio_pika.connect(broker.url, timeout=10)
+        async with connection:
+            channel = await connection.channel()
+            rpc = await RPC.create(channel)
+            await rpc.register("spillway.multiply", multiply, auto_delete=True)
+            results = [await rpc.proxy.spillway.multiply(x=n, y=7) for n in range(3)]
+            await rpc.close()
+            # The channel survived the teardown: it still answers.
+            queue = await channel.declare_queue(exclusive=True)
+            return results, queue.name, channel.is_closed
+
+    results, name, closed = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert results == [0, 7, 14]
+    assert name and not closed
