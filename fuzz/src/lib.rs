@@ -1268,6 +1268,13 @@ pub struct Seed {
 }
 
 /// The seeds under `fuzz/corpus-seeds/`, made with amq-protocol's encoder.
+/// Headers for the priority seed: one entry before the priority to skip.
+fn headers_for_priority() -> FieldTable {
+    let mut headers = FieldTable::default();
+    headers.insert("k".into(), AMQPValue::LongString("v".into()));
+    headers
+}
+
 pub fn seeds() -> Vec<Seed> {
     let guest_plain = start_ok("PLAIN", b"\0guest\0guest", FieldTable::default());
     let mut login = Vec::new();
@@ -1403,6 +1410,16 @@ pub fn seeds() -> Vec<Seed> {
     deep_start_ok.extend_from_slice(&deep);
     let mut header = vec![0, 60, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, 0x20, 0];
     header.extend_from_slice(&fine);
+    // A property list with the fields before `priority` that the engine's
+    // hand reader skips (content type, headers, delivery mode).
+    let mut priority_header = vec![0, 60, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5];
+    priority_header.extend_from_slice(&encoded_properties(
+        &basic::AMQPProperties::default()
+            .with_content_type("text/plain".into())
+            .with_headers(headers_for_priority())
+            .with_delivery_mode(2)
+            .with_priority(7),
+    ));
     let mut deep_frames = vec![2, 0];
     deep_frames.extend_from_slice(&frame(FRAME_METHOD, 0, &deep_start_ok));
     deep_frames.extend_from_slice(&frame(FRAME_HEARTBEAT, 0, &[]));
@@ -1493,6 +1510,12 @@ pub fn seeds() -> Vec<Seed> {
             target: "tables",
             name: "content-header",
             bytes: with(2, &header),
+            expect: "ContentHeader(Ok(()))",
+        },
+        Seed {
+            target: "tables",
+            name: "content-header-priority",
+            bytes: with(2, &priority_header),
             expect: "ContentHeader(Ok(()))",
         },
         Seed {
