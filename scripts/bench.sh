@@ -426,6 +426,12 @@ start_spillway_compressed() {
         start_spillway_all_in_one
 }
 
+# spill_completed RESULTS: the Spillway run of a bench-flow-to-disk results file completed.
+spill_completed() {
+    [ -f "$1" ] && [ "$(jq -s '[.[] | select(.kind == "run" and .target == "spill")] |
+        (length > 0 and all(.ok))' "$1" 2>/dev/null)" = true ]
+}
+
 # run_backlog: case d, through scripts/bench-flow-to-disk.sh (a fresh broker per run, its own
 # temp dir and traps): Spillway all-in-one with the loadgen's prefetch and RabbitMQ, then
 # Spillway with no prefetch (the consumers take every delivery the broker sends unacked).
@@ -453,9 +459,16 @@ run_backlog() {
             BENCH_FTD_RABBITMQ_WATERMARK="$BENCH_BACKLOG_THRESHOLD" BENCH_FTD_RESULTS="$results" \
             BENCH_FTD_LOADGEN_ARGS="--client $BENCH_CLIENT $extra $BENCH_LOADGEN_ARGS" \
             "$ROOT/scripts/bench-flow-to-disk.sh" >"$SPW_WORKDIR/backlog-$pass.out"; then
-            log "backlog ($pass): a run failed; its output:"
-            cat "$SPW_WORKDIR/backlog-$pass.out" >&2
-            FAILED=1
+            if [ "$pass" = priorities ] && spill_completed "$results"; then
+                # RabbitMQ 3.10's priority queues do not page out enough to get under
+                # the watermark: its publishers stay blocked and the run stalls. That
+                # is a figure of this case, not a failure of the benchmark.
+                log "backlog ($pass): RabbitMQ did not complete (publishers blocked for good)"
+            else
+                log "backlog ($pass): a run failed; its output:"
+                cat "$SPW_WORKDIR/backlog-$pass.out" >&2
+                FAILED=1
+            fi
         fi
         [ -f "$results" ] || continue
         while IFS= read -r line; do
@@ -470,7 +483,9 @@ run_backlog() {
                  (.drain_msg_s | f),
                  (if .broker_cpu_s == null then "-" else (.broker_cpu_s * 1e6 / .messages * 10 | floor / 10 | tostring) end),
                  (.peak_rss_publish_bytes | mib), (.peak_rss_drain_bytes | mib), (.lost | f),
-                 (if .ok then "" else "FAILED" end)] | join("|")' <<<"$line")")
+                 (if .ok then ""
+                  elif $pass == "priorities" and .target == "rabbitmq" then "stalled: publishers blocked"
+                  else "FAILED" end)] | join("|")' <<<"$line")")
             cat >>"$BENCH_RESULTS" <<<"$line"
         done < <(grep '"kind":"run"' "$results")
     done
