@@ -18,6 +18,15 @@ pub const CONSUMER_PRIORITY: &str = "x-priority";
 use crate::model::{DeadLetterTarget, Overflow, QueueLimits};
 use crate::routing::{as_integer, values_equal};
 
+/// A queue argument refused as RabbitMQ refuses it (406): `invalid arg
+/// '{arg}' for queue '{queue}' in vhost '{vhost}': {why}`.
+fn invalid_queue_arg(arg: &str, queue: &str, vhost: &str, why: &str) -> AmqpError {
+    AmqpError::invalid_argument(
+        reply_code::PRECONDITION_FAILED,
+        format!("invalid arg '{arg}' for queue '{queue}' in vhost '{vhost}': {why}"),
+    )
+}
+
 /// Reads and checks `x-max-length`, `x-max-length-bytes`, `x-overflow`,
 /// Qpid's flow-control limits and the delivery limits.
 pub(super) fn queue_limits(
@@ -120,12 +129,7 @@ pub(super) fn check_queue_type(
     let Some(value) = arguments.inner().get("x-queue-type") else {
         return Ok(());
     };
-    let refuse = |why: &str| {
-        AmqpError::invalid_argument(
-            reply_code::PRECONDITION_FAILED,
-            format!("invalid arg 'x-queue-type' for queue '{queue}' in vhost '{vhost}': {why}"),
-        )
-    };
+    let refuse = |why: &str| invalid_queue_arg("x-queue-type", queue, vhost, why);
     let AMQPValue::LongString(kind) = value else {
         return Err(refuse(&format!(
             "\"expected longstr, got {}\"",
@@ -178,12 +182,7 @@ fn ttl_argument(
     let Some(value) = arguments.inner().get(arg) else {
         return Ok(None);
     };
-    let refuse = |why: String| {
-        AmqpError::invalid_argument(
-            reply_code::PRECONDITION_FAILED,
-            format!("invalid arg '{arg}' for queue '{queue}' in vhost '{vhost}': {why}"),
-        )
-    };
+    let refuse = |why: String| invalid_queue_arg(arg, queue, vhost, &why);
     let n = match value {
         AMQPValue::Timestamp(_) => None,
         other => as_integer(other),
@@ -216,12 +215,7 @@ pub(super) fn max_priority(
     let Some(value) = arguments.inner().get(MAX_PRIORITY) else {
         return Ok(0);
     };
-    let refuse = |why: String| {
-        AmqpError::invalid_argument(
-            reply_code::PRECONDITION_FAILED,
-            format!("invalid arg '{MAX_PRIORITY}' for queue '{queue}' in vhost '{vhost}': {why}"),
-        )
-    };
+    let refuse = |why: String| invalid_queue_arg(MAX_PRIORITY, queue, vhost, &why);
     let Some(n) = as_integer(value) else {
         return Err(refuse(format!(
             "\"expected integer, got {}\"",
@@ -248,13 +242,11 @@ pub(super) fn single_active_consumer(
     match arguments.inner().get(SINGLE_ACTIVE_CONSUMER) {
         None => Ok(false),
         Some(AMQPValue::Boolean(on)) => Ok(*on),
-        Some(other) => Err(AmqpError::invalid_argument(
-            reply_code::PRECONDITION_FAILED,
-            format!(
-                "invalid arg '{SINGLE_ACTIVE_CONSUMER}' for queue '{queue}' in vhost '{vhost}': \
-                 {{unacceptable_type,{}}}",
-                rabbit_type_name(other)
-            ),
+        Some(other) => Err(invalid_queue_arg(
+            SINGLE_ACTIVE_CONSUMER,
+            queue,
+            vhost,
+            &format!("{{unacceptable_type,{}}}", rabbit_type_name(other)),
         )),
     }
 }
@@ -400,12 +392,7 @@ pub(super) fn dead_letter_target(
     queue: &str,
     vhost: &str,
 ) -> OpResult<Option<DeadLetterTarget>> {
-    let invalid = |arg: &str, why: &str| {
-        AmqpError::invalid_argument(
-            reply_code::PRECONDITION_FAILED,
-            format!("invalid arg '{arg}' for queue '{queue}' in vhost '{vhost}': {why}"),
-        )
-    };
+    let invalid = |arg: &str, why: &str| invalid_queue_arg(arg, queue, vhost, why);
     let text = |arg: &str| -> OpResult<Option<String>> {
         match arguments.inner().get(arg) {
             None => Ok(None),
@@ -425,12 +412,9 @@ pub(super) fn dead_letter_target(
             exchange,
             routing_key,
         })),
-        (None, Some(_)) => Err(AmqpError::invalid_argument(
-            reply_code::PRECONDITION_FAILED,
-            format!(
-                "invalid arg 'x-dead-letter-routing-key' for queue '{queue}' in vhost '{vhost}': \
-                 Key x-dead-letter-routing-key should be specified together with x-dead-letter-exchange"
-            ),
+        (None, Some(_)) => Err(invalid(
+            "x-dead-letter-routing-key",
+            "Key x-dead-letter-routing-key should be specified together with x-dead-letter-exchange",
         )),
         (None, None) if qpid_dlq => Ok(Some(DeadLetterTarget {
             exchange: dead_letter_exchange_name(queue),

@@ -471,16 +471,7 @@ async fn engine_failover(group: &mut GroupSandbox) -> anyhow::Result<()> {
         for batch in unconfirmed.chunks(50) {
             let mut confirms = Vec::new();
             for seq in batch {
-                match channel
-                    .basic_publish(
-                        "".into(),
-                        QUEUE.into(),
-                        BasicPublishOptions::default(),
-                        &seq.to_be_bytes(),
-                        BasicProperties::default().with_delivery_mode(2),
-                    )
-                    .await
-                {
+                match publish_persistent(&channel, *seq).await {
                     Ok(confirm) => confirms.push((*seq, confirm)),
                     Err(_) => break,
                 }
