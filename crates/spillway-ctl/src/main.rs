@@ -26,6 +26,7 @@ use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+mod policies;
 mod users;
 
 #[derive(Parser)]
@@ -129,6 +130,14 @@ enum Command {
     /// What users may configure, write and read in a vhost (--vhost).
     #[command(subcommand)]
     Permissions(users::PermissionsCommand),
+    /// Policies of --vhost (RabbitMQ's set_policy, list_policies,
+    /// clear_policy): settings applied to queues and exchanges by name.
+    #[command(subcommand)]
+    Policy(policies::PolicyCommand),
+    /// Operator policies of --vhost (RabbitMQ's set_operator_policy, ...):
+    /// ceilings on queue settings; the stricter value wins.
+    #[command(subcommand)]
+    OperatorPolicy(policies::PolicyCommand),
     /// The storage group: its members, adding and removing them
     /// (docs/replication.md).
     #[command(subcommand)]
@@ -208,7 +217,9 @@ enum QueueCommand {
         #[command(flatten)]
         arguments: Arguments,
     },
-    /// Definition and status.
+    /// Definition, status, the policies that apply and the arguments in
+    /// force.
+    #[command(visible_alias = "show")]
     Get {
         name: String,
     },
@@ -720,6 +731,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Permissions(command) => {
             users::permissions_command(&mut client, &out, vhost, command).await
         }
+        Command::Policy(command) => {
+            policies::policy_command(&mut client, &out, vhost, false, command).await
+        }
+        Command::OperatorPolicy(command) => {
+            policies::policy_command(&mut client, &out, vhost, true, command).await
+        }
         Command::Storage(command) => {
             let group = match command {
                 StorageCommand::Status => client
@@ -906,7 +923,19 @@ async fn queue_command(
                 .get_queue(m::GetQueueRequest { vhost, name })
                 .await
                 .answer()?;
-            out.print(&q, || queue_table(std::slice::from_ref(&q)))
+            out.print(&q, || {
+                let show = |name: &str| match name {
+                    "" => "none".to_string(),
+                    name => name.to_string(),
+                };
+                format!(
+                    "{}\npolicy: {}\noperator policy: {}\nin force: {}",
+                    queue_table(std::slice::from_ref(&q)),
+                    show(&q.policy),
+                    show(&q.operator_policy),
+                    map_text(&q.effective_arguments)
+                )
+            })
         }
         QueueCommand::Delete {
             name,
@@ -1180,6 +1209,7 @@ fn queue_table(queues: &[m::Queue]) -> String {
             "bytes",
             "flags",
             "arguments",
+            "policy",
         ],
         queues
             .iter()
@@ -1202,6 +1232,11 @@ fn queue_table(queues: &[m::Queue]) -> String {
                         ("exclusive", q.exclusive),
                     ]),
                     map_text(&q.arguments),
+                    match (q.policy.as_str(), q.operator_policy.as_str()) {
+                        (policy, "") => policy.to_string(),
+                        ("", operator) => format!("operator: {operator}"),
+                        (policy, operator) => format!("{policy}, operator: {operator}"),
+                    },
                 ]
             })
             .collect(),

@@ -34,10 +34,11 @@ use spillway_proto::{EngineAdminApi, ServiceError};
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
 
-use crate::broker::{event, Broker, OpResult, RUNTIME_ARGUMENTS};
+use crate::broker::{event, policy_view, Broker, OpResult, RUNTIME_ARGUMENTS};
 use crate::engine::Engine;
 use crate::model::{Destination, QueuedMessage, SessionId};
 use crate::persistence::{await_written, store_op};
+use crate::policy::Policy;
 use crate::queue::Queue;
 use crate::routing::as_integer;
 use crate::stats::QueueStats;
@@ -179,6 +180,7 @@ fn exchange_view(vhost: &str, exchange: &crate::exchange::Exchange) -> m::Exchan
         internal: exchange.internal,
         arguments: argument_map(&exchange.arguments),
         builtin: exchange.is_builtin(),
+        policy: exchange.policy.clone().unwrap_or_default(),
     }
 }
 
@@ -190,6 +192,14 @@ fn queue_view(vhost: &str, queue: &Queue, stats: Option<&QueueStats>) -> m::Queu
         auto_delete: queue.auto_delete,
         exclusive: queue.exclusive_owner.is_some(),
         arguments: argument_map(&queue.arguments),
+        policy: queue.policy.clone().unwrap_or_default(),
+        operator_policy: queue.operator_policy.clone().unwrap_or_default(),
+        effective_arguments: argument_map(
+            queue
+                .effective_arguments
+                .as_ref()
+                .unwrap_or(&queue.arguments),
+        ),
         status: Some(m::QueueStatus {
             messages: queue.messages.len() as u64,
             unacked: stats.map(|s| s.unacked).unwrap_or_default(),
@@ -417,6 +427,21 @@ impl EngineAdminApi for Engine {
         let (done, written) = oneshot::channel();
         {
             let mut broker = self.shared.broker.lock();
+            // Its policies go with it.
+            let policies: Vec<WriteOp> = broker
+                .vhosts
+                .get(&request.name)
+                .map(|vhost| {
+                    vhost
+                        .policies
+                        .iter()
+                        .chain(vhost.operator_policies.iter())
+                        .map(|policy| {
+                            store_op(write_op::Op::DeletePolicy(policy.definition(&request.name)))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
             broker.vhosts.remove(&request.name);
             broker.limits.forget_vhost(&request.name);
             let mut ops = vec![store_op(write_op::Op::DeleteVhost(
@@ -424,6 +449,7 @@ impl EngineAdminApi for Engine {
                     name: request.name.clone(),
                 },
             ))];
+            ops.extend(policies);
             // Nobody keeps permissions in a vhost that is gone.
             ops.extend(crate::access_admin::forget_vhost(
                 &self.shared,
@@ -900,6 +926,72 @@ impl EngineAdminApi for Engine {
         Ok(crate::access_admin::list_permissions(&self.shared, request))
     }
 
+    async fn set_policy(&self, request: m::SetPolicyRequest) -> Result<m::Policy, ServiceError> {
+        let wanted = request
+            .policy
+            .ok_or_else(|| ServiceError::InvalidArgument("policy is required".into()))?;
+        let policy = Policy::new(
+            &wanted.name,
+            wanted.operator,
+            &wanted.pattern,
+            &wanted.apply_to,
+            wanted.priority,
+            &wanted.definition,
+        )
+        .map_err(|invalid| ServiceError::InvalidArgument(invalid.0))?;
+        let (done, written) = oneshot::channel();
+        let view = {
+            let mut broker = self.shared.broker.lock();
+            let view = policy_view(&wanted.vhost, &policy);
+            let definition = policy.definition(&wanted.vhost);
+            let touched = broker.set_policy(&wanted.vhost, policy)?;
+            // Under the lock: stored in the order of the changes.
+            self.shared.writer.submit_synced(
+                vec![store_op(write_op::Op::PutPolicy(definition))],
+                Some(done),
+            );
+            for queue in touched {
+                broker.dispatch(&wanted.vhost, &queue);
+            }
+            view
+        };
+        await_written(written, "the policy").await?;
+        Ok(view)
+    }
+
+    async fn list_policies(
+        &self,
+        request: m::ListPoliciesRequest,
+    ) -> Result<m::ListPoliciesResponse, ServiceError> {
+        let broker = self.shared.broker.lock();
+        Ok(m::ListPoliciesResponse {
+            policies: broker.list_policies(&request.vhost, request.operator)?,
+        })
+    }
+
+    async fn clear_policy(
+        &self,
+        request: m::ClearPolicyRequest,
+    ) -> Result<m::ClearPolicyResponse, ServiceError> {
+        let (done, written) = oneshot::channel();
+        {
+            let mut broker = self.shared.broker.lock();
+            let (removed, touched) =
+                broker.clear_policy(&request.vhost, &request.name, request.operator)?;
+            self.shared.writer.submit_synced(
+                vec![store_op(write_op::Op::DeletePolicy(
+                    removed.definition(&request.vhost),
+                ))],
+                Some(done),
+            );
+            for queue in touched {
+                broker.dispatch(&request.vhost, &queue);
+            }
+        }
+        await_written(written, "the policy's removal").await?;
+        Ok(m::ClearPolicyResponse {})
+    }
+
     async fn set_transaction_timeouts(
         &self,
         request: m::SetTransactionTimeoutsRequest,
@@ -1039,6 +1131,9 @@ mod runtime {
                 .writer
                 .submit_synced(vec![store_op(write_op::Op::PutQueue(definition))], None);
         }
+        // A policy's keys combine with the new arguments (an operator
+        // policy's capacity stays a ceiling).
+        broker.apply_policies_to_queue(&request.vhost, &request.name);
         tracing::info!(
             vhost = %request.vhost,
             queue = %request.name,

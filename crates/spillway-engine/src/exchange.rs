@@ -5,6 +5,7 @@ use amq_protocol_types::{AMQPValue, FieldTable};
 
 use crate::bindings::Bindings;
 use crate::model::ExchangeKind;
+use crate::policy::Policy;
 
 /// The exchange argument naming the alternate exchange, as RabbitMQ spells it.
 pub const ALTERNATE_EXCHANGE: &str = "alternate-exchange";
@@ -17,6 +18,10 @@ pub struct Exchange {
     pub internal: bool,
     pub arguments: FieldTable,
     pub bindings: Bindings,
+    /// The policy that applies to it, and the alternate exchange that
+    /// policy names (`policy.rs`).
+    pub policy: Option<String>,
+    policy_alternate: Option<String>,
 }
 
 impl Exchange {
@@ -29,16 +34,27 @@ impl Exchange {
             internal: false,
             arguments: FieldTable::default(),
             bindings: Bindings::new(kind),
+            policy: None,
+            policy_alternate: None,
         }
     }
 
+    /// Puts it under a policy (None: no policy applies).
+    pub fn set_policy(&mut self, policy: Option<&Policy>) {
+        self.policy = policy.map(|p| p.name.clone());
+        self.policy_alternate = policy
+            .and_then(Policy::alternate_exchange)
+            .map(str::to_string);
+    }
+
     /// Where messages that match none of this exchange's bindings go: the
-    /// `alternate-exchange` argument (a string, checked at declare).
+    /// `alternate-exchange` argument (a string, checked at declare), else
+    /// the one its policy names (RabbitMQ: the argument wins).
     pub fn alternate_exchange(&self) -> Option<&str> {
-        match self.arguments.inner().get(ALTERNATE_EXCHANGE)? {
-            AMQPValue::LongString(name) => std::str::from_utf8(name.as_bytes()).ok(),
-            AMQPValue::ShortString(name) => Some(name.as_str()),
-            _ => None,
+        match self.arguments.inner().get(ALTERNATE_EXCHANGE) {
+            Some(AMQPValue::LongString(name)) => std::str::from_utf8(name.as_bytes()).ok(),
+            Some(AMQPValue::ShortString(name)) => Some(name.as_str()),
+            _ => self.policy_alternate.as_deref(),
         }
     }
 

@@ -35,7 +35,8 @@
 //!   lower one imports: `routing.rs`, `vhost.rs`, `exchange.rs` and
 //!   `bindings.rs`, `channels.rs` (sessions and channels), `queue.rs` (and
 //!   its ready messages in priority order, `ready.rs`), `transaction.rs`,
-//!   `pacing.rs`, `limits.rs`;
+//!   `pacing.rs`, `limits.rs`, and policies (`policy.rs`: what one is, what
+//!   it matches, how its keys combine with a queue's arguments);
 //! - at the bottom, plain data (`model.rs`), the memory budget
 //!   (`budget.rs`), delivery credit (`credit.rs`) and the ordered pipe to
 //!   the store (`persistence.rs`).
@@ -60,6 +61,7 @@ mod limits;
 mod model;
 mod pacing;
 mod persistence;
+mod policy;
 mod queue;
 mod ready;
 mod recovery;

@@ -24,7 +24,15 @@ pub struct Queue {
     /// The session whose queue.declare created it (None: recovered, or
     /// created by management): counted in its per-connection queue limit.
     pub created_by: Option<SessionId>,
+    /// The arguments it was declared with (what a redeclare must repeat).
     pub arguments: FieldTable,
+    /// The policy and operator policy that apply to it (`policy.rs`).
+    pub policy: Option<String>,
+    pub operator_policy: Option<String>,
+    /// The arguments in force when a policy sets some: `arguments` merged
+    /// with the policies' keys; None: `arguments` are.
+    pub effective_arguments: Option<FieldTable>,
+    /// Its limits, from the arguments in force.
     pub limits: QueueLimits,
     /// Where its dead letters go (`x-dead-letter-exchange`, or
     /// `<queue>_DLE` with `x-qpid-dlq-enabled`); None: they are dropped.
@@ -103,6 +111,9 @@ impl Queue {
             exclusive_owner,
             created_by: None,
             arguments: FieldTable::default(),
+            policy: None,
+            operator_policy: None,
+            effective_arguments: None,
             limits: QueueLimits::default(),
             dead_letter: None,
             dead_letter_counts: DeadLetterCounts::default(),
@@ -218,6 +229,12 @@ impl Queue {
             self.read_ahead_until = self.read_ahead_until.min(rank);
         }
         self.messages.push_back(message);
+        self.trim_to_length()
+    }
+
+    /// Takes the oldest messages off while the queue is over its length
+    /// limits (after they were lowered).
+    pub fn trim_to_length(&mut self) -> Vec<QueuedMessage> {
         let mut dropped = Vec::new();
         while self.over_limit() {
             let Some(oldest) = self.dequeue() else { break };

@@ -38,6 +38,7 @@ use crate::broker::{
 use crate::exchange::Exchange;
 use crate::model::ExchangeKind;
 use crate::model::{Binding, Destination};
+use crate::policy::Policy;
 use crate::queue::Queue;
 use crate::shared::Shared;
 use crate::vhost::VHost;
@@ -68,6 +69,18 @@ pub(crate) fn install_definitions(
             .vhosts
             .entry(def.name.clone())
             .or_insert_with(|| VHost::new(&def.name));
+    }
+    for def in definitions.policies {
+        let Some(vhost) = broker.vhosts.get_mut(&def.vhost) else {
+            tracing::warn!(vhost = %def.vhost, policy = %def.name, "stored policy of a vhost that is gone, skipped");
+            continue;
+        };
+        match Policy::from_definition(&def) {
+            Ok(policy) => vhost.policy_set_mut(policy.operator).insert(policy),
+            Err(error) => {
+                tracing::warn!(vhost = %def.vhost, policy = %def.name, %error, "stored policy no longer valid, skipped")
+            }
+        }
     }
     for def in definitions.exchanges {
         let Some(kind) = ExchangeKind::parse(&def.kind) else {
@@ -125,6 +138,9 @@ pub(crate) fn install_definitions(
             arguments: amqp::decode_table(&def.arguments).unwrap_or_default(),
         });
     }
+    // Every queue and exchange is there: the policies apply before any
+    // queue holds a message.
+    broker.apply_all_policies();
     broker.set_next_message_id(first_id);
     broker.recovery = crate::broker::recovery::Recovery {
         first_id,

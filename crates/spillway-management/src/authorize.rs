@@ -5,7 +5,7 @@
 //! |---|---|
 //! | `administrator` | everything |
 //! | `monitoring` | see everything (every vhost, every connection, the broker), plus what `management` may |
-//! | `policymaker` | what `management` may, plus change queue settings (`UpdateQueue`) in vhosts it has permissions in |
+//! | `policymaker` | what `management` may, plus set and clear policies and change queue settings (`UpdateQueue`) in vhosts it has permissions in (operator policies are the administrator's) |
 //! | `management` | see the vhosts it has permissions in and its own connections and channels; declare, delete, bind, purge, peek and move there as its configure/write/read patterns allow, as over AMQP |
 //! | none of these | nothing: PERMISSION_DENIED |
 //!

@@ -548,6 +548,35 @@ macro_rules! management_impl {
                 Ok(Response::new(storage_group(status)))
             }
 
+            async fn set_policy(
+                &self,
+                request: Request<m::SetPolicyRequest>,
+            ) -> Result<Response<m::Policy>, Status> {
+                let caller = caller_of(&request)?;
+                let request = request.into_inner();
+                let policy = request
+                    .policy
+                    .as_ref()
+                    .ok_or_else(|| Status::invalid_argument("policy is required"))?;
+                authorize(&caller, &[policy_need(&policy.vhost, policy.operator)])?;
+                let response = self.engine.set_policy(request).await?;
+                tracing::info!(policy = ?response, "policy set by management");
+                Ok(Response::new(response))
+            }
+
+            async fn clear_policy(
+                &self,
+                request: Request<m::ClearPolicyRequest>,
+            ) -> Result<Response<m::ClearPolicyResponse>, Status> {
+                let caller = caller_of(&request)?;
+                let request = request.into_inner();
+                authorize(&caller, &[policy_need(&request.vhost, request.operator)])?;
+                let logged = format!("{request:?}");
+                let response = self.engine.clear_policy(request).await?;
+                tracing::info!(policy = %logged, "policy cleared by management");
+                Ok(Response::new(response))
+            }
+
             async fn set_transaction_timeouts(
                 &self,
                 request: Request<m::SetTransactionTimeoutsRequest>,
@@ -578,8 +607,19 @@ management_impl! {
     list_bindings(ListBindingsRequest) -> ListBindingsResponse, |r| [Need::See { vhost: &r.vhost }];
     delete_binding(DeleteBindingRequest) -> DeleteBindingResponse, |r| bind(r.binding.as_ref())?;
     list_limits(ListLimitsRequest) -> ListLimitsResponse, |r| [Need::Monitoring];
+    list_policies(ListPoliciesRequest) -> ListPoliciesResponse, |r| [Need::See { vhost: &r.vhost }];
     list_users(ListUsersRequest) -> ListUsersResponse, |r| [Need::Administrator];
     list_permissions(ListPermissionsRequest) -> ListPermissionsResponse, |r| [Need::Administrator];
+}
+
+/// Policies are the policymaker's (in vhosts it has permissions in),
+/// operator policies the administrator's, as in RabbitMQ.
+fn policy_need(vhost: &str, operator: bool) -> Need<'_> {
+    if operator {
+        Need::Administrator
+    } else {
+        Need::Policy { vhost }
+    }
 }
 
 /// The storage group as management shows it.

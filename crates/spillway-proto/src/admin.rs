@@ -52,6 +52,9 @@ macro_rules! for_each_engine_admin_call {
             clear_permissions(m::ClearPermissionsRequest) -> m::ClearPermissionsResponse;
             list_permissions(m::ListPermissionsRequest) -> m::ListPermissionsResponse;
             set_transaction_timeouts(m::SetTransactionTimeoutsRequest) -> m::TransactionTimeouts;
+            set_policy(m::SetPolicyRequest) -> m::Policy;
+            list_policies(m::ListPoliciesRequest) -> m::ListPoliciesResponse;
+            clear_policy(m::ClearPolicyRequest) -> m::ClearPolicyResponse;
             authenticate_user(pb::AuthenticateUserRequest) -> pb::AuthenticateUserResponse;
         }
     };
@@ -180,6 +183,18 @@ pub trait EngineAdminApi: Send + Sync + 'static {
         &self,
         request: m::SetTransactionTimeoutsRequest,
     ) -> Result<m::TransactionTimeouts, ServiceError>;
+    /// Adds or replaces a policy or operator policy (stored before it
+    /// answers) and applies it to the vhost's queues and exchanges.
+    async fn set_policy(&self, request: m::SetPolicyRequest) -> Result<m::Policy, ServiceError>;
+    async fn list_policies(
+        &self,
+        request: m::ListPoliciesRequest,
+    ) -> Result<m::ListPoliciesResponse, ServiceError>;
+    /// Removes a policy; what it set stops applying at once.
+    async fn clear_policy(
+        &self,
+        request: m::ClearPolicyRequest,
+    ) -> Result<m::ClearPolicyResponse, ServiceError>;
     /// Checks a stored user's password for management; an accepted answer
     /// carries the user's tags and permissions.
     async fn authenticate_user(

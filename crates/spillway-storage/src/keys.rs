@@ -6,6 +6,7 @@
 //! | `v` | vhost | `VhostDefinition` |
 //! | `u` | user | `UserDefinition` |
 //! | `a` | user, vhost | `PermissionDefinition` (access) |
+//! | `o` | vhost, `p` (policy) or `o` (operator policy), name | `PolicyDefinition` |
 //! | `x` | vhost, exchange | `ExchangeDefinition` |
 //! | `q` | vhost, queue | `QueueDefinition` |
 //! | `b` | vhost, source exchange, destination, routing key, arguments, destination kind | `BindingDefinition` |
@@ -22,6 +23,7 @@ use spillway_proto::storage::BindingDefinition;
 pub const VHOST: u8 = b'v';
 pub const USER: u8 = b'u';
 pub const PERMISSION: u8 = b'a';
+pub const POLICY: u8 = b'o';
 pub const EXCHANGE: u8 = b'x';
 pub const QUEUE: u8 = b'q';
 pub const BINDING: u8 = b'b';
@@ -120,6 +122,12 @@ pub fn permission_key(user: &str, vhost: &str) -> Vec<u8> {
 
 pub fn user_permissions_prefix(user: &str) -> Vec<u8> {
     key(PERMISSION, &[user.as_bytes()])
+}
+
+/// A policy or operator policy of a vhost.
+pub fn policy_key(vhost: &str, operator: bool, name: &str) -> Vec<u8> {
+    let kind: &[u8] = if operator { b"o" } else { b"p" };
+    key(POLICY, &[vhost.as_bytes(), kind, name.as_bytes()])
 }
 
 #[cfg(test)]

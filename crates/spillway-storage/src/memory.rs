@@ -19,8 +19,8 @@ use parking_lot::Mutex;
 use prost::Message as _;
 use spillway_proto::storage::{
     write_op, BindingDefinition, Definitions, ExchangeDefinition, MessageRecord,
-    PermissionDefinition, QueueDefinition, QueueEntry, QuotaState, StoreStatus, UserDefinition,
-    VhostDefinition, WriteBatch,
+    PermissionDefinition, PolicyDefinition, QueueDefinition, QueueEntry, QuotaState, StoreStatus,
+    UserDefinition, VhostDefinition, WriteBatch,
 };
 use spillway_proto::{QuotaStream, ServiceError, StorageApi};
 use tokio::sync::watch;
@@ -75,6 +75,7 @@ impl MemoryStore {
             users: scan::<UserDefinition>(&map, &[keys::USER])?,
             permissions: scan::<PermissionDefinition>(&map, &[keys::PERMISSION])?,
             had_users: map.contains_key(keys::USERS_MARKER),
+            policies: scan::<PolicyDefinition>(&map, &[keys::POLICY])?,
         })
     }
 
@@ -179,6 +180,15 @@ fn apply(map: &mut BTreeMap<Vec<u8>, Vec<u8>>, op: &write_op::Op) {
         }
         Op::DeletePermission(def) => {
             map.remove(&keys::permission_key(&def.user, &def.vhost));
+        }
+        Op::PutPolicy(def) => {
+            map.insert(
+                keys::policy_key(&def.vhost, def.operator, &def.name),
+                def.encode_to_vec(),
+            );
+        }
+        Op::DeletePolicy(def) => {
+            map.remove(&keys::policy_key(&def.vhost, def.operator, &def.name));
         }
         Op::PutExchange(def) => {
             let key = keys::key(keys::EXCHANGE, &[def.vhost.as_bytes(), def.name.as_bytes()]);

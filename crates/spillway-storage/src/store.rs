@@ -25,8 +25,8 @@ use rocksdb::{
 };
 use spillway_proto::storage::{
     write_op, AcquireLeaseRequest, BindingDefinition, Definitions, Durability, ExchangeDefinition,
-    Lease, MessageRecord, PermissionDefinition, QueueDefinition, QueueEntry, StoreStatus,
-    UserDefinition, VhostDefinition, WriteBatch,
+    Lease, MessageRecord, PermissionDefinition, PolicyDefinition, QueueDefinition, QueueEntry,
+    StoreStatus, UserDefinition, VhostDefinition, WriteBatch,
 };
 use spillway_proto::{ServiceError, StorageApi};
 
@@ -578,6 +578,7 @@ impl RocksStore {
             users,
             permissions: self.scan::<PermissionDefinition>(&[keys::PERMISSION])?,
             had_users,
+            policies: self.scan::<PolicyDefinition>(&[keys::POLICY])?,
         })
     }
 
@@ -799,6 +800,13 @@ pub(crate) fn apply(batch: &mut rocksdb::WriteBatch, op: &write_op::Op) {
             def.encode_to_vec(),
         ),
         Op::DeletePermission(def) => batch.delete(keys::permission_key(&def.user, &def.vhost)),
+        Op::PutPolicy(def) => batch.put(
+            keys::policy_key(&def.vhost, def.operator, &def.name),
+            def.encode_to_vec(),
+        ),
+        Op::DeletePolicy(def) => {
+            batch.delete(keys::policy_key(&def.vhost, def.operator, &def.name))
+        }
         Op::PutExchange(def) => batch.put(
             keys::key(keys::EXCHANGE, &[def.vhost.as_bytes(), def.name.as_bytes()]),
             def.encode_to_vec(),

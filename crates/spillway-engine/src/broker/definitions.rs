@@ -105,15 +105,10 @@ impl Broker {
         let arguments = amqp::decode_table(&cmd.arguments)?;
         check_exchange_arguments(&arguments, &cmd.exchange, &vhost_name)?;
         self.admit_exchange(&vhost_name, &cmd.exchange)?;
-        let exchange = Exchange {
-            name: cmd.exchange.clone(),
-            kind,
-            durable: cmd.durable,
-            auto_delete: cmd.auto_delete,
-            internal: cmd.internal,
-            arguments,
-            bindings: crate::bindings::Bindings::new(kind),
-        };
+        let mut exchange = Exchange::new(&cmd.exchange, kind, cmd.durable);
+        exchange.auto_delete = cmd.auto_delete;
+        exchange.internal = cmd.internal;
+        exchange.arguments = arguments;
         if exchange.durable {
             self.persist.submit_synced(
                 vec![op(write_op::Op::PutExchange(store::ExchangeDefinition {
@@ -129,6 +124,7 @@ impl Broker {
         }
         let vhost = self.vhost_mut(&vhost_name)?;
         vhost.exchanges.insert(cmd.exchange.clone(), exchange);
+        self.apply_policies_to_new_exchange(&vhost_name, &cmd.exchange);
         Ok(())
     }
 
@@ -350,6 +346,7 @@ impl Broker {
         }
         let vhost = self.vhost_mut(&vhost_name)?;
         vhost.queues.insert(name.clone(), queue);
+        self.apply_policies_to_queue(&vhost_name, &name);
         self.touch_queue(&vhost_name, &name);
         if qpid_dlq {
             self.ensure_qpid_dlq(session, &vhost_name, &name, durable);
@@ -410,8 +407,12 @@ impl Broker {
                 })));
             }
             vhost.exchanges.insert(exchange_name.clone(), exchange);
+            if let Some(exchange) = vhost.exchanges.get_mut(&exchange_name) {
+                exchange.set_policy(vhost.policies.for_exchange(&exchange_name));
+            }
         }
-        if !vhost.queues.contains_key(&queue_name) {
+        let new_dlq = !vhost.queues.contains_key(&queue_name);
+        if new_dlq {
             let mut dlq = Queue::new(queue_name.clone(), durable, false, None);
             dlq.created_by = Some(session);
             if durable {
@@ -447,6 +448,9 @@ impl Broker {
         }
         if !ops.is_empty() {
             self.persist.submit_synced(ops, None);
+        }
+        if new_dlq {
+            self.apply_policies_to_queue(vhost_name, &queue_name);
         }
     }
 

@@ -24,7 +24,9 @@
 //!   a store failure and the memory ceiling;
 //! - `limits`: admitting sessions, channels, queues, exchanges, bindings
 //!   and consumers against the configured limits, and management's view;
-//! - `recovery`: start-up recovery's progress, and installing what it read.
+//! - `recovery`: start-up recovery's progress, and installing what it read;
+//! - `policies`: which policies apply to each queue and exchange, and what
+//!   a policy change does to queues holding messages.
 //!
 //! The state these work on is owned by the parts outside `broker/`, none of
 //! which imports it: queues (`queue.rs`), exchanges and their bindings
@@ -42,6 +44,7 @@ mod expiry;
 pub(crate) mod flow_to_disk;
 pub(crate) mod limits;
 mod pacing;
+mod policies;
 pub(crate) mod producer_flow;
 mod publish;
 pub(crate) mod recovery;
@@ -75,6 +78,7 @@ pub(crate) use arguments::{
 pub use dead_letter::DeadLetterJob;
 pub(crate) use definitions::still_recovering;
 pub use dispatch::GetOutcome;
+pub(crate) use policies::policy_view;
 pub use publish::PublishOutcome;
 
 pub type OpResult<T> = Result<T, AmqpError>;

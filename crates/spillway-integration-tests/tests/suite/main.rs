@@ -29,6 +29,7 @@ mod management;
 mod memory_ceiling;
 mod metrics;
 mod permission_escapes;
+mod policies;
 mod priority_queues;
 mod producer_flow_control;
 mod publisher_pacing;

@@ -2023,6 +2023,82 @@ pub mod engine_admin_client {
                 );
             self.inner.unary(req, path, codec).await
         }
+        pub async fn set_policy(
+            &mut self,
+            request: impl tonic::IntoRequest<crate::management::SetPolicyRequest>,
+        ) -> std::result::Result<
+            tonic::Response<crate::management::Policy>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = crate::lean_codec::LeanCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.engine.v1.EngineAdmin/SetPolicy",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("spillway.engine.v1.EngineAdmin", "SetPolicy"));
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn list_policies(
+            &mut self,
+            request: impl tonic::IntoRequest<crate::management::ListPoliciesRequest>,
+        ) -> std::result::Result<
+            tonic::Response<crate::management::ListPoliciesResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = crate::lean_codec::LeanCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.engine.v1.EngineAdmin/ListPolicies",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new("spillway.engine.v1.EngineAdmin", "ListPolicies"),
+                );
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn clear_policy(
+            &mut self,
+            request: impl tonic::IntoRequest<crate::management::ClearPolicyRequest>,
+        ) -> std::result::Result<
+            tonic::Response<crate::management::ClearPolicyResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = crate::lean_codec::LeanCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.engine.v1.EngineAdmin/ClearPolicy",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new("spillway.engine.v1.EngineAdmin", "ClearPolicy"),
+                );
+            self.inner.unary(req, path, codec).await
+        }
         /// Checks a management caller's stored password and answers with what
         /// management needs to decide what the caller may do: its tags and its
         /// permissions.
@@ -2283,6 +2359,27 @@ pub mod engine_admin_server {
             request: tonic::Request<crate::management::SetTransactionTimeoutsRequest>,
         ) -> std::result::Result<
             tonic::Response<crate::management::TransactionTimeouts>,
+            tonic::Status,
+        >;
+        async fn set_policy(
+            &self,
+            request: tonic::Request<crate::management::SetPolicyRequest>,
+        ) -> std::result::Result<
+            tonic::Response<crate::management::Policy>,
+            tonic::Status,
+        >;
+        async fn list_policies(
+            &self,
+            request: tonic::Request<crate::management::ListPoliciesRequest>,
+        ) -> std::result::Result<
+            tonic::Response<crate::management::ListPoliciesResponse>,
+            tonic::Status,
+        >;
+        async fn clear_policy(
+            &self,
+            request: tonic::Request<crate::management::ClearPolicyRequest>,
+        ) -> std::result::Result<
+            tonic::Response<crate::management::ClearPolicyResponse>,
             tonic::Status,
         >;
         /// Checks a management caller's stored password and answers with what
@@ -3816,6 +3913,145 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = SetTransactionTimeoutsSvc(inner);
+                        let codec = crate::lean_codec::LeanCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.engine.v1.EngineAdmin/SetPolicy" => {
+                    #[allow(non_camel_case_types)]
+                    struct SetPolicySvc<T: EngineAdmin>(pub Arc<T>);
+                    impl<
+                        T: EngineAdmin,
+                    > tonic::server::UnaryService<crate::management::SetPolicyRequest>
+                    for SetPolicySvc<T> {
+                        type Response = crate::management::Policy;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<crate::management::SetPolicyRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as EngineAdmin>::set_policy(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = SetPolicySvc(inner);
+                        let codec = crate::lean_codec::LeanCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.engine.v1.EngineAdmin/ListPolicies" => {
+                    #[allow(non_camel_case_types)]
+                    struct ListPoliciesSvc<T: EngineAdmin>(pub Arc<T>);
+                    impl<
+                        T: EngineAdmin,
+                    > tonic::server::UnaryService<crate::management::ListPoliciesRequest>
+                    for ListPoliciesSvc<T> {
+                        type Response = crate::management::ListPoliciesResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                crate::management::ListPoliciesRequest,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as EngineAdmin>::list_policies(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ListPoliciesSvc(inner);
+                        let codec = crate::lean_codec::LeanCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.engine.v1.EngineAdmin/ClearPolicy" => {
+                    #[allow(non_camel_case_types)]
+                    struct ClearPolicySvc<T: EngineAdmin>(pub Arc<T>);
+                    impl<
+                        T: EngineAdmin,
+                    > tonic::server::UnaryService<crate::management::ClearPolicyRequest>
+                    for ClearPolicySvc<T> {
+                        type Response = crate::management::ClearPolicyResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                crate::management::ClearPolicyRequest,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as EngineAdmin>::clear_policy(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ClearPolicySvc(inner);
                         let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

@@ -104,6 +104,9 @@ pub struct Exchange {
     /// The default exchange and `amq.*`.
     #[prost(bool, tag = "8")]
     pub builtin: bool,
+    /// The policy that applies to it (empty: none).
+    #[prost(string, tag = "9")]
+    pub policy: ::prost::alloc::string::String,
 }
 #[allow(clippy::all)]
 #[derive(serde::Serialize)]
@@ -189,6 +192,18 @@ pub struct Queue {
     >,
     #[prost(message, optional, tag = "7")]
     pub status: ::core::option::Option<QueueStatus>,
+    /// The policy and the operator policy that apply to it (empty: none).
+    #[prost(string, tag = "8")]
+    pub policy: ::prost::alloc::string::String,
+    #[prost(string, tag = "9")]
+    pub operator_policy: ::prost::alloc::string::String,
+    /// The arguments in force: `arguments` merged with the policies' keys
+    /// (as x-arguments), by RabbitMQ's rules (docs/policies.md).
+    #[prost(map = "string, message", tag = "10")]
+    pub effective_arguments: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ArgumentValue,
+    >,
 }
 #[allow(clippy::all)]
 #[derive(serde::Serialize)]
@@ -995,6 +1010,73 @@ pub struct TransactionTimeouts {
     #[prost(uint64, tag = "5")]
     pub idle_close_ms: u64,
 }
+/// A policy as rabbitmqctl set_policy takes it.
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Policy {
+    #[prost(string, tag = "1")]
+    pub vhost: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub name: ::prost::alloc::string::String,
+    /// A regular expression searched in queue and exchange names (anchor it
+    /// with ^...$ to match whole names); the empty pattern matches every name.
+    #[prost(string, tag = "3")]
+    pub pattern: ::prost::alloc::string::String,
+    /// "queues", "exchanges" or "all"; an operator policy applies to queues.
+    #[prost(string, tag = "4")]
+    pub apply_to: ::prost::alloc::string::String,
+    /// Of the policies that match an object, the one with the highest
+    /// priority applies (equal priorities: the first name in byte order).
+    #[prost(int32, tag = "5")]
+    pub priority: i32,
+    /// The keys and their values, a JSON object:
+    /// {"max-length": 1000, "dead-letter-exchange": "dlx"}.
+    #[prost(string, tag = "6")]
+    pub definition: ::prost::alloc::string::String,
+    /// An operator policy (RabbitMQ's set_operator_policy).
+    #[prost(bool, tag = "7")]
+    pub operator: bool,
+}
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct SetPolicyRequest {
+    #[prost(message, optional, tag = "1")]
+    pub policy: ::core::option::Option<Policy>,
+}
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ListPoliciesRequest {
+    #[prost(string, tag = "1")]
+    pub vhost: ::prost::alloc::string::String,
+    /// Operator policies instead of policies.
+    #[prost(bool, tag = "2")]
+    pub operator: bool,
+}
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ListPoliciesResponse {
+    #[prost(message, repeated, tag = "1")]
+    pub policies: ::prost::alloc::vec::Vec<Policy>,
+}
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ClearPolicyRequest {
+    #[prost(string, tag = "1")]
+    pub vhost: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub name: ::prost::alloc::string::String,
+    #[prost(bool, tag = "3")]
+    pub operator: bool,
+}
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ClearPolicyResponse {}
 /// Generated client implementations.
 pub mod management_client {
     #![allow(
@@ -2143,6 +2225,87 @@ pub mod management_client {
                 );
             self.inner.unary(req, path, codec).await
         }
+        /// ---- policies (docs/policies.md)
+        /// Adds or replaces a policy (RabbitMQ's set_policy) or an operator policy
+        /// (set_operator_policy); it applies at once to the queues and exchanges
+        /// it matches, and is stored. Policies need the policymaker or
+        /// administrator tag, operator policies the administrator tag.
+        pub async fn set_policy(
+            &mut self,
+            request: impl tonic::IntoRequest<super::SetPolicyRequest>,
+        ) -> std::result::Result<tonic::Response<super::Policy>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.management.v1.Management/SetPolicy",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new("spillway.management.v1.Management", "SetPolicy"),
+                );
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn list_policies(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ListPoliciesRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ListPoliciesResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.management.v1.Management/ListPolicies",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new("spillway.management.v1.Management", "ListPolicies"),
+                );
+            self.inner.unary(req, path, codec).await
+        }
+        /// Removes a policy: what it set stops applying at once.
+        pub async fn clear_policy(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ClearPolicyRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ClearPolicyResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.management.v1.Management/ClearPolicy",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new("spillway.management.v1.Management", "ClearPolicy"),
+                );
+            self.inner.unary(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -2435,6 +2598,30 @@ pub mod management_server {
             request: tonic::Request<super::SetTransactionTimeoutsRequest>,
         ) -> std::result::Result<
             tonic::Response<super::TransactionTimeouts>,
+            tonic::Status,
+        >;
+        /// ---- policies (docs/policies.md)
+        /// Adds or replaces a policy (RabbitMQ's set_policy) or an operator policy
+        /// (set_operator_policy); it applies at once to the queues and exchanges
+        /// it matches, and is stored. Policies need the policymaker or
+        /// administrator tag, operator policies the administrator tag.
+        async fn set_policy(
+            &self,
+            request: tonic::Request<super::SetPolicyRequest>,
+        ) -> std::result::Result<tonic::Response<super::Policy>, tonic::Status>;
+        async fn list_policies(
+            &self,
+            request: tonic::Request<super::ListPoliciesRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ListPoliciesResponse>,
+            tonic::Status,
+        >;
+        /// Removes a policy: what it set stops applying at once.
+        async fn clear_policy(
+            &self,
+            request: tonic::Request<super::ClearPolicyRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ClearPolicyResponse>,
             tonic::Status,
         >;
     }
@@ -4257,6 +4444,141 @@ pub mod management_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = SetTransactionTimeoutsSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.management.v1.Management/SetPolicy" => {
+                    #[allow(non_camel_case_types)]
+                    struct SetPolicySvc<T: Management>(pub Arc<T>);
+                    impl<
+                        T: Management,
+                    > tonic::server::UnaryService<super::SetPolicyRequest>
+                    for SetPolicySvc<T> {
+                        type Response = super::Policy;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::SetPolicyRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Management>::set_policy(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = SetPolicySvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.management.v1.Management/ListPolicies" => {
+                    #[allow(non_camel_case_types)]
+                    struct ListPoliciesSvc<T: Management>(pub Arc<T>);
+                    impl<
+                        T: Management,
+                    > tonic::server::UnaryService<super::ListPoliciesRequest>
+                    for ListPoliciesSvc<T> {
+                        type Response = super::ListPoliciesResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::ListPoliciesRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Management>::list_policies(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ListPoliciesSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.management.v1.Management/ClearPolicy" => {
+                    #[allow(non_camel_case_types)]
+                    struct ClearPolicySvc<T: Management>(pub Arc<T>);
+                    impl<
+                        T: Management,
+                    > tonic::server::UnaryService<super::ClearPolicyRequest>
+                    for ClearPolicySvc<T> {
+                        type Response = super::ClearPolicyResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::ClearPolicyRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Management>::clear_policy(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ClearPolicySvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

@@ -169,7 +169,7 @@ pub struct WriteAck {
 pub struct WriteOp {
     #[prost(
         oneof = "write_op::Op",
-        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16"
+        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18"
     )]
     pub op: ::core::option::Option<write_op::Op>,
 }
@@ -216,7 +216,34 @@ pub mod write_op {
         PutPermission(super::PermissionDefinition),
         #[prost(message, tag = "16")]
         DeletePermission(super::PermissionDefinition),
+        /// Policies and operator policies (a vhost's go with separate ops when
+        /// it is deleted).
+        #[prost(message, tag = "17")]
+        PutPolicy(super::PolicyDefinition),
+        #[prost(message, tag = "18")]
+        DeletePolicy(super::PolicyDefinition),
     }
+}
+/// A policy or operator policy as management set it (checked then).
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct PolicyDefinition {
+    #[prost(string, tag = "1")]
+    pub vhost: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub name: ::prost::alloc::string::String,
+    #[prost(bool, tag = "3")]
+    pub operator: bool,
+    #[prost(string, tag = "4")]
+    pub pattern: ::prost::alloc::string::String,
+    /// "queues", "exchanges" or "all".
+    #[prost(string, tag = "5")]
+    pub apply_to: ::prost::alloc::string::String,
+    #[prost(int32, tag = "6")]
+    pub priority: i32,
+    /// The keys and values, a JSON object.
+    #[prost(string, tag = "7")]
+    pub definition: ::prost::alloc::string::String,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -416,6 +443,10 @@ pub struct Definitions {
     /// store that never had one, so a store whose users are gone fails closed.
     #[prost(bool, tag = "7")]
     pub had_users: bool,
+    /// Policies and operator policies; absent in stores written before
+    /// policies existed.
+    #[prost(message, repeated, tag = "8")]
+    pub policies: ::prost::alloc::vec::Vec<PolicyDefinition>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
