@@ -21,6 +21,7 @@ use std::time::Duration;
 both_wirings!(
     timeout_secs = 90;
     a_policy_applies_at_once_to_existing_and_new_queues,
+    a_policy_trims_a_backlog_that_flowed_to_disk,
     arguments_policies_and_operator_policies_combine_as_in_rabbitmq,
     dead_lettering_and_ttl_by_policy,
     an_alternate_exchange_by_policy,
@@ -176,6 +177,77 @@ async fn a_policy_applies_at_once_to_existing_and_new_queues(
     let info = queue_info(&mut admin, "orders.us").await?;
     assert_eq!(info.policy, "");
     assert_eq!(in_force(&info, "x-max-length"), None);
+    Ok(())
+}
+
+/// A lower `max-length` on a queue whose backlog flowed to disk drops the
+/// oldest messages at once, dead-lettering them in order (payloads read
+/// back from the store), and the newest stay readable.
+async fn a_policy_trims_a_backlog_that_flowed_to_disk(sb: &mut Sandbox) -> anyhow::Result<()> {
+    let mut admin = sb.management().await?;
+    let (_conn, ch) = confirm_channel(sb).await?;
+    fanout_to_queue(&ch, "spill.dlx", "spill.dead").await?;
+    declare(&ch, "spill.q", true, FieldTable::default()).await?;
+    let total = 256u32;
+    for n in 0..total {
+        let mut body = vec![7u8; 16 * 1024];
+        body[..4].copy_from_slice(&n.to_be_bytes());
+        let confirm = ch
+            .basic_publish(
+                s(""),
+                s("spill.q"),
+                BasicPublishOptions::default(),
+                &body,
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await?
+            .await?;
+        anyhow::ensure!(confirm.is_ack(), "publish {n} not acked");
+    }
+    admin
+        .set_broker_settings(m::SetBrokerSettingsRequest {
+            flow_to_disk_threshold: Some(1 << 20),
+        })
+        .await?;
+    eventually(Duration::from_secs(10), || {
+        let mut admin = admin.clone();
+        async move {
+            let queue = queue_info(&mut admin, "spill.q").await.ok()?;
+            let status = queue.status?;
+            (status.spilled_messages > 100).then_some(())
+        }
+    })
+    .await?;
+    set_policy(
+        &mut admin,
+        "trim",
+        r"^spill\.q$",
+        r#"{"max-length": 10, "dead-letter-exchange": "spill.dlx"}"#,
+        0,
+        "queues",
+        false,
+    )
+    .await?;
+    assert_eq!(message_count(&ch, "spill.q").await?, 10);
+    let seq = |data: &[u8]| u32::from_be_bytes([data[0], data[1], data[2], data[3]]);
+    for expected in (total - 10)..total {
+        let message = get(&ch, "spill.q").await?;
+        assert_eq!(seq(&message.delivery.data), expected);
+        assert_eq!(message.delivery.data.len(), 16 * 1024);
+        message.delivery.acker.ack(BasicAckOptions::default()).await?;
+    }
+    for expected in 0..(total - 10) {
+        let message = get(&ch, "spill.dead").await?;
+        assert_eq!(seq(&message.delivery.data), expected, "dead letters in order");
+        let death = deaths(&message.delivery.properties);
+        assert_eq!(field(&death[0], "reason").as_deref(), Some("maxlen"));
+        message.delivery.acker.ack(BasicAckOptions::default()).await?;
+    }
+    admin
+        .set_broker_settings(m::SetBrokerSettingsRequest {
+            flow_to_disk_threshold: Some(1 << 30),
+        })
+        .await?;
     Ok(())
 }
 
