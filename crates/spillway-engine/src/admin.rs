@@ -170,11 +170,16 @@ fn argument_map(table: &FieldTable) -> HashMap<String, m::ArgumentValue> {
 
 // ------------------------------------------------------------ views
 
-fn exchange_view(vhost: &str, exchange: &crate::exchange::Exchange) -> m::Exchange {
+fn exchange_view(
+    vhost: &str,
+    exchange: &crate::exchange::Exchange,
+    delayed: &crate::broker::delayed::DelayedState,
+) -> m::Exchange {
     m::Exchange {
         vhost: vhost.to_string(),
         name: exchange.name.clone(),
-        kind: exchange.kind.as_str().to_string(),
+        kind: exchange.kind_name().to_string(),
+        delayed_messages: delayed.count(vhost, &exchange.name),
         durable: exchange.durable,
         auto_delete: exchange.auto_delete,
         internal: exchange.internal,
@@ -444,6 +449,7 @@ impl EngineAdminApi for Engine {
                 .unwrap_or_default();
             broker.vhosts.remove(&request.name);
             broker.limits.forget_vhost(&request.name);
+            broker.delayed.forget(&request.name, None);
             let mut ops = vec![store_op(write_op::Op::DeleteVhost(
                 store::VhostDefinition {
                     name: request.name.clone(),
@@ -488,7 +494,7 @@ impl EngineAdminApi for Engine {
                 .exchanges
                 .get(&request.name)
                 .ok_or_else(|| not_found("exchange", &request.name, &request.vhost))?;
-            Ok(exchange_view(&request.vhost, exchange))
+            Ok(exchange_view(&request.vhost, exchange, &broker.delayed))
         })
     }
 
@@ -501,7 +507,7 @@ impl EngineAdminApi for Engine {
         let mut exchanges: Vec<m::Exchange> = vhost
             .exchanges
             .values()
-            .map(|x| exchange_view(&request.vhost, x))
+            .map(|x| exchange_view(&request.vhost, x, &broker.delayed))
             .collect();
         exchanges.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(m::ListExchangesResponse { exchanges })

@@ -119,13 +119,11 @@ impl Engine {
             ),
             (false, _) => {}
         }
-        let recovering = recovery::install_definitions(
-            &mut broker,
-            definitions,
-            recovery::first_message_id(lease.epoch),
-        );
+        let first_id = recovery::first_message_id(lease.epoch);
+        let recovering = recovery::install_definitions(&mut broker, definitions, first_id);
         broker.schedule_recovered_expiries();
         let expiry_wake = broker.expiry.waker();
+        let delayed_wake = broker.delayed.waker();
         let tx_timer = broker.tx.waker();
         let shared = Arc::new(Shared {
             broker: Mutex::new(broker),
@@ -169,6 +167,7 @@ impl Engine {
             config.housekeeping_interval,
         ));
         tokio::spawn(run_expiry(Arc::downgrade(&shared), expiry_wake));
+        tokio::spawn(run_delayed(Arc::downgrade(&shared), delayed_wake, first_id));
         tokio::spawn(run_tx_timeouts(Arc::downgrade(&shared), tx_timer));
         Ok(Self { shared })
     }
@@ -490,6 +489,126 @@ async fn run_expiry(shared: std::sync::Weak<Shared>, wake: Arc<Notify>) {
         if sleep.is_zero() {
             // More is due already (a large backlog expires a batch at a
             // time): let others have the lock in between.
+            tokio::task::yield_now().await;
+            continue;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(sleep) => {}
+            () = wake.notified() => {}
+        }
+    }
+}
+
+/// Delayed messages (`broker/delayed.rs`): counts what the store holds at
+/// start-up (below this run's first id), then sleeps until the next one
+/// is due (or an earlier one is published), waits until every write
+/// submitted so far is in the store, reads the due ones in bounded batches
+/// and routes them. Ends with the engine.
+async fn run_delayed(shared: std::sync::Weak<Shared>, wake: Arc<Notify>, first_id: u64) {
+    use crate::broker::delayed::DelayedDue;
+    use spillway_proto::storage::ScanDelayedRequest;
+    // Looked at again at least this often, whatever the clock did.
+    const LONGEST_SLEEP: Duration = Duration::from_secs(60);
+    // One batch: bounded in messages and body bytes (what is routed
+    // becomes queued messages, counted in the budget like any).
+    const BATCH_MESSAGES: u32 = 2_000;
+    const BATCH_BYTES: u64 = 4 << 20;
+    const RETRY: Duration = Duration::from_secs(1);
+    let store = |engine: &Shared| engine.store.lock().clone();
+    loop {
+        let Some(engine) = shared.upgrade() else {
+            return;
+        };
+        let Some(storage) = store(&engine) else {
+            return;
+        };
+        drop(engine);
+        let counted = storage
+            .scan_delayed(ScanDelayedRequest {
+                count_below_id: first_id,
+                ..Default::default()
+            })
+            .await;
+        drop(storage);
+        let Some(engine) = shared.upgrade() else {
+            return;
+        };
+        match counted {
+            Ok(batch) => {
+                let waiting: u64 = batch.counts.iter().map(|c| c.count).sum();
+                if waiting > 0 {
+                    tracing::info!(messages = waiting, "delayed messages waiting in the store");
+                }
+                engine
+                    .broker
+                    .lock()
+                    .delayed
+                    .recovered(batch.counts, batch.next_due_ms);
+                break;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "could not count the delayed messages; retrying");
+                drop(engine);
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+    }
+    loop {
+        let (now, due) = {
+            let Some(engine) = shared.upgrade() else {
+                return;
+            };
+            let mut broker = engine.broker.lock();
+            let now = broker.clock.unix_millis();
+            (now, broker.delayed.due(now))
+        };
+        // Neither the engine, its writer nor its store is kept while
+        // asleep: the engine may go (and release the store) meanwhile.
+        let sleep = match due {
+            DelayedDue::Now { from_due_ms } => {
+                let Some(engine) = shared.upgrade() else {
+                    return;
+                };
+                let writer = engine.writer.clone();
+                let Some(storage) = store(&engine) else {
+                    return;
+                };
+                drop(engine);
+                // What was published before now is in the store before it
+                // is looked for there.
+                let _ = writer.wait_written(writer.last_submitted()).await;
+                drop(writer);
+                let request = ScanDelayedRequest {
+                    due_until_ms: now,
+                    max_messages: BATCH_MESSAGES,
+                    max_bytes: BATCH_BYTES,
+                    from_due_ms,
+                    ..Default::default()
+                };
+                let scanned = storage.scan_delayed(request).await;
+                drop(storage);
+                let Some(engine) = shared.upgrade() else {
+                    return;
+                };
+                let mut broker = engine.broker.lock();
+                match scanned {
+                    Ok(batch) => {
+                        broker.route_delayed(batch.messages, batch.next_due_ms);
+                        Duration::ZERO
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "could not read the delayed messages due; retrying");
+                        broker.delayed.note_due(from_due_ms);
+                        RETRY
+                    }
+                }
+            }
+            DelayedDue::At(when) => {
+                Duration::from_millis(when.saturating_sub(now)).min(LONGEST_SLEEP)
+            }
+            DelayedDue::Idle => LONGEST_SLEEP,
+        };
+        if sleep.is_zero() {
             tokio::task::yield_now().await;
             continue;
         }

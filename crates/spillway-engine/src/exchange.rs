@@ -9,6 +9,10 @@ use crate::policy::Policy;
 
 /// The exchange argument naming the alternate exchange, as RabbitMQ spells it.
 pub const ALTERNATE_EXCHANGE: &str = "alternate-exchange";
+/// The exchange type of RabbitMQ's delayed-message exchange, and the
+/// argument naming the type it routes as once a message is due.
+pub const DELAYED_MESSAGE: &str = "x-delayed-message";
+pub const DELAYED_TYPE: &str = "x-delayed-type";
 
 pub struct Exchange {
     pub name: String,
@@ -18,6 +22,10 @@ pub struct Exchange {
     pub internal: bool,
     pub arguments: FieldTable,
     pub bindings: Bindings,
+    /// An `x-delayed-message` exchange: a message with an `x-delay` header
+    /// waits in the store until due, then routes as `kind` (its
+    /// `x-delayed-type`).
+    pub delayed: bool,
     /// The policy that applies to it, and the alternate exchange that
     /// policy names (`policy.rs`).
     pub policy: Option<String>,
@@ -34,8 +42,18 @@ impl Exchange {
             internal: false,
             arguments: FieldTable::default(),
             bindings: Bindings::new(kind),
+            delayed: false,
             policy: None,
             policy_alternate: None,
+        }
+    }
+
+    /// Its type as declared: `x-delayed-message` for a delayed exchange.
+    pub fn kind_name(&self) -> &'static str {
+        if self.delayed {
+            DELAYED_MESSAGE
+        } else {
+            self.kind.as_str()
         }
     }
 

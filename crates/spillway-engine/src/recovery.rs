@@ -83,7 +83,14 @@ pub(crate) fn install_definitions(
         }
     }
     for def in definitions.exchanges {
-        let Some(kind) = ExchangeKind::parse(&def.kind) else {
+        let arguments = amqp::decode_table(&def.arguments).unwrap_or_default();
+        let delayed = def.kind == crate::exchange::DELAYED_MESSAGE;
+        let kind = match ExchangeKind::parse(&def.kind) {
+            Some(kind) => Some(kind),
+            None if delayed => crate::broker::delayed_type(&arguments).ok(),
+            None => None,
+        };
+        let Some(kind) = kind else {
             tracing::warn!(exchange = %def.name, kind = %def.kind, "stored exchange has an unknown type, skipped");
             continue;
         };
@@ -94,7 +101,8 @@ pub(crate) fn install_definitions(
         let mut exchange = Exchange::new(&def.name, kind, true);
         exchange.auto_delete = def.auto_delete;
         exchange.internal = def.internal;
-        exchange.arguments = amqp::decode_table(&def.arguments).unwrap_or_default();
+        exchange.arguments = arguments;
+        exchange.delayed = delayed;
         vhost.exchanges.insert(def.name, exchange);
     }
     let mut pending = Vec::with_capacity(definitions.queues.len());

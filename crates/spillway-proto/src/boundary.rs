@@ -73,6 +73,16 @@ pub trait StorageApi: Send + Sync + 'static {
         request: crate::management::SetStoreQuotaRequest,
     ) -> Result<(), ServiceError>;
 
+    /// Delayed messages due by `request.due_until_ms` (or, with
+    /// `count_below_id`, how many wait per exchange), and when the next is
+    /// due. A store that keeps none answers an empty batch.
+    async fn scan_delayed(
+        &self,
+        _request: crate::storage::ScanDelayedRequest,
+    ) -> Result<crate::storage::DelayedBatch, ServiceError> {
+        Ok(crate::storage::DelayedBatch::default())
+    }
+
     /// The storage group as its leader (else the member asked) sees it.
     /// A single store has no group: FAILED_PRECONDITION.
     async fn group_status(&self) -> Result<GroupStatus, ServiceError> {
@@ -291,6 +301,18 @@ impl StorageApi for RemoteStorage {
             }
         }
         Ok(messages)
+    }
+
+    async fn scan_delayed(
+        &self,
+        request: crate::storage::ScanDelayedRequest,
+    ) -> Result<crate::storage::DelayedBatch, ServiceError> {
+        Ok(self
+            .client
+            .clone()
+            .scan_delayed(self.read_request(request))
+            .await?
+            .into_inner())
     }
 
     async fn status(&self, count_records: bool) -> Result<StoreStatus, ServiceError> {

@@ -181,6 +181,16 @@ impl<M: StorageApi> StorageApi for GroupStorage<M> {
         .await
     }
 
+    async fn scan_delayed(
+        &self,
+        request: crate::storage::ScanDelayedRequest,
+    ) -> Result<crate::storage::DelayedBatch, ServiceError> {
+        self.on_leader(CALL_DEADLINE, |member| {
+            Box::pin(member.scan_delayed(request))
+        })
+        .await
+    }
+
     async fn status(&self, count_records: bool) -> Result<StoreStatus, ServiceError> {
         self.on_leader(CALL_DEADLINE, |member| {
             Box::pin(member.status(count_records))

@@ -7,6 +7,7 @@
 //! | `u` | user | `UserDefinition` |
 //! | `a` | user, vhost | `PermissionDefinition` (access) |
 //! | `o` | vhost, `p` (policy) or `o` (operator policy), name | `PolicyDefinition` |
+//! | `d` | due time (ms) and message id, 8 big-endian bytes each | `DelayedMessage` |
 //! | `x` | vhost, exchange | `ExchangeDefinition` |
 //! | `q` | vhost, queue | `QueueDefinition` |
 //! | `b` | vhost, source exchange, destination, routing key, arguments, destination kind | `BindingDefinition` |
@@ -24,6 +25,7 @@ pub const VHOST: u8 = b'v';
 pub const USER: u8 = b'u';
 pub const PERMISSION: u8 = b'a';
 pub const POLICY: u8 = b'o';
+pub const DELAYED: u8 = b'd';
 pub const EXCHANGE: u8 = b'x';
 pub const QUEUE: u8 = b'q';
 pub const BINDING: u8 = b'b';
@@ -128,6 +130,22 @@ pub fn user_permissions_prefix(user: &str) -> Vec<u8> {
 pub fn policy_key(vhost: &str, operator: bool, name: &str) -> Vec<u8> {
     let kind: &[u8] = if operator { b"o" } else { b"p" };
     key(POLICY, &[vhost.as_bytes(), kind, name.as_bytes()])
+}
+
+/// A delayed message's key: they sort by due time, then id.
+pub fn delayed_key(due_ms: u64, id: u64) -> [u8; 17] {
+    let mut key = [DELAYED; 17];
+    key[1..9].copy_from_slice(&due_ms.to_be_bytes());
+    key[9..].copy_from_slice(&id.to_be_bytes());
+    key
+}
+
+/// The due time and id of a `d` key.
+pub fn delayed_due_id(key: &[u8]) -> Option<(u64, u64)> {
+    let rest = key.strip_prefix(&[DELAYED])?;
+    let due: [u8; 8] = rest.get(..8)?.try_into().ok()?;
+    let id: [u8; 8] = rest.get(8..16)?.try_into().ok()?;
+    Some((u64::from_be_bytes(due), u64::from_be_bytes(id)))
 }
 
 #[cfg(test)]

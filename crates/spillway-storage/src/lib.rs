@@ -19,6 +19,7 @@
 //!
 //! [`StorageApi`]: spillway_proto::StorageApi
 
+mod delayed;
 pub mod group;
 mod keys;
 mod lease;

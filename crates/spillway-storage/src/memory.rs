@@ -190,6 +190,15 @@ fn apply(map: &mut BTreeMap<Vec<u8>, Vec<u8>>, op: &write_op::Op) {
         Op::DeletePolicy(def) => {
             map.remove(&keys::policy_key(&def.vhost, def.operator, &def.name));
         }
+        Op::PutDelayed(message) => {
+            map.insert(
+                keys::delayed_key(message.due_ms, message.id).to_vec(),
+                message.encode_to_vec(),
+            );
+        }
+        Op::DeleteDelayed(key) => {
+            map.remove(keys::delayed_key(key.due_ms, key.id).as_slice());
+        }
         Op::PutExchange(def) => {
             let key = keys::key(keys::EXCHANGE, &[def.vhost.as_bytes(), def.name.as_bytes()]);
             map.insert(key, def.encode_to_vec());
@@ -292,6 +301,18 @@ impl StorageApi for MemoryStore {
 
     async fn status(&self, count_records: bool) -> Result<StoreStatus, ServiceError> {
         Ok(self.status_now(count_records))
+    }
+
+    async fn scan_delayed(
+        &self,
+        request: spillway_proto::storage::ScanDelayedRequest,
+    ) -> Result<spillway_proto::storage::DelayedBatch, ServiceError> {
+        let map = self.inner.map.lock();
+        let from = keys::delayed_key(request.from_due_ms, 0).to_vec();
+        let entries = map
+            .range(from..)
+            .map(|(key, value)| Ok::<_, ServiceError>((key, value)));
+        Ok(crate::delayed::scan(entries, &request)?.batch)
     }
 
     async fn remove_orphans(&self, epoch: u64, below_id: u64) -> Result<u64, ServiceError> {

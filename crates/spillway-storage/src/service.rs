@@ -152,6 +152,15 @@ impl Storage for StorageService {
         Ok(Response::new(ReadMessagesResponse { messages }))
     }
 
+    async fn scan_delayed(
+        &self,
+        request: Request<spillway_proto::storage::ScanDelayedRequest>,
+    ) -> Result<Response<spillway_proto::storage::DelayedBatch>, Status> {
+        self.fence(&request).await?;
+        let batch = self.api().scan_delayed(request.into_inner()).await?;
+        Ok(Response::new(batch))
+    }
+
     async fn set_quota(
         &self,
         request: Request<spillway_proto::storage::SetQuotaRequest>,

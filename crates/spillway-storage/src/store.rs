@@ -609,6 +609,24 @@ impl RocksStore {
         Ok(records)
     }
 
+    /// Delayed messages due by a time, or the count of those waiting
+    /// (`crate::delayed`). A record that does not decode is left out (and
+    /// quarantined).
+    pub fn scan_delayed(
+        &self,
+        request: &spillway_proto::storage::ScanDelayedRequest,
+    ) -> Result<spillway_proto::storage::DelayedBatch, StoreError> {
+        let from = keys::delayed_key(request.from_due_ms, 0);
+        let entries = self
+            .db
+            .iterator(IteratorMode::From(&from, Direction::Forward));
+        let scanned = crate::delayed::scan(entries, request)?;
+        for (key, error, bytes) in scanned.corrupt {
+            self.quarantine(&key, &error, bytes);
+        }
+        Ok(scanned.batch)
+    }
+
     /// A handle that does not keep the database open, for readers that must
     /// not outlive the store (scrape-time metrics).
     pub(crate) fn downgrade(&self) -> WeakStore {
@@ -807,6 +825,11 @@ pub(crate) fn apply(batch: &mut rocksdb::WriteBatch, op: &write_op::Op) {
         Op::DeletePolicy(def) => {
             batch.delete(keys::policy_key(&def.vhost, def.operator, &def.name))
         }
+        Op::PutDelayed(message) => batch.put(
+            keys::delayed_key(message.due_ms, message.id),
+            message.encode_to_vec(),
+        ),
+        Op::DeleteDelayed(key) => batch.delete(keys::delayed_key(key.due_ms, key.id)),
         Op::PutExchange(def) => batch.put(
             keys::key(keys::EXCHANGE, &[def.vhost.as_bytes(), def.name.as_bytes()]),
             def.encode_to_vec(),
@@ -904,6 +927,14 @@ impl StorageApi for RocksStore {
 
     async fn status(&self, count_records: bool) -> Result<StoreStatus, ServiceError> {
         self.blocking(move |store| store.status(count_records))
+            .await
+    }
+
+    async fn scan_delayed(
+        &self,
+        request: spillway_proto::storage::ScanDelayedRequest,
+    ) -> Result<spillway_proto::storage::DelayedBatch, ServiceError> {
+        self.blocking(move |store| store.scan_delayed(&request))
             .await
     }
 

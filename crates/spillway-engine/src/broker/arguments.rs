@@ -7,7 +7,7 @@ use spillway_amqp::reply_code;
 use spillway_proto::engine::AmqpError;
 
 use super::OpResult;
-use crate::exchange::ALTERNATE_EXCHANGE;
+use crate::exchange::{ALTERNATE_EXCHANGE, DELAYED_TYPE};
 
 /// The queue argument that makes a priority queue, and its highest priority.
 pub const MAX_PRIORITY: &str = "x-max-priority";
@@ -15,7 +15,7 @@ pub const MAX_PRIORITY: &str = "x-max-priority";
 pub const SINGLE_ACTIVE_CONSUMER: &str = "x-single-active-consumer";
 /// The consume argument that ranks a consumer among a queue's others.
 pub const CONSUMER_PRIORITY: &str = "x-priority";
-use crate::model::{DeadLetterTarget, Overflow, QueueLimits};
+use crate::model::{DeadLetterTarget, ExchangeKind, Overflow, QueueLimits};
 use crate::routing::{as_integer, values_equal};
 
 /// A queue argument refused as RabbitMQ refuses it (406): `invalid arg
@@ -295,16 +295,31 @@ pub(super) fn check_exchange_arguments(
 }
 
 /// The exchange arguments a redeclare must repeat: RabbitMQ compares only
-/// `alternate-exchange`. Returns the one that differs.
+/// `alternate-exchange` (and a delayed exchange's `x-delayed-type` here).
+/// Returns the one that differs.
 pub(super) fn inequivalent_exchange_argument(
     current: &FieldTable,
     received: &FieldTable,
 ) -> Option<&'static str> {
-    let (a, b) = (
-        current.inner().get(ALTERNATE_EXCHANGE),
-        received.inner().get(ALTERNATE_EXCHANGE),
-    );
-    (!equivalent_argument(a, b)).then_some(ALTERNATE_EXCHANGE)
+    [ALTERNATE_EXCHANGE, DELAYED_TYPE]
+        .into_iter()
+        .find(|key| !equivalent_argument(current.inner().get(*key), received.inner().get(*key)))
+}
+
+/// A delayed exchange's `x-delayed-type`: the type it routes as once a
+/// message is due (406 otherwise, in the plugin's words).
+pub(crate) fn delayed_type(arguments: &FieldTable) -> Result<ExchangeKind, AmqpError> {
+    let name = match arguments.inner().get(DELAYED_TYPE) {
+        Some(AMQPValue::LongString(name)) => std::str::from_utf8(name.as_bytes()).ok(),
+        Some(AMQPValue::ShortString(name)) => Some(name.as_str()),
+        _ => None,
+    };
+    name.and_then(ExchangeKind::parse).ok_or_else(|| {
+        AmqpError::invalid_argument(
+            reply_code::PRECONDITION_FAILED,
+            "Invalid argument, 'x-delayed-type' must be an existing exchange type",
+        )
+    })
 }
 
 /// RabbitMQ's name of a field's type, as its refusals print it.

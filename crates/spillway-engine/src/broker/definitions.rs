@@ -9,14 +9,14 @@ use spillway_proto::storage::{self as store, write_op, WriteOp};
 
 use super::arguments::{
     check_exchange_arguments, check_queue_type, dead_letter_exchange_name, dead_letter_queue_name,
-    dead_letter_target, dlq_enabled, first_inequivalent_argument, inequivalent_exchange_argument,
-    max_priority, queue_limits, single_active_consumer,
+    dead_letter_target, delayed_type, dlq_enabled, first_inequivalent_argument,
+    inequivalent_exchange_argument, max_priority, queue_limits, single_active_consumer,
 };
 use super::{
     check_exclusive, event, find_exchange, find_queue, find_queue_mut, op, Broker, OpResult,
 };
 use crate::broker::flow_to_disk::discard;
-use crate::exchange::Exchange;
+use crate::exchange::{Exchange, DELAYED_MESSAGE};
 use crate::model::ExchangeKind;
 use crate::model::*;
 use crate::queue::Queue;
@@ -40,12 +40,12 @@ impl Broker {
             if cmd.passive {
                 return Ok(());
             }
-            if existing.kind.as_str() != cmd.kind {
+            if existing.kind_name() != cmd.kind {
                 return Err(AmqpError::new(
                     reply_code::PRECONDITION_FAILED,
                     format!(
                         "inequivalent arg 'type' for exchange '{}' in vhost '{}': received '{}' but current is '{}'",
-                        cmd.exchange, vhost_name, cmd.kind, existing.kind.as_str()
+                        cmd.exchange, vhost_name, cmd.kind, existing.kind_name()
                     ),
                 ));
             }
@@ -87,12 +87,14 @@ impl Broker {
                 format!("no exchange '{}' in vhost '{}'", cmd.exchange, vhost_name),
             ));
         }
-        let Some(kind) = ExchangeKind::parse(&cmd.kind) else {
+        let delayed = cmd.kind == DELAYED_MESSAGE;
+        let plain_kind = ExchangeKind::parse(&cmd.kind);
+        if plain_kind.is_none() && !delayed {
             return Err(AmqpError::invalid_argument(
                 reply_code::COMMAND_INVALID,
                 format!("invalid exchange type '{}'", cmd.kind),
             ));
-        };
+        }
         if cmd.exchange.starts_with("amq.") {
             return Err(AmqpError::new(
                 reply_code::ACCESS_REFUSED,
@@ -104,11 +106,18 @@ impl Broker {
         }
         let arguments = amqp::decode_table(&cmd.arguments)?;
         check_exchange_arguments(&arguments, &cmd.exchange, &vhost_name)?;
+        // A delayed exchange routes as its `x-delayed-type` once a message
+        // is due.
+        let kind = match plain_kind {
+            Some(kind) => kind,
+            None => delayed_type(&arguments)?,
+        };
         self.admit_exchange(&vhost_name, &cmd.exchange)?;
         let mut exchange = Exchange::new(&cmd.exchange, kind, cmd.durable);
         exchange.auto_delete = cmd.auto_delete;
         exchange.internal = cmd.internal;
         exchange.arguments = arguments;
+        exchange.delayed = delayed;
         if exchange.durable {
             self.persist.submit_synced(
                 vec![op(write_op::Op::PutExchange(store::ExchangeDefinition {
@@ -194,6 +203,10 @@ impl Broker {
             });
         }
         self.persist.submit_synced(ops, None);
+        if exchange.delayed {
+            // What waited for it is dropped when due.
+            self.delayed.forget(vhost_name, Some(name));
+        }
     }
 
     // --------------------------------------------------------------- queues

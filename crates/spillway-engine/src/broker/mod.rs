@@ -25,6 +25,8 @@
 //! - `limits`: admitting sessions, channels, queues, exchanges, bindings
 //!   and consumers against the configured limits, and management's view;
 //! - `recovery`: start-up recovery's progress, and installing what it read;
+//! - `delayed`: delayed messages (`x-delayed-message` exchanges), kept in
+//!   the store until due, then routed;
 //! - `policies`: which policies apply to each queue and exchange, and what
 //!   a policy change does to queues holding messages.
 //!
@@ -38,6 +40,7 @@
 mod arguments;
 mod dead_letter;
 mod definitions;
+pub(crate) mod delayed;
 pub(crate) mod direct_reply;
 mod dispatch;
 mod expiry;
@@ -72,7 +75,7 @@ use crate::vhost::VHost;
 use flow_to_disk::LoadRequest;
 
 pub(crate) use arguments::{
-    dlq_enabled, recovered_dead_letter, recovered_limits, recovered_max_priority,
+    delayed_type, dlq_enabled, recovered_dead_letter, recovered_limits, recovered_max_priority,
     recovered_single_active_consumer, RUNTIME_ARGUMENTS,
 };
 pub use dead_letter::DeadLetterJob;
@@ -133,6 +136,9 @@ pub struct Broker {
     /// Direct reply-to: each live reply-to name's token, and the channel
     /// whose consumer its replies go to (`direct_reply.rs`).
     reply_routes: HashMap<String, (SessionId, ChannelId)>,
+    /// Delayed messages: how many wait per exchange, when the next is due
+    /// (`delayed.rs`).
+    pub(crate) delayed: delayed::DelayedState,
 }
 
 /// What the broker needs from the engine around it besides its
@@ -176,6 +182,7 @@ impl Broker {
             pacing: config.pacing,
             pacing_stats: PacingStats::default(),
             reply_routes: HashMap::new(),
+            delayed: delayed::DelayedState::default(),
         }
     }
 

@@ -64,11 +64,20 @@ impl Broker {
             }
         }
         self.resolve_reply_to(session, &mut cmd)?;
+        let vhost_name = self.session_vhost(session)?;
+        if let Some(delay_ms) = self.publish_delay(&vhost_name, &cmd)? {
+            if self.in_tx(session, cmd.channel) {
+                return Err(AmqpError::new(
+                    reply_code::NOT_IMPLEMENTED,
+                    "delayed messages cannot be published in a transaction",
+                ));
+            }
+            return self.publish_delayed(session, &vhost_name, cmd, delay_ms);
+        }
         if self.in_tx(session, cmd.channel) {
             // Held until tx.commit (`tx.rs`).
             return self.tx_publish(session, cmd).map(|()| PublishOutcome::Done);
         }
-        let vhost_name = self.session_vhost(session)?;
         // Read (and a bad one refused) by the gateway.
         let message_ttl = cmd.expiration_ms;
         let store_failure = self.alarms.store_failure().map(str::to_string);

@@ -18,6 +18,7 @@ mod consumer_selection;
 mod consumer_timeout;
 mod crash_recovery;
 mod dead_letters;
+mod delayed_messages;
 mod expiry;
 mod flow_to_disk;
 mod hostile_clients;

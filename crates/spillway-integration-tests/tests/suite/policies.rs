@@ -234,14 +234,26 @@ async fn a_policy_trims_a_backlog_that_flowed_to_disk(sb: &mut Sandbox) -> anyho
         let message = get(&ch, "spill.q").await?;
         assert_eq!(seq(&message.delivery.data), expected);
         assert_eq!(message.delivery.data.len(), 16 * 1024);
-        message.delivery.acker.ack(BasicAckOptions::default()).await?;
+        message
+            .delivery
+            .acker
+            .ack(BasicAckOptions::default())
+            .await?;
     }
     for expected in 0..(total - 10) {
         let message = get(&ch, "spill.dead").await?;
-        assert_eq!(seq(&message.delivery.data), expected, "dead letters in order");
+        assert_eq!(
+            seq(&message.delivery.data),
+            expected,
+            "dead letters in order"
+        );
         let death = deaths(&message.delivery.properties);
         assert_eq!(field(&death[0], "reason").as_deref(), Some("maxlen"));
-        message.delivery.acker.ack(BasicAckOptions::default()).await?;
+        message
+            .delivery
+            .acker
+            .ack(BasicAckOptions::default())
+            .await?;
     }
     admin
         .set_broker_settings(m::SetBrokerSettingsRequest {

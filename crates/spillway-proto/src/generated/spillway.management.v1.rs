@@ -107,6 +107,10 @@ pub struct Exchange {
     /// The policy that applies to it (empty: none).
     #[prost(string, tag = "9")]
     pub policy: ::prost::alloc::string::String,
+    /// An x-delayed-message exchange: the messages waiting for their due
+    /// time (kept in the store, not in memory).
+    #[prost(uint64, tag = "10")]
+    pub delayed_messages: u64,
 }
 #[allow(clippy::all)]
 #[derive(serde::Serialize)]

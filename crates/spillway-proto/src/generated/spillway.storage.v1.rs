@@ -169,7 +169,7 @@ pub struct WriteAck {
 pub struct WriteOp {
     #[prost(
         oneof = "write_op::Op",
-        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18"
+        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20"
     )]
     pub op: ::core::option::Option<write_op::Op>,
 }
@@ -222,7 +222,97 @@ pub mod write_op {
         PutPolicy(super::PolicyDefinition),
         #[prost(message, tag = "18")]
         DeletePolicy(super::PolicyDefinition),
+        /// A message published to an `x-delayed-message` exchange, kept by due
+        /// time until it is routed; then deleted in the batch that routes it.
+        #[prost(message, tag = "19")]
+        PutDelayed(super::DelayedMessage),
+        #[prost(message, tag = "20")]
+        DeleteDelayed(super::DelayedKey),
     }
+}
+/// A message waiting for its due time (whole: routed from this record).
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct DelayedMessage {
+    #[prost(string, tag = "1")]
+    pub vhost: ::prost::alloc::string::String,
+    /// The delayed exchange it was published to, and its routing key.
+    #[prost(string, tag = "2")]
+    pub exchange: ::prost::alloc::string::String,
+    #[prost(string, tag = "3")]
+    pub routing_key: ::prost::alloc::string::String,
+    #[prost(bytes = "bytes", tag = "4")]
+    pub properties: ::prost::bytes::Bytes,
+    #[prost(bytes = "bytes", tag = "5")]
+    pub body: ::prost::bytes::Bytes,
+    #[prost(bool, tag = "6")]
+    pub persistent: bool,
+    /// As in MessageRecord.
+    #[prost(uint32, tag = "7")]
+    pub body_encoding: u32,
+    #[prost(uint64, tag = "8")]
+    pub body_size: u64,
+    /// When it is routed: milliseconds since the Unix epoch.
+    #[prost(uint64, tag = "9")]
+    pub due_ms: u64,
+    /// Engine-assigned when published (its key, with due_ms).
+    #[prost(uint64, tag = "10")]
+    pub id: u64,
+    /// Its `expiration` property, read when published (unset: none); it
+    /// counts from when the message is routed.
+    #[prost(uint64, optional, tag = "11")]
+    pub expiration_ms: ::core::option::Option<u64>,
+}
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct DelayedKey {
+    #[prost(uint64, tag = "1")]
+    pub due_ms: u64,
+    #[prost(uint64, tag = "2")]
+    pub id: u64,
+}
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ScanDelayedRequest {
+    /// The delayed messages due at or before this time (ms since the Unix
+    /// epoch), oldest due first; 0: none (only `next_due_ms`, or counts).
+    #[prost(uint64, tag = "1")]
+    pub due_until_ms: u64,
+    /// At most this many, and stop after this many body bytes (at least one
+    /// message is returned when one is due).
+    #[prost(uint32, tag = "2")]
+    pub max_messages: u32,
+    #[prost(uint64, tag = "3")]
+    pub max_bytes: u64,
+    /// Count the waiting messages with an id below this one, per exchange,
+    /// instead of returning messages (0: do not count).
+    #[prost(uint64, tag = "4")]
+    pub count_below_id: u64,
+    /// Where to start: nothing is due before this (what an earlier scan
+    /// answered as next due), so the deleted records before it are skipped.
+    #[prost(uint64, tag = "5")]
+    pub from_due_ms: u64,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct DelayedBatch {
+    #[prost(message, repeated, tag = "1")]
+    pub messages: ::prost::alloc::vec::Vec<DelayedMessage>,
+    /// When the first delayed message not returned is due (0: none waits).
+    #[prost(uint64, tag = "2")]
+    pub next_due_ms: u64,
+    #[prost(message, repeated, tag = "3")]
+    pub counts: ::prost::alloc::vec::Vec<DelayedCount>,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct DelayedCount {
+    #[prost(string, tag = "1")]
+    pub vhost: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub exchange: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "3")]
+    pub count: u64,
 }
 /// A policy or operator policy as management set it (checked then).
 #[allow(clippy::all)]
@@ -872,6 +962,30 @@ pub mod storage_client {
                 .insert(GrpcMethod::new("spillway.storage.v1.Storage", "ReleaseLease"));
             self.inner.unary(req, path, codec).await
         }
+        /// Delayed messages (`x-delayed-message` exchanges) in due order: those
+        /// due by a time, bounded in count and bytes, and when the next one is
+        /// due; or, at start-up, how many wait per exchange.
+        pub async fn scan_delayed(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ScanDelayedRequest>,
+        ) -> std::result::Result<tonic::Response<super::DelayedBatch>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.storage.v1.Storage/ScanDelayed",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("spillway.storage.v1.Storage", "ScanDelayed"));
+            self.inner.unary(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -971,6 +1085,13 @@ pub mod storage_server {
             tonic::Response<super::ReleaseLeaseResponse>,
             tonic::Status,
         >;
+        /// Delayed messages (`x-delayed-message` exchanges) in due order: those
+        /// due by a time, bounded in count and bytes, and when the next one is
+        /// due; or, at start-up, how many wait per exchange.
+        async fn scan_delayed(
+            &self,
+            request: tonic::Request<super::ScanDelayedRequest>,
+        ) -> std::result::Result<tonic::Response<super::DelayedBatch>, tonic::Status>;
     }
     #[derive(Debug)]
     pub struct StorageServer<T> {
@@ -1479,6 +1600,51 @@ pub mod storage_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ReleaseLeaseSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.storage.v1.Storage/ScanDelayed" => {
+                    #[allow(non_camel_case_types)]
+                    struct ScanDelayedSvc<T: Storage>(pub Arc<T>);
+                    impl<
+                        T: Storage,
+                    > tonic::server::UnaryService<super::ScanDelayedRequest>
+                    for ScanDelayedSvc<T> {
+                        type Response = super::DelayedBatch;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::ScanDelayedRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Storage>::scan_delayed(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ScanDelayedSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

@@ -617,6 +617,13 @@ impl StorageApi for StorageGroup {
         StorageApi::status(&self.inner.store, count_records).await
     }
 
+    async fn scan_delayed(
+        &self,
+        request: spillway_proto::storage::ScanDelayedRequest,
+    ) -> Result<spillway_proto::storage::DelayedBatch, ServiceError> {
+        StorageApi::scan_delayed(&self.inner.store, request).await
+    }
+
     /// The orphans are found in this member's records, and deleted through
     /// the log with the caller's epoch (refused everywhere if stale).
     async fn remove_orphans(&self, epoch: u64, below_id: u64) -> Result<u64, ServiceError> {
