@@ -5,7 +5,7 @@
 # make compose-test     the compose stack with its `test` profile (load, flow to disk, capacity)
 # make compose-faults   kill storage, engine, gateways and cut engine<->storage under traffic
 # make sim SEEDS=N      the storage group's deterministic simulation (SEED=S replays one)
-.PHONY: images run test test-stages build deps venv lint test-build test-rust test-python bench fmt clean \
+.PHONY: images run test test-stages build deps venv lint test-build test-rust test-python bench bench-delayed fmt clean \
 	test-fuzz fuzz sim \
 	bench-flow-to-disk \
 	docker-check images-from-build compose-test compose-faults
@@ -84,6 +84,12 @@ bench: deps
 bench-flow-to-disk: deps
 	@scripts/install-deps.sh --bench
 	scripts/bench-flow-to-disk.sh
+
+# Delayed messages: 10 million of 100 bytes due over 10 minutes through an x-delayed-message
+# exchange; lateness p50/p99, peak RSS against the budget. BENCH_DELAYED_*: see the script.
+bench-delayed: deps
+	@scripts/install-deps.sh --bench
+	scripts/bench-delayed.sh
 
 images: deps docker-check
 	$(CARGO) build --release -p spillway -p spillway-loadgen

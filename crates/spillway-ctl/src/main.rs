@@ -1174,7 +1174,7 @@ fn vhost_only(limits: &m::Limits, count: u64) -> String {
 
 fn exchange_table(exchanges: &[m::Exchange]) -> String {
     table(
-        &["name", "type", "flags", "arguments"],
+        &["name", "type", "flags", "arguments", "policy", "delayed"],
         exchanges
             .iter()
             .map(|x| {
@@ -1193,6 +1193,12 @@ fn exchange_table(exchanges: &[m::Exchange]) -> String {
                         ("builtin", x.builtin),
                     ]),
                     map_text(&x.arguments),
+                    x.policy.clone(),
+                    if x.kind == "x-delayed-message" {
+                        x.delayed_messages.to_string()
+                    } else {
+                        String::new()
+                    },
                 ]
             })
             .collect(),

@@ -501,9 +501,9 @@ async fn run_expiry(shared: std::sync::Weak<Shared>, wake: Arc<Notify>) {
 
 /// Delayed messages (`broker/delayed.rs`): counts what the store holds at
 /// start-up (below this run's first id), then sleeps until the next one
-/// is due (or an earlier one is published), waits until every write
-/// submitted so far is in the store, reads the due ones in bounded batches
-/// and routes them. Ends with the engine.
+/// is due (or an earlier one is published), waits until those due are in
+/// the store (only when one is still being written), reads the due ones in
+/// bounded batches and routes them. Ends with the engine.
 async fn run_delayed(shared: std::sync::Weak<Shared>, wake: Arc<Notify>, first_id: u64) {
     use crate::broker::delayed::DelayedDue;
     use spillway_proto::storage::ScanDelayedRequest;
@@ -554,18 +554,26 @@ async fn run_delayed(shared: std::sync::Weak<Shared>, wake: Arc<Notify>, first_i
         }
     }
     loop {
-        let (now, due) = {
+        let (now, due, wait_for) = {
             let Some(engine) = shared.upgrade() else {
                 return;
             };
             let mut broker = engine.broker.lock();
             let now = broker.clock.unix_millis();
-            (now, broker.delayed.due(now))
+            let due = broker.delayed.due(now);
+            let writer = &engine.writer;
+            let wait_for = match due {
+                DelayedDue::Now { .. } => broker
+                    .delayed
+                    .write_to_wait_for(now, |seq| writer.is_written(seq)),
+                _ => None,
+            };
+            (now, due, wait_for)
         };
         // Neither the engine, its writer nor its store is kept while
         // asleep: the engine may go (and release the store) meanwhile.
         let sleep = match due {
-            DelayedDue::Now { from_due_ms } => {
+            DelayedDue::Now { from } => {
                 let Some(engine) = shared.upgrade() else {
                     return;
                 };
@@ -574,15 +582,18 @@ async fn run_delayed(shared: std::sync::Weak<Shared>, wake: Arc<Notify>, first_i
                     return;
                 };
                 drop(engine);
-                // What was published before now is in the store before it
-                // is looked for there.
-                let _ = writer.wait_written(writer.last_submitted()).await;
+                // What is due by now is in the store before it is looked
+                // for there (a write of another kind is not waited for).
+                if let Some(seq) = wait_for {
+                    let _ = writer.wait_written(seq).await;
+                }
                 drop(writer);
                 let request = ScanDelayedRequest {
                     due_until_ms: now,
                     max_messages: BATCH_MESSAGES,
                     max_bytes: BATCH_BYTES,
-                    from_due_ms,
+                    from_due_ms: from.0,
+                    from_id: from.1,
                     ..Default::default()
                 };
                 let scanned = storage.scan_delayed(request).await;
@@ -593,12 +604,12 @@ async fn run_delayed(shared: std::sync::Weak<Shared>, wake: Arc<Notify>, first_i
                 let mut broker = engine.broker.lock();
                 match scanned {
                     Ok(batch) => {
-                        broker.route_delayed(batch.messages, batch.next_due_ms);
+                        broker.route_delayed(batch.messages, (batch.next_due_ms, batch.next_id));
                         Duration::ZERO
                     }
                     Err(error) => {
                         tracing::warn!(%error, "could not read the delayed messages due; retrying");
-                        broker.delayed.note_due(from_due_ms);
+                        broker.delayed.note_next(from);
                         RETRY
                     }
                 }

@@ -20,7 +20,7 @@ pub struct Scanned {
     pub corrupt: Vec<(Vec<u8>, prost::DecodeError, usize)>,
 }
 
-/// Scans `entries`, the `d` keys from `keys::delayed_key(request.from_due_ms, 0)`
+/// Scans `entries`, the `d` keys from `keys::delayed_key(request.from_due_ms, request.from_id)`
 /// on, in key order, with their values.
 pub fn scan<K: AsRef<[u8]>, V: AsRef<[u8]>, E>(
     entries: impl Iterator<Item = Result<(K, V), E>>,
@@ -40,6 +40,7 @@ pub fn scan<K: AsRef<[u8]>, V: AsRef<[u8]>, E>(
         if request.count_below_id > 0 {
             if batch.next_due_ms == 0 {
                 batch.next_due_ms = due;
+                batch.next_id = id;
             }
             if id >= request.count_below_id {
                 continue;
@@ -54,6 +55,7 @@ pub fn scan<K: AsRef<[u8]>, V: AsRef<[u8]>, E>(
             || (!batch.messages.is_empty() && bytes >= request.max_bytes);
         if due > request.due_until_ms || full {
             batch.next_due_ms = due;
+            batch.next_id = id;
             break;
         }
         match DelayedMessage::decode(value) {
@@ -110,7 +112,7 @@ mod tests {
         };
         let scanned = scan(entries().into_iter(), &one)?;
         assert_eq!(scanned.batch.messages.len(), 1);
-        assert_eq!(scanned.batch.next_due_ms, 20);
+        assert_eq!((scanned.batch.next_due_ms, scanned.batch.next_id), (20, 1));
         let counting = ScanDelayedRequest {
             count_below_id: 5,
             ..Default::default()

@@ -308,7 +308,7 @@ impl StorageApi for MemoryStore {
         request: spillway_proto::storage::ScanDelayedRequest,
     ) -> Result<spillway_proto::storage::DelayedBatch, ServiceError> {
         let map = self.inner.map.lock();
-        let from = keys::delayed_key(request.from_due_ms, 0).to_vec();
+        let from = keys::delayed_key(request.from_due_ms, request.from_id).to_vec();
         let entries = map
             .range(from..)
             .map(|(key, value)| Ok::<_, ServiceError>((key, value)));

@@ -616,7 +616,7 @@ impl RocksStore {
         &self,
         request: &spillway_proto::storage::ScanDelayedRequest,
     ) -> Result<spillway_proto::storage::DelayedBatch, StoreError> {
-        let from = keys::delayed_key(request.from_due_ms, 0);
+        let from = keys::delayed_key(request.from_due_ms, request.from_id);
         let entries = self
             .db
             .iterator(IteratorMode::From(&from, Direction::Forward));

@@ -51,6 +51,54 @@ impl Broker {
             .or((self.default_max_deliveries > 0).then_some(self.default_max_deliveries))
     }
 
+    /// Lets go of messages taken off a queue for `reason` (expired, over
+    /// a length limit): dead-lettered when the queue has a dead-letter
+    /// exchange, else discarded (and counted). Returns the queues that
+    /// received dead letters, to dispatch.
+    pub(crate) fn let_go(
+        &mut self,
+        vhost: &str,
+        queue_name: &str,
+        entries: Vec<QueuedMessage>,
+        reason: DeathReason,
+    ) -> Vec<String> {
+        if entries.is_empty() {
+            return Vec::new();
+        }
+        let Self {
+            vhosts,
+            shared_refs,
+            persist,
+            ..
+        } = self;
+        let Some(queue) = vhosts
+            .get_mut(vhost)
+            .and_then(|v| v.queues.get_mut(queue_name))
+        else {
+            return Vec::new();
+        };
+        if queue.dead_letter.is_some() {
+            let jobs = entries
+                .into_iter()
+                .map(|entry| DeadLetterJob {
+                    queue: queue_name.to_string(),
+                    entry,
+                    reason,
+                    release: true,
+                })
+                .collect();
+            return self.dead_letter(vhost, jobs);
+        }
+        let stores = queue.stores_messages();
+        let mut ops = Vec::new();
+        for entry in &entries {
+            queue.dead_letter_counts.count_discarded(reason);
+            discard(shared_refs, vhost, queue_name, stores, entry, &mut ops);
+        }
+        persist.submit(ops, Durability::Logged, None);
+        Vec::new()
+    }
+
     /// Dead-letters `jobs` (and whatever the target queues' drop-head limits
     /// push out in turn), writes what the store must know in one batch, and
     /// returns the queues that received messages, to dispatch.

@@ -11,6 +11,7 @@
 //! queues' limits, dead letters) and deletes its record in the same store
 //! batch: after a crash a message is either still delayed or in its queues.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use foldhash::{HashMap, HashMapExt};
@@ -35,12 +36,18 @@ const MAX_DELAY_MS: u64 = spillway_amqp::properties::MAX_EXPIRY_MS;
 pub struct DelayedState {
     /// How many wait, per (vhost, exchange).
     counts: HashMap<(String, String), u64>,
-    /// No delayed message is due before this (None: none is known to
-    /// wait). The timer takes it when it is due; a publish lowers it.
-    next_due: Option<u64>,
+    /// No delayed message waits before this (due time, id) (None: none is
+    /// known to wait): where the timer's next scan starts. The timer
+    /// takes it when it is due; a publish lowers it.
+    next_due: Option<(u64, u64)>,
     /// Wakes the timer when a message due earlier than it sleeps for
     /// arrives.
     waker: Arc<Notify>,
+    /// Delayed messages submitted to the store writer and perhaps not
+    /// written yet: (write sequence, due time), in sequence order. The
+    /// timer waits for a write only when one of these is due; at most as
+    /// many as the writer's queue holds.
+    unwritten: VecDeque<(u64, u64)>,
 }
 
 impl Default for DelayedState {
@@ -49,6 +56,7 @@ impl Default for DelayedState {
             counts: HashMap::new(),
             next_due: None,
             waker: Arc::new(Notify::new()),
+            unwritten: VecDeque::new(),
         }
     }
 }
@@ -56,8 +64,8 @@ impl Default for DelayedState {
 /// What the delayed timer is to do now.
 #[derive(Debug, PartialEq, Eq)]
 pub enum DelayedDue {
-    /// Read the messages due by now, from this due time on.
-    Now { from_due_ms: u64 },
+    /// Read the messages due by now, from this (due time, id) on.
+    Now { from: (u64, u64) },
     /// Sleep until then (or until woken).
     At(u64),
     /// Nothing waits: sleep until woken.
@@ -81,19 +89,39 @@ impl DelayedState {
     /// (publishes from now on lower `next_due` again).
     pub fn due(&mut self, now: u64) -> DelayedDue {
         match self.next_due {
-            Some(due) if due <= now => {
+            Some(from) if from.0 <= now => {
                 self.next_due = None;
-                DelayedDue::Now { from_due_ms: due }
+                DelayedDue::Now { from }
             }
-            Some(due) => DelayedDue::At(due),
+            Some((due, _)) => DelayedDue::At(due),
             None => DelayedDue::Idle,
         }
     }
 
+    /// The store write the timer must wait for before it looks for what
+    /// is due by `now`: the last of the unwritten delayed messages due by
+    /// then (None: every one due is in the store already). Forgets those
+    /// written.
+    pub fn write_to_wait_for(&mut self, now: u64, written: impl Fn(u64) -> bool) -> Option<u64> {
+        while self.unwritten.front().is_some_and(|(seq, _)| written(*seq)) {
+            self.unwritten.pop_front();
+        }
+        self.unwritten
+            .iter()
+            .filter(|(_, due)| *due <= now)
+            .map(|(seq, _)| *seq)
+            .max()
+    }
+
     /// A message is due at `due` (published, or found in the store).
     pub fn note_due(&mut self, due: u64) {
-        if self.next_due.is_none_or(|next| due < next) {
-            self.next_due = Some(due);
+        self.note_next((due, 0));
+    }
+
+    /// Nothing waits before `from` (due time, id) that is not known yet.
+    pub fn note_next(&mut self, from: (u64, u64)) {
+        if self.next_due.is_none_or(|next| from < next) {
+            self.next_due = Some(from);
             self.waker.notify_one();
         }
     }
@@ -221,14 +249,25 @@ impl Broker {
             expiration_ms: cmd.expiration_ms,
         };
         let ops = vec![op(write_op::Op::PutDelayed(message))];
-        let outcome = if confirm {
+        let (seq, outcome) = if confirm {
             let (done, wait) = oneshot::channel();
-            self.persist.submit(ops, durability, Some(done));
-            PublishOutcome::AfterWrite(wait)
+            let seq = self.persist.submit(ops, durability, Some(done));
+            (seq, PublishOutcome::AfterWrite(wait))
         } else {
-            self.persist.submit(ops, durability, None);
-            PublishOutcome::Done
+            let seq = self.persist.submit(ops, durability, None);
+            (seq, PublishOutcome::Done)
         };
+        let written = |seq| self.persist.is_written(seq);
+        // Those written already go first: the queue holds what is in flight.
+        while self
+            .delayed
+            .unwritten
+            .front()
+            .is_some_and(|(seq, _)| written(*seq))
+        {
+            self.delayed.unwritten.pop_front();
+        }
+        self.delayed.unwritten.push_back((seq, due_ms));
         self.delayed.note_due(due_ms);
         self.note_producer(session);
         if cmd.persistent {
@@ -238,11 +277,13 @@ impl Broker {
     }
 
     /// Routes delayed messages that are due, read from the store in due
-    /// order, and deletes their records in the same batch. `next_due_ms`:
-    /// when the first one not read is due (0: none waits).
-    pub(crate) fn route_delayed(&mut self, messages: Vec<DelayedMessage>, next_due_ms: u64) {
-        if next_due_ms > 0 {
-            self.delayed.note_due(next_due_ms);
+    /// order, and deletes their records in the same batch. `next`: the
+    /// (due time, id) of the first one not read (due 0: none waits).
+    pub(crate) fn route_delayed(&mut self, messages: Vec<DelayedMessage>, next: (u64, u64)) {
+        if next.0 > 0 {
+            // Exactly where this batch stopped: those routed here (whose
+            // deletes may not be written yet) are not read again.
+            self.delayed.note_next(next);
         }
         if messages.is_empty() {
             return;
@@ -347,10 +388,31 @@ mod tests {
         state.note_due(500);
         state.note_due(300);
         assert_eq!(state.due(100), DelayedDue::At(300));
-        assert_eq!(state.due(300), DelayedDue::Now { from_due_ms: 300 });
+        assert_eq!(state.due(300), DelayedDue::Now { from: (300, 0) });
         assert_eq!(state.due(300), DelayedDue::Idle, "claimed");
         state.note_due(400);
         assert_eq!(state.due(350), DelayedDue::At(400));
+        state.note_next((400, 7));
+        assert_eq!(
+            state.due(400),
+            DelayedDue::Now { from: (400, 0) },
+            "the lower key"
+        );
+        state.note_next((400, 7));
+        assert_eq!(state.due(400), DelayedDue::Now { from: (400, 7) });
+    }
+
+    #[test]
+    fn the_timer_waits_only_for_writes_of_messages_due() {
+        let mut state = DelayedState::default();
+        state
+            .unwritten
+            .extend([(1, 900), (2, 100), (3, 5_000), (4, 200)]);
+        assert_eq!(state.write_to_wait_for(50, |_| false), None);
+        assert_eq!(state.write_to_wait_for(250, |_| false), Some(4));
+        assert_eq!(state.write_to_wait_for(250, |seq| seq <= 2), Some(4));
+        assert_eq!(state.unwritten.len(), 2, "written ones forgotten");
+        assert_eq!(state.write_to_wait_for(1_000, |seq| seq <= 4), None);
     }
 
     #[test]

@@ -22,12 +22,9 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use spillway_proto::storage::Durability;
 use tokio::sync::Notify;
 
-use super::dead_letter::DeadLetterJob;
 use super::Broker;
-use crate::broker::flow_to_disk::discard;
 use crate::model::*;
 use crate::queue::Queue;
 
@@ -239,65 +236,32 @@ impl Broker {
             return Vec::new();
         }
         let count = expired.len();
-        let Self {
-            vhosts,
-            shared_refs,
-            persist,
-            ..
-        } = self;
-        let Some(queue) = vhosts
-            .get_mut(vhost)
-            .and_then(|v| v.queues.get_mut(queue_name))
-        else {
+        let Some(queue) = self.queue_mut_opt(vhost, queue_name) else {
             return Vec::new();
         };
-        let target = queue.dead_letter.as_ref().map(|t| t.exchange.clone());
-        let touched = match target {
-            Some(exchange) => {
-                tracing::info!(
-                    code = "QUE-1103",
-                    vhost,
-                    queue = queue_name,
-                    messages = count,
-                    exchange = %exchange,
-                    "QUE-1103 : Expired : {} messages of queue {} : dead-lettered to exchange {}",
-                    crate::format::thousands(count as u64),
-                    queue_name,
-                    exchange
-                );
-                let jobs = expired
-                    .into_iter()
-                    .map(|entry| DeadLetterJob {
-                        queue: queue_name.to_string(),
-                        entry,
-                        reason: DeathReason::Expired,
-                        release: true,
-                    })
-                    .collect();
-                self.dead_letter(vhost, jobs)
-            }
-            None => {
-                tracing::info!(
-                    code = "QUE-1103",
-                    vhost,
-                    queue = queue_name,
-                    messages = count,
-                    "QUE-1103 : Expired : {} messages of queue {} : discarded",
-                    crate::format::thousands(count as u64),
-                    queue_name
-                );
-                let stores = queue.stores_messages();
-                let mut ops = Vec::new();
-                for entry in &expired {
-                    queue
-                        .dead_letter_counts
-                        .count_discarded(DeathReason::Expired);
-                    discard(shared_refs, vhost, queue_name, stores, entry, &mut ops);
-                }
-                persist.submit(ops, Durability::Logged, None);
-                Vec::new()
-            }
-        };
+        match queue.dead_letter.as_ref().map(|t| t.exchange.clone()) {
+            Some(exchange) => tracing::info!(
+                code = "QUE-1103",
+                vhost,
+                queue = queue_name,
+                messages = count,
+                exchange = %exchange,
+                "QUE-1103 : Expired : {} messages of queue {} : dead-lettered to exchange {}",
+                crate::format::thousands(count as u64),
+                queue_name,
+                exchange
+            ),
+            None => tracing::info!(
+                code = "QUE-1103",
+                vhost,
+                queue = queue_name,
+                messages = count,
+                "QUE-1103 : Expired : {} messages of queue {} : discarded",
+                crate::format::thousands(count as u64),
+                queue_name
+            ),
+        }
+        let touched = self.let_go(vhost, queue_name, expired, DeathReason::Expired);
         self.check_underfull(vhost, queue_name);
         touched
     }

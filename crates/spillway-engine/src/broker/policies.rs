@@ -6,12 +6,10 @@
 //! itself, its checks and how keys combine are `crate::policy`'s.
 
 use spillway_proto::management as m;
-use spillway_proto::storage::Durability;
 use spillway_proto::ServiceError;
 
 use super::arguments::{dead_letter_target, queue_limits};
-use super::flow_to_disk::discard;
-use super::{Broker, DeadLetterJob};
+use super::Broker;
 use crate::model::{DeathReason, Overflow};
 use crate::policy::{effective_queue_arguments, Policy, PolicySet, MAX_POLICIES_PER_VHOST};
 use crate::queue::Queue;
@@ -165,47 +163,14 @@ impl Broker {
     /// Drops a drop-head queue's oldest messages while it is over its
     /// length limits (dead-lettered, reason `maxlen`, or discarded).
     fn trim_to_length(&mut self, vhost_name: &str, queue_name: &str) -> Vec<String> {
-        let Self {
-            vhosts,
-            shared_refs,
-            persist,
-            ..
-        } = self;
-        let Some(queue) = vhosts
-            .get_mut(vhost_name)
-            .and_then(|v| v.queues.get_mut(queue_name))
-        else {
+        let Some(queue) = self.queue_mut_opt(vhost_name, queue_name) else {
             return Vec::new();
         };
         if queue.limits.overflow != Overflow::DropHead || queue.recovering {
             return Vec::new();
         }
         let dropped = queue.trim_to_length();
-        if dropped.is_empty() {
-            return Vec::new();
-        }
-        if queue.dead_letter.is_some() {
-            let jobs = dropped
-                .into_iter()
-                .map(|entry| DeadLetterJob {
-                    queue: queue_name.to_string(),
-                    entry,
-                    reason: DeathReason::Maxlen,
-                    release: true,
-                })
-                .collect();
-            return self.dead_letter(vhost_name, jobs);
-        }
-        let stores = queue.stores_messages();
-        let mut ops = Vec::new();
-        for entry in &dropped {
-            queue
-                .dead_letter_counts
-                .count_discarded(DeathReason::Maxlen);
-            discard(shared_refs, vhost_name, queue_name, stores, entry, &mut ops);
-        }
-        persist.submit(ops, Durability::Logged, None);
-        Vec::new()
+        self.let_go(vhost_name, queue_name, dropped, DeathReason::Maxlen)
     }
 
     /// Adds or replaces a policy of a vhost and applies it. Returns the

@@ -22,6 +22,7 @@ both_wirings!(
     declaring_a_delayed_exchange_is_checked,
     delayed_messages_cost_no_memory_while_they_wait,
     delayed_messages_survive_a_restart,
+    many_due_at_once_are_routed_once_each,
 );
 
 async fn delayed_exchange(
@@ -348,5 +349,52 @@ async fn delayed_messages_survive_a_restart(sb: &mut Sandbox) -> anyhow::Result<
     assert_eq!(second.delivery.data, b"after");
     assert!(restarted.elapsed() < Duration::from_secs(40));
     assert_eq!(waiting(&mut admin, "kept.later").await?, 0);
+    Ok(())
+}
+
+/// More messages due in the same milliseconds than one timer batch holds:
+/// each is routed exactly once (a batch that stops within a millisecond
+/// resumes at the exact message, not at the millisecond).
+async fn many_due_at_once_are_routed_once_each(sb: &mut Sandbox) -> anyhow::Result<()> {
+    let mut admin = sb.management().await?;
+    let (_conn, ch) = confirm_channel(sb).await?;
+    delayed_exchange(&ch, "burst", "fanout", false).await?;
+    declare(&ch, "burst.q", false, FieldTable::default()).await?;
+    bind(&ch, "burst.q", "burst", "", FieldTable::default()).await?;
+    let total = 6_000u32;
+    let mut confirms = Vec::new();
+    for n in 0..total {
+        let confirm = ch
+            .basic_publish(
+                s("burst"),
+                s(""),
+                BasicPublishOptions::default(),
+                &n.to_be_bytes(),
+                delayed(1_500),
+            )
+            .await?;
+        confirms.push(confirm);
+    }
+    for confirm in confirms {
+        anyhow::ensure!(confirm.await?.is_ack(), "publish not acked");
+    }
+    eventually(Duration::from_secs(20), || {
+        let mut admin = admin.clone();
+        async move { (waiting(&mut admin, "burst").await.ok()? == 0).then_some(()) }
+    })
+    .await?;
+    let mut seen = vec![false; total as usize];
+    let mut got = 0u32;
+    while let Some(message) = ch
+        .basic_get(s("burst.q"), BasicGetOptions { no_ack: true })
+        .await?
+    {
+        let n = u32::from_be_bytes(message.delivery.data[..4].try_into()?);
+        assert!(!seen[n as usize], "message {n} routed twice");
+        seen[n as usize] = true;
+        got += 1;
+    }
+    assert_eq!(got, total, "every one routed");
+    assert_eq!(waiting(&mut admin, "burst").await?, 0);
     Ok(())
 }

@@ -288,21 +288,27 @@ pub struct ScanDelayedRequest {
     /// instead of returning messages (0: do not count).
     #[prost(uint64, tag = "4")]
     pub count_below_id: u64,
-    /// Where to start: nothing is due before this (what an earlier scan
-    /// answered as next due), so the deleted records before it are skipped.
+    /// Where to start, (due time, id): nothing waits before it (what an
+    /// earlier scan answered as next), so records deleted before it — or
+    /// routed and not yet deleted — are skipped.
     #[prost(uint64, tag = "5")]
     pub from_due_ms: u64,
+    #[prost(uint64, tag = "6")]
+    pub from_id: u64,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct DelayedBatch {
     #[prost(message, repeated, tag = "1")]
     pub messages: ::prost::alloc::vec::Vec<DelayedMessage>,
-    /// When the first delayed message not returned is due (0: none waits).
+    /// When the first delayed message not returned is due (0: none waits),
+    /// and its id: where the next scan starts.
     #[prost(uint64, tag = "2")]
     pub next_due_ms: u64,
     #[prost(message, repeated, tag = "3")]
     pub counts: ::prost::alloc::vec::Vec<DelayedCount>,
+    #[prost(uint64, tag = "4")]
+    pub next_id: u64,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
