@@ -46,7 +46,9 @@
 #                                 confirms and commits wait for a majority's fsync;
 #                                 rabbitmq-quorum: three RabbitMQ nodes clustered on this
 #                                 machine, a quorum queue (x-queue-type=quorum), case c only
-#   BENCH_SCENARIOS="transient confirm-ack persistent tx large fixed-rate fanout16 compressible idle backlog"
+#   BENCH_SCENARIOS="transient confirm-ack persistent tx large fixed-rate fanout16 compressible idle backlog delayed"
+#                                 delayed: scripts/bench-delayed.sh (Spillway only, ~10 min;
+#                                 BENCH_DELAYED_* there)
 #   BENCH_BACKLOG_BYTES=2GiB      case d's backlog
 #   BENCH_BACKLOG_THRESHOLD=256MiB  case d's flow-to-disk threshold and RabbitMQ watermark
 #   BENCH_BACKLOG_PRIORITIES=10   case d again on priority queues with this many priorities
@@ -74,7 +76,7 @@ BENCH_COUNT="${BENCH_COUNT:-300000}"
 BENCH_PERSISTENT_COUNT="${BENCH_PERSISTENT_COUNT:-$((BENCH_COUNT / 5 > 0 ? BENCH_COUNT / 5 : 1))}"
 BENCH_SIZE="${BENCH_SIZE:-1024}"
 BENCH_TARGETS="${BENCH_TARGETS:-spillway-all-in-one spillway-separate spillway-compressed spillway-group rabbitmq rabbitmq-quorum}"
-BENCH_SCENARIOS="${BENCH_SCENARIOS:-transient confirm-ack persistent tx large fixed-rate fanout16 compressible idle backlog}"
+BENCH_SCENARIOS="${BENCH_SCENARIOS:-transient confirm-ack persistent tx large fixed-rate fanout16 compressible idle backlog delayed}"
 BENCH_BACKLOG_BYTES="${BENCH_BACKLOG_BYTES:-2GiB}"
 BENCH_BACKLOG_THRESHOLD="${BENCH_BACKLOG_THRESHOLD:-256MiB}"
 BENCH_BACKLOG_PRIORITIES="${BENCH_BACKLOG_PRIORITIES:-10}"
@@ -378,7 +380,7 @@ bench_target() {
     if ! "$start"; then
         log "$target could not start"
         for s in $BENCH_SCENARIOS; do
-            [ "$s" = idle ] || [ "$s" = backlog ] || ROWS+=("$target|$(scenario_label "$s")|NOT STARTED|-|-|-|-|-|-")
+            [ "$s" = idle ] || [ "$s" = backlog ] || [ "$s" = delayed ] || ROWS+=("$target|$(scenario_label "$s")|NOT STARTED|-|-|-|-|-|-")
         done
         FAILED=1
         "$stop"
@@ -389,7 +391,7 @@ bench_target() {
         case "$s" in
             idle) [ "$target" = spillway-compressed ] || [ "$target" = spillway-group ] ||
                 [ "$target" = rabbitmq-quorum ] || idle=1 ;;
-            backlog) ;; # run_backlog, after every target
+            backlog | delayed) ;; # run_backlog and bench-delayed.sh, after every target
             compressible) [ "$target" = spillway-group ] || [ "$target" = rabbitmq-quorum ] ||
                 run_compressible "$target" ;;
             # With compression on, only the case it is for; on a storage group, only
@@ -562,5 +564,14 @@ if [ "${#BACKLOG_ROWS[@]}" -gt 0 ]; then
         printf "$dfmt" "$t" "$c" "$pr" "$blocked" "$dr" "$cpu" "$rf" "$rd" "$lost" "$failed"
     done
 fi
+case " $BENCH_SCENARIOS " in
+    *" delayed "*)
+        # Delayed messages (scripts/bench-delayed.sh, Spillway only: Debian's RabbitMQ has no
+        # delayed-message plugin): 10 million of 100 bytes due over 10 minutes.
+        echo
+        echo "delayed messages (x-delayed-message), Spillway all-in-one:"
+        BENCH_SKIP_BUILD=1 scripts/bench-delayed.sh || FAILED=1
+        ;;
+esac
 echo "raw results: $BENCH_RESULTS"
 exit "$FAILED"
