@@ -338,6 +338,45 @@ async fn no_vote_while_empty(group: &mut GroupSandbox) -> anyhow::Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_started_empty_votes_for_one_that_holds_what_the_leader_held(
+) -> anyhow::Result<()> {
+    let mut group = GroupSandbox::start(3).await?;
+    let result = empty_member_votes_with_a_floor(&mut group).await;
+    result.with_context(|| group.logs())
+}
+
+/// What CI saw once: a member that started empty while its group ran (at
+/// the group's first start, a member that came up a moment late) withheld
+/// every vote until it had caught up, and a leader that died before then
+/// left the survivors without a majority. Started while the leader
+/// answers, it learns the leader's last log id, and votes for a survivor
+/// that holds it.
+async fn empty_member_votes_with_a_floor(group: &mut GroupSandbox) -> anyhow::Result<()> {
+    let conn = group.connect().await?;
+    let channel = durable_confirming_channel(&conn).await?;
+    publish_confirmed(&channel, 0, 20).await?;
+    let leader = group.leader().await?;
+    let committed = group.status_of(leader).await?.committed_index;
+    for id in 1..=3 {
+        group.wait_applied(id, committed).await?;
+    }
+    let wiped = (1..=3).find(|id| *id != leader).context("no follower")?;
+    group.kill_member(wiped).await?;
+    group.wipe_member(wiped)?;
+    group.start_member(wiped).await?;
+    // At once: the empty member may not have caught up yet.
+    group.kill_member(leader).await?;
+    publish_confirmed(&channel, 20, 30).await?;
+    let new_leader = group.leader().await?;
+    anyhow::ensure!(new_leader != leader, "the dead member still leads");
+    drop(channel);
+    conn.close(200, "bye".into()).await.ok();
+    group.start_member(leader).await?;
+    group.kill_and_restart_engine().await?;
+    consume_all(group, 30).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_member_reports_one_leader_and_how_far_it_applied() -> anyhow::Result<()> {
     let group = GroupSandbox::start(3).await?;
     let leader = group.leader().await?;

@@ -24,6 +24,12 @@ pub struct GroupStatus {
     /// The last log index committed (as the answering node knows it).
     #[prost(uint64, tag = "5")]
     pub committed_index: u64,
+    /// The last index of the answering node's log. On a leader that entry is
+    /// of its own term (a leader appends a blank entry when elected), so
+    /// (term, last_log_index) is the leader's last log id: what a member that
+    /// started empty requires of a candidate before it votes (rejoin.rs).
+    #[prost(uint64, tag = "6")]
+    pub last_log_index: u64,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]

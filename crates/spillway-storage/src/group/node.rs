@@ -182,9 +182,12 @@ impl StorageGroup {
         // member, or this member lost its disk. Either way it must not form
         // the group again, and it votes only once caught up (`rejoin.rs`).
         // Empty while none runs one: the group's first start.
-        let runs_already = starts_empty
-            && !settings.join
-            && super::rejoin::group_runs_already(&others, &transport).await;
+        let running = if starts_empty && !settings.join {
+            super::rejoin::running_group(&others, &transport).await
+        } else {
+            super::rejoin::RunningGroup::default()
+        };
+        let runs_already = running.runs;
         let state_error = |error: openraft::StorageError<u64>| GroupError::State(error.to_string());
         let rejoin = if !runs_already {
             Rejoin::settled()
@@ -200,9 +203,10 @@ impl StorageGroup {
             super::log::mark_empty_start(&store).map_err(state_error)?;
             tracing::info!(
                 node_id = settings.node_id,
+                floor = ?running.floor,
                 "the storage group runs already: this member starts empty and waits for its leader"
             );
-            Rejoin::catching_up()
+            Rejoin::catching_up(running.floor)
         };
         let raft = Raft::new(
             settings.node_id,
@@ -266,11 +270,19 @@ impl StorageGroup {
         &self,
         request: VoteRequest<u64>,
     ) -> Result<Result<VoteResponse<u64>, RaftError<u64, Infallible>>, VoteWithheld> {
-        let candidate_last_index = request.last_log_id.map(|log_id| log_id.index);
-        if self.inner.rejoin.withholds_vote_for(candidate_last_index) {
+        let candidate_term = request.vote.leader_id().term;
+        let candidate_last_log = request
+            .last_log_id
+            .map(|log_id| (log_id.leader_id.term, log_id.index));
+        if self
+            .inner
+            .rejoin
+            .withholds_vote_for(candidate_term, candidate_last_log)
+        {
             tracing::debug!(
                 candidate = request.vote.leader_id().voted_for().unwrap_or(0),
-                candidate_last_index,
+                candidate_term,
+                candidate_last_log = ?candidate_last_log,
                 "vote withheld: this member started empty and has not caught up"
             );
             return Err(VoteWithheld);
@@ -463,6 +475,7 @@ impl StorageGroup {
             node_id: self.inner.node_id,
             term: metrics.current_term,
             committed_index: metrics.last_applied.map(|log_id| log_id.index).unwrap_or(0),
+            last_log_index: last_log,
         }
     }
 
