@@ -28,7 +28,8 @@ STOP_TIMEOUT = float(os.environ.get("SPILLWAY_TEST_STOP_TIMEOUT", "20"))
 LOG_TAIL_LINES = 80
 
 # Environment variables of the test harness itself, never handed to the broker.
-_HARNESS_VARS = {"SPILLWAY_BIN", "SPILLWAY_TEST_AMQP_URL", "SPILLWAY_TEST_START_TIMEOUT",
+_HARNESS_VARS = {"SPILLWAY_BIN", "SPILLWAY_TEST_AMQP_URL", "SPILLWAY_TEST_HTTP_URL",
+                 "SPILLWAY_TEST_START_TIMEOUT",
                  "SPILLWAY_TEST_STOP_TIMEOUT"}
 # Every listener on an ephemeral loopback port, so that two runs can go at once.
 _EPHEMERAL = {
@@ -36,6 +37,7 @@ _EPHEMERAL = {
     "SPILLWAY_STORAGE__LISTEN": "127.0.0.1:0",
     "SPILLWAY_ENGINE__LISTEN": "127.0.0.1:0",
     "SPILLWAY_MANAGEMENT__LISTEN": "127.0.0.1:0",
+    "SPILLWAY_MANAGEMENT__HTTP_LISTEN": "127.0.0.1:0",
     "SPILLWAY_TELEMETRY__METRICS_LISTEN": "127.0.0.1:0",
 }
 

@@ -17,6 +17,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 tmp="$(mktemp -d -t spillway-rabbit.XXXXXX)"
 port="$(free_port)"
 dist_port="$(free_port)"
+http_port="$(free_port)"
 node="pytest-$$@localhost"
 epmd_was_running=0
 epmd -names >/dev/null 2>&1 && epmd_was_running=1
@@ -32,9 +33,13 @@ export RABBITMQ_CONFIG_FILE="$tmp/rabbitmq"
 export RABBITMQ_ENABLED_PLUGINS_FILE="$tmp/enabled_plugins"
 export RABBITMQ_PID_FILE="$tmp/rabbit.pid"
 mkdir -p "$tmp/mnesia" "$tmp/log"
-echo "[]." > "$tmp/enabled_plugins"
+# The management plugin: its HTTP API is what test_http_api.py holds Spillway's to.
+echo "[rabbitmq_management]." > "$tmp/enabled_plugins"
 cat > "$tmp/rabbitmq.conf" <<CONF
 listeners.tcp.default = 127.0.0.1:$port
+management.tcp.ip = 127.0.0.1
+management.tcp.port = $http_port
+collect_statistics_interval = 1000
 log.console = false
 log.file.level = info
 CONF
@@ -78,5 +83,6 @@ fi
 echo "with-rabbitmq: RabbitMQ $node on 127.0.0.1:$port" >&2
 
 export SPILLWAY_TEST_AMQP_URL="amqp://guest:guest@127.0.0.1:$port/%2F"
+export SPILLWAY_TEST_HTTP_URL="http://127.0.0.1:$http_port"
 # The command must not inherit the private HOME.
 HOME="$(getent passwd "$(id -u)" | cut -d: -f6)" "$@"

@@ -150,6 +150,7 @@ impl GroupSandbox {
             "management",
             &[
                 ("SPILLWAY_MANAGEMENT__LISTEN", "127.0.0.1:0".into()),
+                ("SPILLWAY_MANAGEMENT__HTTP_LISTEN", "127.0.0.1:0".into()),
                 ("SPILLWAY_MANAGEMENT__TOKEN", crate::MANAGEMENT_TOKEN.into()),
                 (
                     "SPILLWAY_MANAGEMENT__STORAGE_ADDRS",

@@ -119,6 +119,8 @@ pub struct Sandbox {
     /// The AMQPS address, when the configuration sets `gateway.amqps_listen`.
     amqps: Option<SocketAddr>,
     management: SocketAddr,
+    /// RabbitMQ's management HTTP API (`management.http_listen`).
+    management_http: SocketAddr,
     /// Where the store lives, when not in the sandbox's own directory.
     data_dir: Option<PathBuf>,
     /// Role (`all-in-one`, `storage`, `engine`, `gateway`) → its `/metrics`
@@ -190,6 +192,7 @@ impl Sandbox {
             amqp: SocketAddr::from(([127, 0, 0, 1], 0)),
             amqps: None,
             management: SocketAddr::from(([127, 0, 0, 1], 0)),
+            management_http: SocketAddr::from(([127, 0, 0, 1], 0)),
             metrics: BTreeMap::new(),
             in_process: None,
             children: Vec::new(),
@@ -286,6 +289,11 @@ impl Sandbox {
     /// The management gRPC API (bearer token [`MANAGEMENT_TOKEN`]).
     pub fn management_addr(&self) -> SocketAddr {
         self.management
+    }
+
+    /// RabbitMQ's management HTTP API (HTTP Basic, or the bearer token).
+    pub fn management_http_addr(&self) -> SocketAddr {
+        self.management_http
     }
 
     pub fn amqp_uri(&self) -> String {
@@ -504,6 +512,7 @@ impl Sandbox {
                 };
                 settings.gateway.amqp_listen = "127.0.0.1:0".into();
                 settings.management.listen = "127.0.0.1:0".into();
+                settings.management.http_listen = "127.0.0.1:0".into();
                 settings.management.token = Some(MANAGEMENT_TOKEN.into());
                 settings.telemetry.metrics_listen = Some("127.0.0.1:0".into());
                 settings.storage.data_dir = self.data_dir();
@@ -514,6 +523,10 @@ impl Sandbox {
                     .addresses
                     .get("management")
                     .context("no management address")?;
+                self.management_http = *running
+                    .addresses
+                    .get("http")
+                    .context("no management HTTP address")?;
                 let metrics = running
                     .addresses
                     .get("metrics")
@@ -526,6 +539,7 @@ impl Sandbox {
                 self.amqp = parse_addr(&ready, "amqp")?;
                 self.amqps = parse_addr(&ready, "amqps").ok();
                 self.management = parse_addr(&ready, "management")?;
+                self.management_http = parse_addr(&ready, "http")?;
             }
             Wiring::Separate => {
                 let storage = self.spawn("storage", &[]).await?;
@@ -555,6 +569,7 @@ impl Sandbox {
                     )
                     .await?;
                 self.management = parse_addr(&management, "management")?;
+                self.management_http = parse_addr(&management, "http")?;
                 let gateway = self
                     .spawn(
                         "gateway",
@@ -591,6 +606,7 @@ impl Sandbox {
             .env("SPILLWAY_ENGINE__LISTEN", "127.0.0.1:0")
             .env("SPILLWAY_STORAGE__LISTEN", "127.0.0.1:0")
             .env("SPILLWAY_MANAGEMENT__LISTEN", "127.0.0.1:0")
+            .env("SPILLWAY_MANAGEMENT__HTTP_LISTEN", "127.0.0.1:0")
             .env("SPILLWAY_MANAGEMENT__TOKEN", MANAGEMENT_TOKEN)
             .env("SPILLWAY_TELEMETRY__METRICS_LISTEN", "127.0.0.1:0")
             .env("SPILLWAY_STORAGE__DATA_DIR", self.data_dir())

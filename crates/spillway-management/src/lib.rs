@@ -8,6 +8,10 @@
 //! [`EngineAdminApi`] (in-process, or the engine's `EngineAdmin` gRPC
 //! service), store figures and the store quota from the storage node through
 //! [`StorageApi`].
+//!
+//! The same service answers RabbitMQ's management HTTP API ([`http`]):
+//! each HTTP endpoint calls the gRPC method with the caller that the same
+//! authenticator found.
 
 use std::sync::Arc;
 
@@ -23,6 +27,7 @@ use tonic::{Request, Response, Status};
 
 mod auth;
 pub mod authorize;
+pub mod http;
 
 pub use auth::{AuthConfig, Authenticated, Authenticator, Caller, ManagementUser};
 use authorize::{authorize, caller_of, Need};
@@ -44,22 +49,46 @@ impl ManagementService {
     }
 
     /// The authenticated management service plus server reflection (left
-    /// open: it only describes the public schema), ready to serve. Its
-    /// refused logins are counted in `metrics`.
-    pub fn routes(self, auth: AuthConfig, metrics: &Metrics) -> Result<Routes, ManagementError> {
-        let authenticator = Authenticator::new(auth, self.engine.clone());
+    /// open: it only describes the public schema), ready to serve, and the
+    /// HTTP API over the same service and authenticator (served only when
+    /// `management.http_listen` is set). Refused logins of both are counted
+    /// in `metrics`; `node` names this node in HTTP answers.
+    pub fn routes(
+        self,
+        auth: AuthConfig,
+        metrics: &Metrics,
+        node: &str,
+    ) -> Result<Served, ManagementError> {
+        let authenticator = Arc::new(Authenticator::new(auth, self.engine.clone()));
         authenticator.register_metrics(metrics);
-        let service = Authenticated::new(ManagementServer::new(self), Arc::new(authenticator));
+        let service = Arc::new(self);
+        let grpc = Authenticated::new(
+            ManagementServer::from_arc(service.clone()),
+            authenticator.clone(),
+        );
         let reflection_v1 = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(MANAGEMENT_DESCRIPTOR)
             .build_v1()?;
         let reflection_v1alpha = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(MANAGEMENT_DESCRIPTOR)
             .build_v1alpha()?;
-        Ok(Routes::new(service)
+        let grpc = Routes::new(grpc)
             .add_service(reflection_v1)
-            .add_service(reflection_v1alpha))
+            .add_service(reflection_v1alpha);
+        let http = http::HttpApi {
+            service,
+            authenticator,
+            node: node.to_string(),
+            listeners: Vec::new(),
+        };
+        Ok(Served { grpc, http })
     }
+}
+
+/// What the management service serves: its gRPC routes and its HTTP API.
+pub struct Served {
+    pub grpc: Routes,
+    pub http: http::HttpApi,
 }
 
 fn not_found(what: &str, name: &str, vhost: &str) -> Status {

@@ -389,9 +389,12 @@ async fn start_management(
     settings: &Settings,
     metrics: &Metrics,
 ) -> anyhow::Result<()> {
-    let routes =
-        ManagementService::new(admin, storage).routes(settings.management.auth(), metrics)?;
-    let router = management_server(settings)?.add_routes(routes);
+    let served = ManagementService::new(admin, storage).routes(
+        settings.management.auth(),
+        metrics,
+        &node_name(),
+    )?;
+    let router = management_server(settings)?.add_routes(served.grpc);
     start_grpc(
         running,
         "management",
@@ -400,7 +403,42 @@ async fn start_management(
         settings.management.tls.files().is_some(),
         watch::channel(false),
     )
-    .await
+    .await?;
+    let listen = settings.management.http_listen.trim();
+    if listen.is_empty() {
+        return Ok(());
+    }
+    let addr: SocketAddr = listen.parse().with_context(|| {
+        format!("management.http_listen '{listen}' is not an address (host:port)")
+    })?;
+    let mut api = served.http;
+    // The AMQP listeners of this process (all-in-one), for /api/overview.
+    for (name, protocol) in [("amqp", "amqp"), ("amqps", "amqp/ssl")] {
+        if let Some(amqp) = running.addresses.get(name) {
+            api = api.with_listener(protocol, *amqp);
+        }
+    }
+    // The management API's TLS: HTTPS only, as its gRPC port.
+    let tls = match settings.management.tls.files() {
+        Some(files) => Some(Arc::new(
+            spillway_gateway::tls::server_config(&files)
+                .context("management.tls: the certificate, key or CA cannot be used")?,
+        )),
+        None => None,
+    };
+    let server = spillway_management::http::start_http_api(addr, api, tls).await?;
+    running.add(Box::new(server));
+    Ok(())
+}
+
+/// This node's name in RabbitMQ's API answers: `spillway@HOST`.
+fn node_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|host| host.trim().to_string())
+        .filter(|host| !host.is_empty())
+        .unwrap_or_else(|| "localhost".into());
+    format!("spillway@{host}")
 }
 
 /// Serves `/metrics` from `metrics` and `/healthz` from the role's health.

@@ -732,6 +732,9 @@ fn list_or_commas<'de, D: serde::Deserializer<'de>>(
 pub struct ManagementSettings {
     /// The public management gRPC API.
     pub listen: String,
+    /// RabbitMQ's management HTTP API (`/api/...`, docs/http-api.md);
+    /// empty: not served. RabbitMQ's port is 15672.
+    pub http_listen: String,
     /// The storage node's gRPC address, when management runs alone.
     pub storage_addr: String,
     /// Every member of a storage group, as `engine.storage_addrs`.
@@ -768,6 +771,7 @@ impl Default for ManagementSettings {
     fn default() -> Self {
         Self {
             listen: "127.0.0.1:50051".into(),
+            http_listen: "127.0.0.1:15672".into(),
             storage_addr: "http://127.0.0.1:50071".into(),
             storage_addrs: Vec::new(),
             engine_addr: "http://127.0.0.1:50061".into(),

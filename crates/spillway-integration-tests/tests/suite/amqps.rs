@@ -536,5 +536,49 @@ async fn spillctl_over_management_tls(wiring: Wiring) -> anyhow::Result<()> {
             )
         })?;
     anyhow::ensure!(!ok && stderr.contains("--tls-ca"), "{stderr}");
+
+    // RabbitMQ's HTTP API on the same terms: HTTPS with a client
+    // certificate; without one, or in plain text, nothing.
+    // (This guest has no management tag: the operator's token.)
+    let whoami = format!(
+        "GET /api/whoami HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\nauthorization: Bearer {MANAGEMENT_TOKEN}\r\n\r\n"
+    );
+    let whoami = whoami.as_bytes();
+    let answer = https_exchange(&sandbox, &pki, Some(&operator), whoami).await?;
+    anyhow::ensure!(
+        answer.starts_with("HTTP/1.1 200") && answer.contains("administrator"),
+        "{answer}"
+    );
+    let refused = https_exchange(&sandbox, &pki, None, whoami).await;
+    anyhow::ensure!(
+        refused.as_ref().map_or(true, |answer| answer.is_empty()),
+        "HTTPS without a client certificate got in: {refused:?}"
+    );
+    let mut plain = TcpStream::connect(sandbox.management_http_addr()).await?;
+    plain.write_all(whoami).await?;
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), plain.read_to_end(&mut answer)).await;
+    anyhow::ensure!(
+        !String::from_utf8_lossy(&answer).contains("administrator"),
+        "plain HTTP got an answer"
+    );
     Ok(())
+}
+
+/// `request` over HTTPS to the management HTTP API; the whole answer.
+async fn https_exchange(
+    sandbox: &Sandbox,
+    pki: &Pki,
+    identity: Option<&Identity>,
+    request: &[u8],
+) -> anyhow::Result<String> {
+    let versions = [&rustls::version::TLS13];
+    let connector = tokio_rustls::TlsConnector::from(pki.rustls_client(identity, &versions)?);
+    let socket = TcpStream::connect(sandbox.management_http_addr()).await?;
+    let name = rustls::pki_types::ServerName::try_from("localhost")?;
+    let mut stream = connector.connect(name, socket).await?;
+    stream.write_all(request).await?;
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer)).await??;
+    Ok(String::from_utf8_lossy(&answer).into_owned())
 }

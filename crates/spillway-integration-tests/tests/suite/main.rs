@@ -22,6 +22,7 @@ mod delayed_messages;
 mod expiry;
 mod flow_to_disk;
 mod hostile_clients;
+mod http_api;
 mod internal_auth;
 mod limits;
 mod loadgen_clients;

@@ -1,0 +1,282 @@
+//! RabbitMQ's management HTTP API through its real HTTP server, against
+//! both wirings (in-process all-in-one, and the management service as its
+//! own process calling the engine over gRPC): what an operator's tool
+//! declares is what a lapin client finds, figures follow the client's
+//! messages, a connection closed over HTTP is closed for its client, and
+//! hostile requests meet the server's bounds.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use lapin::options::*;
+use lapin::types::FieldTable;
+use lapin::BasicProperties;
+use serde_json::{json, Value};
+use spillway_integration_tests::{both_wirings, eventually, Sandbox};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+both_wirings!(
+    timeout_secs = 90;
+    queues_declared_over_http_serve_amqp_clients,
+    connections_close_over_http,
+    hostile_requests_meet_the_bounds,
+);
+
+/// One HTTP/1.1 request over a fresh connection, as guest unless
+/// `authorization` says otherwise; the status and the body.
+async fn request(
+    sb: &Sandbox,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+    authorization: Option<&str>,
+) -> anyhow::Result<(u16, String)> {
+    let body = body.map(Value::to_string).unwrap_or_default();
+    let guest = "Basic Z3Vlc3Q6Z3Vlc3Q="; // guest:guest
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\nauthorization: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        authorization.unwrap_or(guest),
+        body.len()
+    );
+    raw(sb, format!("{head}{body}").as_bytes()).await
+}
+
+/// Sends `bytes` as they are; the status and body of the answer.
+async fn raw(sb: &Sandbox, bytes: &[u8]) -> anyhow::Result<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(sb.management_http_addr()).await?;
+    // The server may answer and close before it has read everything.
+    let _ = stream.write_all(bytes).await;
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut answer)).await??;
+    let answer = String::from_utf8_lossy(&answer).to_string();
+    let (head, body) = answer
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow::anyhow!("no HTTP answer: {answer:?}"))?;
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|status| status.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no status in {head:?}"))?;
+    Ok((status, body.to_string()))
+}
+
+async fn get_json(sb: &Sandbox, path: &str) -> anyhow::Result<Value> {
+    let (status, body) = request(sb, "GET", path, None, None).await?;
+    anyhow::ensure!(status == 200, "GET {path}: {status} {body}");
+    Ok(serde_json::from_str(&body)?)
+}
+
+async fn queues_declared_over_http_serve_amqp_clients(sb: &mut Sandbox) -> anyhow::Result<()> {
+    let path = "/api/queues/%2F/http.orders";
+    let declare = json!({"durable": true, "arguments": {"x-max-length": 1000}});
+    let (status, body) = request(sb, "PUT", path, Some(&declare), None).await?;
+    assert_eq!(status, 201, "{body}");
+    let (status, _) = request(sb, "PUT", path, Some(&declare), None).await?;
+    assert_eq!(status, 204);
+
+    let conn = sb.connect().await?;
+    let ch = conn.create_channel().await?;
+    ch.confirm_select(ConfirmSelectOptions::default()).await?;
+    // The queue the tool declared is the one the client finds.
+    let found = ch
+        .queue_declare(
+            "http.orders".into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    assert_eq!(found.message_count(), 0);
+    for i in 0..5u8 {
+        ch.basic_publish(
+            "".into(),
+            "http.orders".into(),
+            BasicPublishOptions::default(),
+            &[i],
+            BasicProperties::default().with_delivery_mode(2),
+        )
+        .await?
+        .await?;
+    }
+    let queue = get_json(sb, path).await?;
+    assert_eq!(queue["messages_ready"], 5, "{queue}");
+    assert_eq!(queue["messages"], 5);
+    assert_eq!(queue["arguments"], json!({"x-max-length": 1000}));
+    assert_eq!(queue["durable"], true);
+    // Spillway's own figures beside RabbitMQ's.
+    assert_eq!(queue["message_bytes"], 5);
+    assert!(queue["resident_bytes"].as_u64().is_some(), "{queue}");
+
+    // A consumer's unacknowledged deliveries are counted as RabbitMQ does.
+    let delivered = ch
+        .basic_get("http.orders".into(), BasicGetOptions::default())
+        .await?
+        .expect("a message");
+    let queue = get_json(sb, path).await?;
+    assert_eq!(
+        (
+            queue["messages_ready"].clone(),
+            queue["messages_unacknowledged"].clone()
+        ),
+        (json!(4), json!(1)),
+        "{queue}"
+    );
+    delivered.ack(BasicAckOptions::default()).await?;
+
+    let page = get_json(sb, "/api/queues/%2F?page=1&page_size=10&name=orders").await?;
+    assert_eq!(page["filtered_count"], 1, "{page}");
+    assert_eq!(page["items"][0]["name"], "http.orders");
+
+    let (status, body) = request(sb, "DELETE", &format!("{path}/contents"), None, None).await?;
+    assert_eq!(status, 204, "{body}");
+    let count = ch
+        .queue_declare(
+            "http.orders".into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?
+        .message_count();
+    assert_eq!(count, 0);
+    let (status, _) = request(sb, "DELETE", path, None, None).await?;
+    assert_eq!(status, 204);
+    let (status, body) = request(sb, "GET", path, None, None).await?;
+    assert_eq!(status, 404);
+    assert_eq!(
+        serde_json::from_str::<Value>(&body)?["error"],
+        "Object Not Found"
+    );
+    conn.close(200, "bye".into()).await?;
+    Ok(())
+}
+
+async fn connections_close_over_http(sb: &mut Sandbox) -> anyhow::Result<()> {
+    let conn = lapin::Connection::connect(
+        &sb.amqp_uri(),
+        lapin::ConnectionProperties::default().with_connection_name("http-billing".into()),
+    )
+    .await?;
+    let ch = conn.create_channel().await?;
+    let connection = eventually(Duration::from_secs(10), || async {
+        let listed = get_json(sb, "/api/connections").await?;
+        listed
+            .as_array()
+            .and_then(|list| {
+                list.iter()
+                    .find(|c| c["client_properties"]["connection_name"] == "http-billing")
+            })
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("not listed yet: {listed}"))
+    })
+    .await?;
+    assert_eq!(connection["user"], "guest");
+    assert_eq!(connection["channels"], 1);
+    let name = connection["name"].as_str().unwrap().to_string();
+    let encoded: String = name
+        .bytes()
+        .map(|byte| match byte {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'.' | b'-' | b'_' => {
+                (byte as char).to_string()
+            }
+            other => format!("%{other:02X}"),
+        })
+        .collect();
+    let channels = get_json(sb, &format!("/api/connections/{encoded}/channels")).await?;
+    assert_eq!(channels.as_array().map(Vec::len), Some(1), "{channels}");
+
+    let mut head = format!(
+        "DELETE /api/connections/{encoded} HTTP/1.1\r\nhost: test\r\nconnection: close\r\nauthorization: Basic Z3Vlc3Q6Z3Vlc3Q=\r\n"
+    );
+    head.push_str("x-reason: maintenance window\r\n\r\n");
+    let (status, body) = raw(sb, head.as_bytes()).await?;
+    assert_eq!(status, 204, "{body}");
+    let error = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let declared = ch
+                .queue_declare(
+                    "after-close".into(),
+                    QueueDeclareOptions::default(),
+                    FieldTable::default(),
+                )
+                .await;
+            if let Err(error) = declared {
+                return error;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await?;
+    let text = error.to_string();
+    assert!(
+        text.contains("CONNECTION_FORCED") && text.contains("maintenance window"),
+        "{text}"
+    );
+    // The engine closes it a moment after answering; then it is gone.
+    let path = format!("/api/connections/{encoded}");
+    eventually(Duration::from_secs(10), || async {
+        let (status, body) = request(sb, "GET", &path, None, None).await?;
+        anyhow::ensure!(status == 404, "still there: {status} {body}");
+        Ok(())
+    })
+    .await
+}
+
+async fn hostile_requests_meet_the_bounds(sb: &mut Sandbox) -> anyhow::Result<()> {
+    // No credentials, wrong ones: 401 with RabbitMQ's challenge.
+    let (status, body) = raw(
+        sb,
+        b"GET /api/overview HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n",
+    )
+    .await?;
+    assert_eq!(status, 401, "{body}");
+    let wrong = "Basic Z3Vlc3Q6d3Jvbmc="; // guest:wrong
+    let (status, _) = request(sb, "GET", "/api/overview", None, Some(wrong)).await?;
+    assert_eq!(status, 401);
+    // Headers are not read past the buffer's bound (64 KiB, or what one
+    // read brought in): a megabyte of them is refused.
+    let huge = format!(
+        "GET /api/overview HTTP/1.1\r\nhost: t\r\nx-pad: {}\r\n\r\n",
+        "a".repeat(1024 * 1024)
+    );
+    // Or the connection is simply closed (an error here).
+    if let Ok((status, _)) = raw(sb, huge.as_bytes()).await {
+        assert_eq!(status, 431);
+    }
+    // A body past 1 MiB is refused before it is used.
+    let big = json!({"durable": true, "arguments": {"x-pad": "b".repeat(2 * 1024 * 1024)}});
+    let (status, _) = request(sb, "PUT", "/api/queues/%2F/big", Some(&big), None).await?;
+    assert_eq!(status, 413);
+    let (status, _) = request(sb, "GET", "/api/queues/%2F/big", None, None).await?;
+    assert_eq!(status, 404);
+    // Not JSON, nested arguments, a wrong page: 400 with a reason.
+    for (method, path, body) in [
+        ("PUT", "/api/queues/%2F/bad", "{not json"),
+        (
+            "PUT",
+            "/api/queues/%2F/bad",
+            r#"{"arguments": {"x": {"y": 1}}}"#,
+        ),
+        ("GET", "/api/queues?page=0", ""),
+    ] {
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\nauthorization: Basic Z3Vlc3Q6Z3Vlc3Q=\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let (status, answer) = raw(sb, head.as_bytes()).await?;
+        assert_eq!(status, 400, "{method} {path}: {answer}");
+        assert_eq!(
+            serde_json::from_str::<Value>(&answer)?["error"],
+            "bad_request"
+        );
+    }
+    // A path nobody serves.
+    let (status, _) = request(sb, "GET", "/api/nothing-here", None, None).await?;
+    assert_eq!(status, 404);
+    Ok(())
+}

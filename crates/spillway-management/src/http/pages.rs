@@ -1,0 +1,227 @@
+//! Lists as RabbitMQ's API returns them: sorted (`sort`, `sort_reverse`),
+//! and, when `page` is asked for, filtered by `name` (a case-insensitive
+//! substring, or with `use_regex=true` a regular expression) and cut into
+//! pages of `page_size` (at most [`MAX_PAGE_SIZE`]) inside
+//! `{"items": [...], "page_count": ..., ...}`.
+
+use std::cmp::Ordering;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::ApiError;
+
+/// RabbitMQ's limit on `page_size`.
+pub const MAX_PAGE_SIZE: u64 = 500;
+const DEFAULT_PAGE_SIZE: u64 = 100;
+/// The largest compiled `name` regular expression, so that a caller cannot
+/// make the API build an enormous automaton.
+const MAX_REGEX_BYTES: usize = 1 << 20;
+
+/// The query parameters of a list. Numbers stay text until checked, so
+/// that a wrong one gets RabbitMQ's 400 rather than a parse failure.
+#[derive(Debug, Default, Deserialize)]
+pub struct ListQuery {
+    pub page: Option<String>,
+    pub page_size: Option<String>,
+    pub name: Option<String>,
+    pub use_regex: Option<String>,
+    pub sort: Option<String>,
+    pub sort_reverse: Option<String>,
+}
+
+/// `items` sorted and, when asked, filtered and paged.
+pub fn answer(mut items: Vec<Value>, query: &ListQuery) -> Result<Value, ApiError> {
+    if let Some(key) = query.sort.as_deref().filter(|key| !key.is_empty()) {
+        items.sort_by(|a, b| compare(lookup(a, key), lookup(b, key)));
+    }
+    if query.sort_reverse.as_deref() == Some("true") {
+        items.reverse();
+    }
+    let Some(page) = query.page.as_deref() else {
+        return Ok(Value::Array(items));
+    };
+    let invalid = || {
+        ApiError::bad_request(format!(
+            "Invalid pagination parameters: page number {page}, page size {}",
+            query.page_size.as_deref().unwrap_or("undefined")
+        ))
+    };
+    let page: u64 = page.parse().map_err(|_| invalid())?;
+    let page_size: u64 = match query.page_size.as_deref() {
+        None => DEFAULT_PAGE_SIZE,
+        Some(size) => size.parse().map_err(|_| invalid())?,
+    };
+    if page == 0 || page_size == 0 || page_size > MAX_PAGE_SIZE {
+        return Err(invalid());
+    }
+    let total_count = items.len() as u64;
+    let filter = NameFilter::new(query)?;
+    items.retain(|item| {
+        let name = item.get("name").and_then(Value::as_str).unwrap_or("");
+        filter.matches(name)
+    });
+    let filtered_count = items.len() as u64;
+    let page_count = filtered_count.div_ceil(page_size);
+    if page > page_count.max(1) {
+        return Err(ApiError::bad_request("Page out of range"));
+    }
+    let start = ((page - 1) * page_size) as usize;
+    let page_items: Vec<Value> = items
+        .into_iter()
+        .skip(start)
+        .take(page_size as usize)
+        .collect();
+    Ok(json!({
+        "filtered_count": filtered_count,
+        "item_count": page_items.len(),
+        "items": page_items,
+        "page": page,
+        "page_count": page_count,
+        "page_size": page_size,
+        "total_count": total_count,
+    }))
+}
+
+enum NameFilter {
+    All,
+    Substring(String),
+    Regex(regex::Regex),
+}
+
+impl NameFilter {
+    fn new(query: &ListQuery) -> Result<Self, ApiError> {
+        let Some(name) = query.name.as_deref().filter(|name| !name.is_empty()) else {
+            return Ok(Self::All);
+        };
+        if query.use_regex.as_deref() != Some("true") {
+            return Ok(Self::Substring(name.to_lowercase()));
+        }
+        regex::RegexBuilder::new(name)
+            .case_insensitive(true)
+            .size_limit(MAX_REGEX_BYTES)
+            .build()
+            .map(Self::Regex)
+            .map_err(|error| ApiError::bad_request(format!("invalid regular expression: {error}")))
+    }
+
+    fn matches(&self, name: &str) -> bool {
+        match self {
+            Self::All => true,
+            Self::Substring(part) => name.to_lowercase().contains(part.as_str()),
+            Self::Regex(regex) => regex.is_match(name),
+        }
+    }
+}
+
+/// The value at a dotted path (`message_stats.publish_details.rate`).
+fn lookup<'a>(item: &'a Value, path: &str) -> Option<&'a Value> {
+    path.split('.').try_fold(item, |value, key| value.get(key))
+}
+
+/// Absent first, then numbers by value, then text, then the rest by text.
+fn compare(a: Option<&Value>, b: Option<&Value>) -> Ordering {
+    match (a, b) {
+        (None, None) => Ordering::Equal,
+        (None, Some(_)) => Ordering::Less,
+        (Some(_), None) => Ordering::Greater,
+        (Some(Value::Number(a)), Some(Value::Number(b))) => {
+            let (a, b) = (a.as_f64().unwrap_or(0.0), b.as_f64().unwrap_or(0.0));
+            a.total_cmp(&b)
+        }
+        (Some(Value::String(a)), Some(Value::String(b))) => a.cmp(b),
+        (Some(a), Some(b)) => a.to_string().cmp(&b.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn queues(count: usize) -> Vec<Value> {
+        (0..count)
+            .map(|i| json!({"name": format!("q{i:03}"), "messages": (count - i) as u64}))
+            .collect()
+    }
+
+    fn query(pairs: &[(&str, &str)]) -> ListQuery {
+        let get = |key: &str| {
+            pairs
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| v.to_string())
+        };
+        ListQuery {
+            page: get("page"),
+            page_size: get("page_size"),
+            name: get("name"),
+            use_regex: get("use_regex"),
+            sort: get("sort"),
+            sort_reverse: get("sort_reverse"),
+        }
+    }
+
+    #[test]
+    fn without_a_page_the_list_is_a_plain_array() {
+        let answer = answer(queues(3), &ListQuery::default()).unwrap();
+        assert_eq!(answer.as_array().unwrap().len(), 3);
+    }
+
+    #[test]
+    fn pages_count_and_cut_the_filtered_list() {
+        let page = answer(queues(250), &query(&[("page", "3"), ("page_size", "100")])).unwrap();
+        assert_eq!(page["page_count"], 3);
+        assert_eq!(page["item_count"], 50);
+        assert_eq!(page["total_count"], 250);
+        assert_eq!(page["items"][0]["name"], "q200");
+        let filtered = answer(
+            queues(250),
+            &query(&[("page", "1"), ("name", "Q1"), ("page_size", "500")]),
+        )
+        .unwrap();
+        assert_eq!(filtered["filtered_count"], 100);
+        let regex = answer(
+            queues(250),
+            &query(&[("page", "1"), ("name", "^q00[0-4]$"), ("use_regex", "true")]),
+        )
+        .unwrap();
+        assert_eq!(regex["filtered_count"], 5);
+    }
+
+    #[test]
+    fn bad_pages_are_refused_as_rabbitmq_does() {
+        for pairs in [
+            &[("page", "0")][..],
+            &[("page", "x")][..],
+            &[("page", "1"), ("page_size", "501")][..],
+            &[("page", "9")][..],
+            &[("page", "1"), ("name", "("), ("use_regex", "true")][..],
+        ] {
+            let refused = answer(queues(10), &query(pairs)).unwrap_err();
+            assert_eq!(
+                refused.status,
+                axum::http::StatusCode::BAD_REQUEST,
+                "{pairs:?}"
+            );
+        }
+        // An empty list still has its first page.
+        assert_eq!(
+            answer(vec![], &query(&[("page", "1")])).unwrap()["page_count"],
+            0
+        );
+    }
+
+    #[test]
+    fn lists_sort_by_any_field() {
+        let sorted = answer(queues(3), &query(&[("sort", "messages")])).unwrap();
+        assert_eq!(sorted[0]["name"], "q002");
+        let reversed = answer(
+            queues(3),
+            &query(&[("sort", "name"), ("sort_reverse", "true")]),
+        )
+        .unwrap();
+        assert_eq!(reversed[0]["name"], "q002");
+    }
+}

@@ -1,0 +1,349 @@
+"""RabbitMQ's management HTTP API, as the tools that call it use it: plain ``requests``
+the way rabbitmqadmin, Flower and KEDA send them, and ``pyrabbit2``, a maintained
+client library of the API.
+
+Runs against Spillway's all-in-one broker (``management.http_listen``; the suite's
+separate wiring runs no management process) and, under ``with-rabbitmq.sh``, against
+RabbitMQ 3.10 with its management plugin (``SPILLWAY_TEST_HTTP_URL``): the same
+assertions hold for both, which is what keeps Spillway's JSON in RabbitMQ's shapes.
+RabbitMQ's figures lag (its statistics are emitted every few seconds), so figures are
+waited for with a deadline."""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+
+import pika
+import pytest
+import requests
+
+from spillway_testlib import SpillwayBroker, uniq, wait_until
+
+# RabbitMQ's management statistics arrive up to 5 s late.
+FIGURES = 30.0
+
+
+def q(name: str) -> str:
+    return urllib.parse.quote(name, safe="")
+
+
+class Http:
+    """The HTTP API of the broker under test, as guest."""
+
+    def __init__(self, broker):
+        if isinstance(broker, SpillwayBroker):
+            if broker.wiring != "all-in-one":
+                pytest.skip("needs the all-in-one broker's management HTTP port")
+            self.base = f"http://{broker.procs['all-in-one'].address('http')}"
+        elif os.environ.get("SPILLWAY_TEST_HTTP_URL"):
+            self.base = os.environ["SPILLWAY_TEST_HTTP_URL"].rstrip("/")
+        else:
+            pytest.skip("no management HTTP URL for this external broker")
+        self.auth = ("guest", "guest")
+
+    def call(self, method, path, auth=None, **kw):
+        kw.setdefault("timeout", 30)
+        return requests.request(method, self.base + path, auth=auth or self.auth, **kw)
+
+    def get(self, path, **kw):
+        response = self.call("GET", path, **kw)
+        assert response.status_code == 200, (path, response.status_code, response.text)
+        return response.json()
+
+
+@pytest.fixture
+def http(broker):
+    return Http(broker)
+
+
+@pytest.fixture
+def made(http):
+    """Objects a test made over HTTP, deleted after it."""
+    paths = []
+    yield paths
+    for path in reversed(paths):
+        http.call("DELETE", path)
+
+
+def test_whoami_overview_and_nodes_answer_in_rabbitmqs_shapes(http):
+    me = http.get("/api/whoami")
+    assert me["name"] == "guest"
+    assert "administrator" in me["tags"]
+    overview = http.get("/api/overview")
+    for key in ("rabbitmq_version", "management_version", "node", "cluster_name"):
+        assert isinstance(overview[key], str) and overview[key], key
+    for key in ("connections", "channels", "queues", "exchanges", "consumers"):
+        assert isinstance(overview["object_totals"][key], int), key
+    assert any(listener["protocol"] == "amqp" for listener in overview["listeners"])
+    nodes = http.get("/api/nodes")
+    assert [node["name"] for node in nodes] == [overview["node"]]
+    assert nodes[0]["running"] is True
+    assert http.get("/api/aliveness-test/%2F") == {"status": "ok"}
+    assert http.get("/api/health/checks/alarms") == {"status": "ok"}
+    assert http.get("/api/health/checks/local-alarms") == {"status": "ok"}
+
+
+def test_wrong_or_missing_credentials_get_401_with_a_challenge(http):
+    for auth in [("guest", "wrong"), ("nobody", "guest")]:
+        response = http.call("GET", "/api/overview", auth=auth)
+        assert response.status_code == 401, response.text
+        assert response.headers["www-authenticate"].startswith("Basic")
+        assert response.json()["error"] == "not_authorized"
+    response = requests.get(http.base + "/api/queues", timeout=30)
+    assert response.status_code == 401
+
+
+def test_unknown_objects_get_404(http):
+    for path in [f"/api/queues/%2F/{uniq('gone')}", f"/api/exchanges/%2F/{uniq('gone')}",
+                 "/api/vhosts/" + uniq("gone")]:
+        response = http.call("GET", path)
+        assert response.status_code == 404, (path, response.text)
+        assert response.json()["error"] == "Object Not Found"
+
+
+def test_a_queue_declared_over_http_takes_messages_shows_its_depth_and_is_purged(
+        http, broker, made):
+    name = uniq("http.q")
+    path = f"/api/queues/%2F/{q(name)}"
+    body = {"durable": True, "auto_delete": False, "arguments": {"x-max-length": 100}}
+    assert http.call("PUT", path, json=body).status_code == 201
+    made.append(path)
+    assert http.call("PUT", path, json=body).status_code == 204
+    queue = http.get(path)
+    assert (queue["name"], queue["vhost"], queue["durable"]) == (name, "/", True)
+    assert queue["arguments"] == {"x-max-length": 100}
+    assert queue["auto_delete"] is False and queue["exclusive"] is False
+
+    with broker.connect() as conn:
+        ch = conn.channel()
+        for i in range(3):
+            ch.basic_publish("", name, f"m{i}".encode())
+        assert wait_until(lambda: http.get(path).get("messages_ready") == 3, FIGURES), \
+            http.get(path)
+        queue = http.get(path)
+        assert queue["messages"] == 3 and queue["messages_unacknowledged"] == 0
+        assert queue["consumers"] == 0
+
+        # A look at the head leaves the messages where they are.
+        peek = http.call("POST", path + "/get", json={
+            "count": 2, "ackmode": "ack_requeue_true", "encoding": "auto", "truncate": 50000})
+        assert peek.status_code == 200, peek.text
+        assert [m["payload"] for m in peek.json()] == ["m0", "m1"]
+        assert all(m["routing_key"] == name and m["payload_encoding"] == "string"
+                   for m in peek.json())
+        assert ch.queue_declare(name, passive=True).method.message_count == 3
+
+        assert http.call("DELETE", path + "/contents").status_code == 204
+        assert ch.queue_declare(name, passive=True).method.message_count == 0
+
+    assert http.call("DELETE", path).status_code == 204
+    assert http.call("GET", path).status_code == 404
+
+
+def test_queue_declaration_errors_are_400(http, made):
+    name = uniq("http.q")
+    path = f"/api/queues/%2F/{q(name)}"
+    assert http.call("PUT", path, json={"durable": True}).status_code == 201
+    made.append(path)
+    # Inequivalent arguments, as over AMQP.
+    refused = http.call("PUT", path, json={"durable": False})
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"] == "bad_request"
+    refused = http.call("PUT", path, data=b"{not json", headers={"content-type": "application/json"})
+    assert refused.status_code == 400
+
+
+def test_lists_page_and_filter_as_keda_and_flower_ask(http, made):
+    prefix = uniq("page")
+    for i in range(12):
+        path = f"/api/queues/%2F/{q(f'{prefix}.{i:02}')}"
+        assert http.call("PUT", path, json={"durable": False}).status_code == 201
+        made.append(path)
+    page = http.get("/api/queues/%2F", params={
+        "page": 2, "page_size": 5, "name": prefix, "use_regex": "false"})
+    assert page["filtered_count"] == 12
+    assert page["page_count"] == 3 and page["page"] == 2 and page["page_size"] == 5
+    assert [item["name"] for item in page["items"]] == [f"{prefix}.{i:02}" for i in range(5, 10)]
+    # KEDA's regex mode.
+    regex = http.get("/api/queues/%2F", params={
+        "page": 1, "use_regex": "true", "pagination": "false",
+        "name": "^" + prefix.replace(".", "\\.") + r"\.0[0-4]$", "page_size": 100})
+    assert sorted(item["name"] for item in regex["items"]) == \
+        [f"{prefix}.{i:02}" for i in range(5)]
+    assert regex["page_count"] == 1
+    refused = http.call("GET", "/api/queues/%2F", params={"page": 1, "page_size": 501})
+    assert refused.status_code == 400
+    # Sorted by a figure, descending.
+    listed = http.get("/api/queues/%2F", params={"sort": "name", "sort_reverse": "true"})
+    names = [item["name"] for item in listed if item["name"].startswith(prefix)]
+    assert names == sorted(names, reverse=True)
+
+
+def test_exchanges_and_bindings_made_over_http_route_messages(http, broker, made):
+    exchange, queue = uniq("http.x"), uniq("http.q")
+    xpath, qpath = f"/api/exchanges/%2F/{q(exchange)}", f"/api/queues/%2F/{q(queue)}"
+    assert http.call("PUT", xpath, json={"type": "topic", "durable": True}).status_code == 201
+    made.append(xpath)
+    assert http.call("PUT", qpath, json={"durable": False}).status_code == 201
+    made.append(qpath)
+    got = http.get(xpath)
+    assert (got["name"], got["type"], got["durable"], got["internal"]) == \
+        (exchange, "topic", True, False)
+    between = f"/api/bindings/%2F/e/{q(exchange)}/q/{q(queue)}"
+    created = http.call("POST", between, json={"routing_key": "orders.*", "arguments": {}})
+    assert created.status_code == 201, created.text
+    [binding] = http.get(between)
+    assert (binding["source"], binding["destination"], binding["destination_type"],
+            binding["routing_key"]) == (exchange, queue, "queue", "orders.*")
+    props = binding["properties_key"]
+    assert props == "orders.%2A"
+    # Where the new binding is, relative to the list: its properties key, quoted.
+    assert created.headers["location"].endswith(f"{q(queue)}/{q(props)}")
+    assert http.get(f"{between}/{q(props)}")["routing_key"] == "orders.*"
+    assert any(b["source"] == exchange for b in http.get(f"{qpath}/bindings"))
+    assert [b["destination"] for b in http.get(f"{xpath}/bindings/source")] == [queue]
+
+    with broker.connect() as conn:
+        ch = conn.channel()
+        ch.basic_publish(exchange, "orders.new", b"routed")
+        ch.basic_publish(exchange, "other.new", b"not routed")
+        assert wait_until(lambda: ch.queue_declare(queue, passive=True).method.message_count == 1,
+                          10, conn)
+        assert http.call("DELETE", f"{between}/{q(props)}").status_code == 204
+        assert http.get(between) == []
+        ch.basic_publish(exchange, "orders.new", b"unbound")
+        assert ch.queue_declare(queue, passive=True).method.message_count == 1
+    # The default exchange is amq.default in URLs.
+    assert http.get("/api/exchanges/%2F/amq.default")["type"] == "direct"
+
+
+def test_users_vhosts_and_permissions_decide_what_a_user_sees(http, made):
+    vhost, user = uniq("http.v"), uniq("http.u")
+    vpath, upath = f"/api/vhosts/{q(vhost)}", f"/api/users/{q(user)}"
+    assert http.call("PUT", vpath).status_code == 201
+    made.append(vpath)
+    assert http.call("PUT", vpath).status_code == 204
+    assert http.call("PUT", upath, json={"password": "s3cret", "tags": "management"}) \
+        .status_code == 201
+    made.append(upath)
+    assert http.get(upath)["tags"] == ["management"]
+    ppath = f"/api/permissions/{q(vhost)}/{q(user)}"
+    assert http.call("PUT", ppath, json={"configure": ".*", "write": ".*", "read": ".*"}) \
+        .status_code == 201
+    assert http.get(ppath)["configure"] == ".*"
+    assert any(p["user"] == user for p in http.get(f"{vpath}/permissions"))
+
+    as_user = (user, "s3cret")
+    me = http.call("GET", "/api/whoami", auth=as_user).json()
+    assert me["name"] == user and me["tags"] == ["management"]
+    seen = [v["name"] for v in http.call("GET", "/api/vhosts", auth=as_user).json()]
+    assert seen == [vhost]
+    qpath = f"/api/queues/{q(vhost)}/{q(uniq('mine'))}"
+    assert http.call("PUT", qpath, auth=as_user, json={"durable": False}).status_code == 201
+    # Nothing in the default vhost, nothing of the administrator's.
+    assert http.call("GET", "/api/queues/%2F", auth=as_user).status_code == 401
+    assert http.call("GET", "/api/users", auth=as_user).status_code == 401
+    assert http.call("PUT", "/api/vhosts/" + q(uniq("v")), auth=as_user).status_code == 401
+
+    assert http.call("DELETE", ppath).status_code == 204
+    assert http.call("GET", ppath).status_code == 404
+    assert http.call("GET", qpath, auth=as_user).status_code == 401
+
+
+def test_a_connection_is_listed_and_closed_over_http(http, broker):
+    name = uniq("conn")
+    conn = broker.connect(client_properties={"connection_name": name})
+    try:
+        conn.channel()
+
+        def listed():
+            return [c for c in http.get("/api/connections")
+                    if c["client_properties"].get("connection_name") == name]
+        found = wait_until(listed, FIGURES, conn)
+        assert found, http.get("/api/connections")
+        [connection] = found
+        assert connection["user"] == "guest" and connection["vhost"] == "/"
+        assert connection["protocol"].startswith("AMQP 0-9-1")
+        assert wait_until(lambda: http.get(
+            f"/api/connections/{q(connection['name'])}")["channels"] == 1, FIGURES, conn)
+        channels = [c for c in http.get("/api/channels")
+                    if c["connection_details"]["name"] == connection["name"]]
+        assert wait_until(lambda: [c for c in http.get("/api/channels")
+                                   if c["connection_details"]["name"] == connection["name"]],
+                          FIGURES, conn), channels
+        closed = http.call("DELETE", f"/api/connections/{q(connection['name'])}",
+                           headers={"X-Reason": "closed by the test"})
+        assert closed.status_code == 204
+        with pytest.raises(pika.exceptions.ConnectionClosed) as info:
+            wait_until(lambda: False, 10, conn)
+            conn.channel()
+        assert "closed by the test" in str(info.value) or info.value.reply_code == 320
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+def test_policies_set_over_http_apply_to_queues(http, broker, made):
+    name = uniq("http.p")
+    queue = name + ".q"
+    ppath = f"/api/policies/%2F/{q(name)}"
+    body = {"pattern": "^" + name.replace(".", "\\.") + r"\.", "apply-to": "queues",
+            "definition": {"max-length": 2}, "priority": 5}
+    assert http.call("PUT", ppath, json=body).status_code == 201
+    made.append(ppath)
+    policy = http.get(ppath)
+    assert (policy["pattern"], policy["apply-to"], policy["definition"], policy["priority"]) == \
+        (body["pattern"], "queues", {"max-length": 2}, 5)
+    assert any(p["name"] == name for p in http.get("/api/policies"))
+    with broker.connect() as conn:
+        ch = conn.channel()
+        ch.queue_declare(queue, auto_delete=True)
+        for i in range(5):
+            ch.basic_publish("", queue, b"x")
+        assert wait_until(lambda: ch.queue_declare(queue, passive=True).method.message_count == 2,
+                          10, conn)
+        assert wait_until(lambda: http.get(f"/api/queues/%2F/{q(queue)}").get("policy") == name,
+                          FIGURES, conn)
+    refused = http.call("PUT", ppath, json={**body, "definition": {"max-priority": 3}})
+    assert refused.status_code == 400
+
+
+def test_pyrabbit2_drives_declare_list_get_purge_and_delete(http, broker):
+    from pyrabbit2.api import Client
+
+    client = Client(http.base.removeprefix("http://"), "guest", "guest", timeout=30)
+    assert client.is_alive()
+    assert client.get_whoami()["name"] == "guest"
+    assert "/" in client.get_vhost_names()
+    exchange, queue = uniq("pr.x"), uniq("pr.q")
+    client.create_exchange("/", exchange, "direct")
+    client.create_queue("/", queue, durable=False)
+
+    def depth():
+        # RabbitMQ has no figures for a queue before its first statistics.
+        try:
+            return client.get_queue_depth("/", queue)
+        except KeyError:
+            return None
+    try:
+        client.create_binding("/", exchange, queue, "key")
+        assert [b["routing_key"] for b in client.get_queue_bindings("/", queue)
+                if b["source"] == exchange] == ["key"]
+        with broker.connect() as conn:
+            ch = conn.channel()
+            for i in range(4):
+                ch.basic_publish(exchange, "key", f"p{i}".encode())
+            assert wait_until(lambda: depth() == 4, FIGURES, conn)
+        assert any(item["name"] == queue for item in client.get_queues("/"))
+        assert [item["name"] for item in client.get_queues("/", pattern=queue)] == [queue]
+        messages = client.get_messages("/", queue, count=2, requeue=True)
+        assert [m["payload"] for m in messages] == ["p0", "p1"]
+        client.purge_queue("/", queue)
+        assert wait_until(lambda: depth() == 0, FIGURES)
+        client.delete_binding("/", exchange, queue, "key")
+        assert not [b for b in client.get_queue_bindings("/", queue) if b["source"] == exchange]
+    finally:
+        client.delete_queue("/", queue)
+        client.delete_exchange("/", exchange)
+    assert not any(item["name"] == queue for item in client.get_queues("/"))
