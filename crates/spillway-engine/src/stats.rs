@@ -129,6 +129,11 @@ impl Engine {
         metrics.register_collector(QueueCollector {
             engine: Arc::downgrade(&self.shared),
         });
+        let rabbitmq = |per_object| RabbitQueueCollector {
+            engine: Arc::downgrade(&self.shared),
+            per_object,
+        };
+        metrics.register_views(rabbitmq(false), rabbitmq(true));
         metrics.register_limit_refusals(self.shared.broker.lock().limits.refusals());
     }
 }
@@ -350,6 +355,85 @@ impl Collector for QueueCollector {
                     ConstCounter::new(figure(&queue.dead_letters, reason))
                         .encode(family.encode_family(&labels)?)?;
                 }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// RabbitMQ's per-queue families, named as its Prometheus plugin names
+/// them, so that dashboards made for it (Grafana's "RabbitMQ-Overview")
+/// fill in: one sample summed over the queues (`/metrics`), or one per
+/// queue labelled `vhost` and `queue` (`/metrics/per-object`).
+const RABBITMQ_QUEUE_GAUGES: [QueueGauge; 5] = [
+    (
+        "rabbitmq_queue_messages_ready",
+        "Messages ready to be delivered to consumers",
+        |q| q.messages,
+    ),
+    (
+        "rabbitmq_queue_messages_unacked",
+        "Messages delivered to consumers but not yet acknowledged",
+        |q| q.unacked,
+    ),
+    (
+        "rabbitmq_queue_messages",
+        "Sum of ready and unacknowledged messages - total queue depth",
+        |q| q.messages + q.unacked,
+    ),
+    ("rabbitmq_queue_consumers", "Consumers on a queue", |q| {
+        q.consumers
+    }),
+    (
+        "rabbitmq_queue_messages_ready_bytes",
+        "Size in bytes of ready messages",
+        |q| q.bytes,
+    ),
+];
+
+struct RabbitQueueCollector {
+    engine: Weak<Shared>,
+    per_object: bool,
+}
+
+impl std::fmt::Debug for RabbitQueueCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RabbitQueueCollector")
+            .field("per_object", &self.per_object)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Collector for RabbitQueueCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(shared) = self.engine.upgrade() else {
+            return Ok(());
+        };
+        let stats = Engine { shared }.queue_stats();
+        let totals = [
+            ("rabbitmq_queues", "Queues available", stats.len() as u64),
+            (
+                "rabbitmq_consumers",
+                "Consumers currently connected",
+                stats.iter().map(|q| q.consumers).sum(),
+            ),
+        ];
+        for (name, help, value) in totals {
+            let family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            ConstGauge::new(value).encode(family)?;
+        }
+        for (name, help, figure) in RABBITMQ_QUEUE_GAUGES {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            if !self.per_object {
+                ConstGauge::new(stats.iter().map(figure).sum::<u64>()).encode(family)?;
+                continue;
+            }
+            for queue in &stats {
+                let labels = [
+                    ("vhost", queue.vhost.as_str()),
+                    ("queue", queue.queue.as_str()),
+                ];
+                ConstGauge::new(figure(queue)).encode(family.encode_family(&labels)?)?;
             }
         }
         Ok(())

@@ -94,6 +94,33 @@ impl GatewayMetrics {
             "basic.ack, basic.nack and basic.reject methods received from consumers and handed to the engine (one per method, also when multiple is set)",
             self.acknowledged.clone(),
         );
+        // The same figures under the names of RabbitMQ's Prometheus
+        // plugin, for the dashboards made for it.
+        metrics.register(
+            "rabbitmq_connections",
+            "Connections currently open",
+            self.connections.clone(),
+        );
+        metrics.register(
+            "rabbitmq_channels",
+            "Channels currently open",
+            self.channels.clone(),
+        );
+        metrics.register(
+            "rabbitmq_global_messages_received",
+            "Total number of messages received from publishers",
+            self.published.clone(),
+        );
+        metrics.register(
+            "rabbitmq_global_messages_delivered",
+            "Total number of messages delivered to consumers (basic.get not counted)",
+            self.delivered.clone(),
+        );
+        metrics.register(
+            "rabbitmq_global_messages_acknowledged",
+            "Total number of acknowledgement methods received from consumers",
+            self.acknowledged.clone(),
+        );
         metrics.register(
             "spillway_blocked_connections",
             "Connections blocked by producer flow control (an overfull queue or the store quota)",

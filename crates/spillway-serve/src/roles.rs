@@ -15,6 +15,8 @@ use spillway_proto::{
     RemoteStorage, StorageApi,
 };
 use spillway_storage::{RocksStore, StorageGroup, StorageGroupService, StorageService};
+use spillway_telemetry::prometheus_client::metrics::family::Family;
+use spillway_telemetry::prometheus_client::metrics::gauge::Gauge;
 use spillway_telemetry::{Health, MemoryCeiling, Metrics, Server};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -456,6 +458,22 @@ async fn start_http(
     let addr: SocketAddr = listen
         .parse()
         .with_context(|| format!("telemetry.metrics_listen '{listen}' is not an address"))?;
+    // RabbitMQ's identity series, which its dashboards join every other
+    // series on for the node and cluster names.
+    let identity = Family::<Vec<(&'static str, String)>, Gauge>::default();
+    let node = node_name();
+    identity
+        .get_or_create(&vec![
+            ("rabbitmq_node", node.clone()),
+            ("rabbitmq_cluster", node.clone()),
+            ("rabbitmq_cluster_permanent_id", node),
+        ])
+        .set(1);
+    metrics.register(
+        "rabbitmq_identity_info",
+        "RabbitMQ node & cluster identity info",
+        identity,
+    );
     let server =
         spillway_telemetry::start_http(addr, metrics.clone(), running.health.clone()).await?;
     running.add(Box::new(server));

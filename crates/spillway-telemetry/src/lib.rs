@@ -75,6 +75,11 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 #[derive(Clone, Default)]
 pub struct Metrics {
     registry: Arc<RwLock<Registry>>,
+    /// RabbitMQ's per-queue families as its Prometheus plugin serves them
+    /// on `/metrics`: one sample per node, summed over the queues.
+    aggregated: Arc<RwLock<Registry>>,
+    /// The same families with a sample per queue, on `/metrics/per-object`.
+    per_object: Arc<RwLock<Registry>>,
     /// The components' refusal counts, summed into one family.
     refusals: refusals::RefusalCollector,
 }
@@ -118,10 +123,34 @@ impl Metrics {
         }
     }
 
-    /// Everything registered, in the Prometheus text format 0.0.4.
+    /// Registers a family that RabbitMQ's Prometheus plugin serves summed
+    /// on `/metrics` (`aggregated`) and per object on `/metrics/per-object`
+    /// (`per_object`): the two collectors must name the same families.
+    pub fn register_views(&self, aggregated: impl Collector, per_object: impl Collector) {
+        self.aggregated
+            .write()
+            .register_collector(Box::new(aggregated));
+        self.per_object
+            .write()
+            .register_collector(Box::new(per_object));
+    }
+
+    /// What `/metrics` serves, in the Prometheus text format 0.0.4:
+    /// everything registered, RabbitMQ's per-object families summed.
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        self.encode_view(&self.aggregated)
+    }
+
+    /// What `/metrics/per-object` serves: everything registered, RabbitMQ's
+    /// per-object families with a sample per object.
+    pub fn encode_per_object(&self) -> Result<String, std::fmt::Error> {
+        self.encode_view(&self.per_object)
+    }
+
+    fn encode_view(&self, view: &RwLock<Registry>) -> Result<String, std::fmt::Error> {
         let mut text = String::new();
         prometheus_text::encode(&mut text, &self.registry.read())?;
+        prometheus_text::encode(&mut text, &view.read())?;
         Ok(text)
     }
 }
@@ -264,7 +293,7 @@ fn respond(
     health: &Health,
 ) -> Response<Full<Bytes>> {
     let path = request.uri().path();
-    if path != "/metrics" && path != "/healthz" {
+    if !matches!(path, "/metrics" | "/metrics/per-object" | "/healthz") {
         return plain(StatusCode::NOT_FOUND, "not found\n");
     }
     if request.method() != Method::GET && request.method() != Method::HEAD {
@@ -283,7 +312,12 @@ fn respond(
             plain(StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
         };
     }
-    match metrics.encode() {
+    let encoded = if path == "/metrics/per-object" {
+        metrics.encode_per_object()
+    } else {
+        metrics.encode()
+    };
+    match encoded {
         Ok(text) => {
             let mut response = Response::new(Full::new(Bytes::from(text)));
             response

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use anyhow::Context;
 use futures::StreamExt;
 use lapin::options::*;
 use lapin::types::FieldTable;
@@ -18,7 +19,11 @@ const QUEUE: &str = "metrics-q";
 const PUBLISHED: usize = 7;
 const CONSUMED: usize = 3;
 
-both_wirings!(timeout_secs = 60; counters_and_gauges_are_served);
+both_wirings!(
+    timeout_secs = 60;
+    counters_and_gauges_are_served,
+    rabbitmq_names_are_served_summed_and_per_object,
+);
 
 /// One sample of the text format: name, labels, value.
 #[derive(Debug)]
@@ -102,9 +107,17 @@ fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64>
 }
 
 async fn scrape(sandbox: &Sandbox, component: Component) -> anyhow::Result<Vec<Sample>> {
+    scrape_path(sandbox, component, "/metrics").await
+}
+
+async fn scrape_path(
+    sandbox: &Sandbox,
+    component: Component,
+    path: &str,
+) -> anyhow::Result<Vec<Sample>> {
     let addr = sandbox.metrics_addr(component)?;
-    let (status, body) = http_get(addr, "/metrics").await?;
-    anyhow::ensure!(status == 200, "GET /metrics from {addr}: {status} {body}");
+    let (status, body) = http_get(addr, path).await?;
+    anyhow::ensure!(status == 200, "GET {path} from {addr}: {status} {body}");
     parse(&body)
 }
 
@@ -285,5 +298,96 @@ async fn counters_and_gauges_are_served(sandbox: &mut Sandbox) -> anyhow::Result
             && value(s, "spillway_channels", &[]) == Some(0.0)
     })
     .await?;
+    Ok(())
+}
+
+/// RabbitMQ's Prometheus names, as its plugin serves them: `/metrics` sums
+/// the per-queue families over the queues, `/metrics/per-object` has one
+/// sample per queue; the identity series names the node.
+async fn rabbitmq_names_are_served_summed_and_per_object(
+    sandbox: &mut Sandbox,
+) -> anyhow::Result<()> {
+    let conn = sandbox.connect().await?;
+    let channel = conn.create_channel().await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    for (queue, count) in [("rabbit-a", 3), ("rabbit-b", 4)] {
+        channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        for _ in 0..count {
+            channel
+                .basic_publish(
+                    "".into(),
+                    queue.into(),
+                    BasicPublishOptions::default(),
+                    b"x",
+                    BasicProperties::default(),
+                )
+                .await?
+                .await?;
+        }
+    }
+    let summed = scrape(sandbox, Component::Engine).await?;
+    let unlabelled = |name: &str| {
+        summed
+            .iter()
+            .find(|s| s.name == name && s.labels.is_empty())
+            .map(|s| s.value)
+    };
+    anyhow::ensure!(unlabelled("rabbitmq_queue_messages_ready") == Some(7.0));
+    anyhow::ensure!(unlabelled("rabbitmq_queue_messages") == Some(7.0));
+    anyhow::ensure!(unlabelled("rabbitmq_queue_messages_unacked") == Some(0.0));
+    anyhow::ensure!(unlabelled("rabbitmq_queues") == Some(2.0));
+    anyhow::ensure!(
+        !summed
+            .iter()
+            .any(|s| s.name.starts_with("rabbitmq_queue_") && s.labels.contains_key("queue")),
+        "/metrics has per-queue rabbitmq_queue_* samples"
+    );
+
+    let per_object = scrape_path(sandbox, Component::Engine, "/metrics/per-object").await?;
+    for (queue, count) in [("rabbit-a", 3.0), ("rabbit-b", 4.0)] {
+        let ready = value(
+            &per_object,
+            "rabbitmq_queue_messages_ready",
+            &[("vhost", "/"), ("queue", queue)],
+        );
+        anyhow::ensure!(ready == Some(count), "{queue}: {ready:?}");
+    }
+    // The rest of the registry is served there too, once.
+    anyhow::ensure!(
+        per_object
+            .iter()
+            .filter(|s| s.name == "rabbitmq_queues")
+            .count()
+            == 1
+    );
+
+    let gateway = scrape(sandbox, Component::Gateway).await?;
+    let received = value(&gateway, "rabbitmq_global_messages_received_total", &[]);
+    anyhow::ensure!(received == Some(7.0), "received: {received:?}");
+    anyhow::ensure!(value(&gateway, "rabbitmq_connections", &[]) == Some(1.0));
+    anyhow::ensure!(value(&gateway, "rabbitmq_channels", &[]) == Some(1.0));
+    let identity = gateway
+        .iter()
+        .find(|s| s.name == "rabbitmq_identity_info")
+        .context("no rabbitmq_identity_info")?;
+    anyhow::ensure!(identity.value == 1.0);
+    anyhow::ensure!(
+        identity
+            .labels
+            .get("rabbitmq_node")
+            .is_some_and(|node| node.starts_with("spillway@"))
+            && identity.labels.contains_key("rabbitmq_cluster"),
+        "{:?}",
+        identity.labels
+    );
+    conn.close(200, "bye".into()).await?;
     Ok(())
 }
