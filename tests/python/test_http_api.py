@@ -347,3 +347,35 @@ def test_pyrabbit2_drives_declare_list_get_purge_and_delete(http, broker):
         client.delete_queue("/", queue)
         client.delete_exchange("/", exchange)
     assert not any(item["name"] == queue for item in client.get_queues("/"))
+
+
+def test_flower_broker_view_shows_the_queues_and_their_lengths(http, broker, made):
+    """Celery Flower's broker page: its RabbitMQ broker client reads the queues of the
+    broker URL's vhost from the HTTP API. (Flower asks for the default vhost as
+    ``/api/queues//``, which RabbitMQ answers 404 too, so the test uses a vhost of its
+    own, as a Celery deployment with Flower does.)"""
+    import asyncio
+
+    from flower.utils.broker import Broker
+
+    vhost, queue = uniq("flower.v"), uniq("flower.q")
+    assert http.call("PUT", f"/api/vhosts/{q(vhost)}").status_code == 201
+    made.append(f"/api/vhosts/{q(vhost)}")
+    # Its creator has every permission there already (RabbitMQ's rule too).
+    assert http.get(f"/api/permissions/{q(vhost)}/guest")["configure"] == ".*"
+    with broker.connect(virtual_host=vhost) as conn:
+        ch = conn.channel()
+        ch.queue_declare(queue)
+        for i in range(3):
+            ch.basic_publish("", queue, f"task-{i}".encode())
+        api = http.base.replace("http://", "http://guest:guest@") + "/api/"
+        flower = Broker(f"amqp://guest:guest@{broker.host}:{broker.port}/{vhost}", http_api=api)
+
+        def seen():
+            found = asyncio.run(flower.queues([queue]))
+            return found if found and found[0].get("messages") == 3 else None
+        found = wait_until(seen, FIGURES, conn)
+        assert found, asyncio.run(flower.queues([queue]))
+        [row] = found
+        assert (row["name"], row["messages_ready"], row["messages_unacknowledged"],
+                row["consumers"]) == (queue, 3, 0, 0)

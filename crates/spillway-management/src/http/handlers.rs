@@ -400,17 +400,27 @@ async fn get_vhost(State(api): State<Api>, Who(caller): Who, Path(name): Path<St
     json(shapes::vhost(&vhost, &queues))
 }
 
+/// As RabbitMQ's management plugin, the stored user who creates a vhost
+/// gets every permission in it.
 async fn put_vhost(State(api): State<Api>, Who(caller): Who, Path(name): Path<String>) -> Answer {
     authorize(&caller, &[Need::Administrator])?;
-    match ask(api
-        .service
-        .create_vhost(call(&caller, m::CreateVhostRequest { name })))
-    .await
-    {
-        Ok(_) => created(false),
-        Err(refused) if refused.reason.contains("already exists") => created(true),
-        Err(refused) => Err(refused),
+    let request = m::CreateVhostRequest { name: name.clone() };
+    match ask(api.service.create_vhost(call(&caller, request))).await {
+        Ok(_) => {}
+        Err(refused) if refused.reason.contains("already exists") => return created(true),
+        Err(refused) => return Err(refused),
     }
+    if let Caller::User(user) = &caller {
+        let grant = m::SetPermissionsRequest {
+            user: user.name.clone(),
+            vhost: name,
+            configure: ".*".into(),
+            write: ".*".into(),
+            read: ".*".into(),
+        };
+        ask(api.service.set_permissions(call(&caller, grant))).await?;
+    }
+    created(false)
 }
 
 async fn delete_vhost(
