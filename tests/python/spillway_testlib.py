@@ -38,6 +38,8 @@ _EPHEMERAL = {
     "SPILLWAY_ENGINE__LISTEN": "127.0.0.1:0",
     "SPILLWAY_MANAGEMENT__LISTEN": "127.0.0.1:0",
     "SPILLWAY_MANAGEMENT__HTTP_LISTEN": "127.0.0.1:0",
+    # Message rates sampled often, so that a test sees them within a second.
+    "SPILLWAY_MANAGEMENT__HTTP_SAMPLE_INTERVAL": "200ms",
     "SPILLWAY_TELEMETRY__METRICS_LISTEN": "127.0.0.1:0",
 }
 

@@ -379,3 +379,41 @@ def test_flower_broker_view_shows_the_queues_and_their_lengths(http, broker, mad
         [row] = found
         assert (row["name"], row["messages_ready"], row["messages_unacknowledged"],
                 row["consumers"]) == (queue, 3, 0, 0)
+
+
+def test_message_rates_show_publishing_and_delivering_as_keda_reads_them(http, broker, made):
+    """KEDA's message-rate mode reads ``message_stats.publish_details.rate`` of one queue;
+    Flower shows ``idle_since``."""
+    import time
+
+    name = uniq("rates.q")
+    path = f"/api/queues/%2F/{q(name)}"
+    assert http.call("PUT", path, json={"durable": False}).status_code == 201
+    made.append(path)
+    with broker.connect() as conn:
+        ch = conn.channel()
+        published = 0
+
+        def publishing_rate():
+            nonlocal published
+            for _ in range(20):
+                ch.basic_publish("", name, b"x")
+                published += 1
+            time.sleep(0.05)
+            stats = http.get(path, params={"msg_rates_age": 60, "msg_rates_incr": 5}) \
+                .get("message_stats") or {}
+            return stats.get("publish_details", {}).get("rate", 0) > 0 and stats
+        stats = wait_until(publishing_rate, FIGURES, conn)
+        assert stats, http.get(path)
+        assert 0 < stats["publish"] <= published
+
+        def delivering_rate():
+            got = ch.basic_get(name, auto_ack=True)
+            assert got[0] is not None
+            stats = http.get(path).get("message_stats") or {}
+            return stats.get("deliver_get_details", {}).get("rate", 0) > 0 and stats
+        assert wait_until(delivering_rate, FIGURES, conn), http.get(path)
+    # The vhost and the overview sum them up.
+    overview = http.get("/api/overview")
+    assert overview["message_stats"]["publish"] >= stats["publish"]
+    assert http.get("/api/vhosts/%2F")["message_stats"]["publish"] >= stats["publish"]

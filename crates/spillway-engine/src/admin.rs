@@ -216,6 +216,8 @@ fn queue_view(vhost: &str, queue: &Queue, stats: Option<&QueueStats>) -> m::Queu
             overfull: queue.overfull,
             blocked_channels: queue.blocked_channels.len() as u32,
             recovering: queue.recovering,
+            arrived_total: queue.arrived_total,
+            delivered_total: queue.delivered_total,
             active_consumer: queue
                 .consumers
                 .first()

@@ -40,6 +40,12 @@ pub struct Queue {
     /// Messages dead-lettered from it and dropped for want of a
     /// destination, by reason (for `/metrics`).
     pub dead_letter_counts: DeadLetterCounts,
+    /// Messages that arrived in the queue (published, dead-lettered or
+    /// moved here; not requeued) and messages delivered from it (to a
+    /// consumer or `basic.get`) since it was declared or recovered: the
+    /// counts RabbitMQ's management rates are computed from.
+    pub arrived_total: u64,
+    pub delivered_total: u64,
     /// Ready messages, in delivery order: by priority (`x-max-priority`),
     /// then id (`ready.rs`). Changed only through the methods below, which
     /// keep `ready_bytes` and `resident_bytes` exact.
@@ -117,6 +123,8 @@ impl Queue {
             limits: QueueLimits::default(),
             dead_letter: None,
             dead_letter_counts: DeadLetterCounts::default(),
+            arrived_total: 0,
+            delivered_total: 0,
             messages: ReadyMessages::new(0),
             ready_bytes: 0,
             resident_bytes: 0,
@@ -218,6 +226,7 @@ impl Queue {
     /// Appends a message; with drop-head, returns the oldest messages dropped
     /// to keep within the limits.
     pub fn enqueue(&mut self, message: QueuedMessage) -> Vec<QueuedMessage> {
+        self.arrived_total += 1;
         self.count_in(&message);
         let rank = self.messages.rank(&message);
         if message.message.is_some() && rank >= self.spilled_from {

@@ -513,6 +513,7 @@ impl Sandbox {
                 settings.gateway.amqp_listen = "127.0.0.1:0".into();
                 settings.management.listen = "127.0.0.1:0".into();
                 settings.management.http_listen = "127.0.0.1:0".into();
+                settings.management.http_sample_interval = Duration::from_millis(200);
                 settings.management.token = Some(MANAGEMENT_TOKEN.into());
                 settings.telemetry.metrics_listen = Some("127.0.0.1:0".into());
                 settings.storage.data_dir = self.data_dir();
@@ -607,6 +608,7 @@ impl Sandbox {
             .env("SPILLWAY_STORAGE__LISTEN", "127.0.0.1:0")
             .env("SPILLWAY_MANAGEMENT__LISTEN", "127.0.0.1:0")
             .env("SPILLWAY_MANAGEMENT__HTTP_LISTEN", "127.0.0.1:0")
+            .env("SPILLWAY_MANAGEMENT__HTTP_SAMPLE_INTERVAL", "200ms")
             .env("SPILLWAY_MANAGEMENT__TOKEN", MANAGEMENT_TOKEN)
             .env("SPILLWAY_TELEMETRY__METRICS_LISTEN", "127.0.0.1:0")
             .env("SPILLWAY_STORAGE__DATA_DIR", self.data_dir())

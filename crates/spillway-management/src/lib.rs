@@ -80,6 +80,8 @@ impl ManagementService {
             authenticator,
             node: node.to_string(),
             listeners: Vec::new(),
+            rates: http::rates::Rates::default(),
+            sample_every: http::DEFAULT_SAMPLE_INTERVAL,
         };
         Ok(Served { grpc, http })
     }

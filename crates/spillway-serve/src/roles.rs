@@ -413,7 +413,9 @@ async fn start_management(
     let addr: SocketAddr = listen.parse().with_context(|| {
         format!("management.http_listen '{listen}' is not an address (host:port)")
     })?;
-    let mut api = served.http;
+    let mut api = served
+        .http
+        .with_sample_interval(settings.management.http_sample_interval);
     // The AMQP listeners of this process (all-in-one), for /api/overview.
     for (name, protocol) in [("amqp", "amqp"), ("amqps", "amqp/ssl")] {
         if let Some(amqp) = running.addresses.get(name) {

@@ -735,6 +735,10 @@ pub struct ManagementSettings {
     /// RabbitMQ's management HTTP API (`/api/...`, docs/http-api.md);
     /// empty: not served. RabbitMQ's port is 15672.
     pub http_listen: String,
+    /// How often the HTTP API samples message rates (RabbitMQ's
+    /// `collect_statistics_interval`).
+    #[serde(deserialize_with = "durations::millis_or_text")]
+    pub http_sample_interval: Duration,
     /// The storage node's gRPC address, when management runs alone.
     pub storage_addr: String,
     /// Every member of a storage group, as `engine.storage_addrs`.
@@ -772,6 +776,7 @@ impl Default for ManagementSettings {
         Self {
             listen: "127.0.0.1:50051".into(),
             http_listen: "127.0.0.1:15672".into(),
+            http_sample_interval: Duration::from_secs(5),
             storage_addr: "http://127.0.0.1:50071".into(),
             storage_addrs: Vec::new(),
             engine_addr: "http://127.0.0.1:50061".into(),

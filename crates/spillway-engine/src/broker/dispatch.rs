@@ -236,6 +236,7 @@ impl Broker {
         let Some(mut entry) = queue.dequeue() else {
             return Ok(GetOutcome::Empty);
         };
+        queue.delivered_total += 1;
         let Some(message) = entry.message.clone() else {
             return Ok(GetOutcome::Empty);
         };
@@ -421,6 +422,7 @@ impl Broker {
             let Some(mut entry) = queue.dequeue() else {
                 break;
             };
+            queue.delivered_total += 1;
             let Some(message) = entry.message.as_ref() else {
                 break;
             };

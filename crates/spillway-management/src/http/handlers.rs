@@ -141,7 +141,7 @@ impl FromRequestParts<Api> for Who {
 }
 
 /// A gRPC request of `caller`, as the authenticating service makes it.
-fn call<T>(caller: &Caller, message: T) -> tonic::Request<T> {
+pub(super) fn call<T>(caller: &Caller, message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     request.extensions_mut().insert(caller.clone());
     request
@@ -153,6 +153,24 @@ where
     F: Future<Output = Result<tonic::Response<T>, Status>>,
 {
     Ok(future.await?.into_inner())
+}
+
+/// A vhost in RabbitMQ's shape, with its rates once sampled.
+fn vhost_json(api: &HttpApi, vhost: &m::Vhost, queues: &[m::Queue]) -> Value {
+    let mut value = shapes::vhost(vhost, queues);
+    if let Some(stats) = api.rates.vhost_stats(&vhost.name) {
+        value["message_stats"] = stats;
+    }
+    value
+}
+
+/// A queue in RabbitMQ's shape, with its rates once sampled.
+fn queue_json(api: &HttpApi, queue: &m::Queue) -> Value {
+    let mut value = shapes::queue(queue, &api.node);
+    for (key, field) in api.rates.queue_fields(&queue.vhost, &queue.name) {
+        value[key] = field;
+    }
+    value
 }
 
 fn json(value: Value) -> Answer {
@@ -239,6 +257,26 @@ async fn overview(State(api): State<Api>, Who(caller): Who) -> Answer {
     .await?;
     let vhosts = visible_vhosts(&api, &caller).await?;
     let exchanges: u32 = vhosts.iter().map(|vhost| vhost.exchanges).sum();
+    let mut message_stats = json!({
+        "publish": 0, "publish_details": {"rate": 0.0},
+        "deliver_get": 0, "deliver_get_details": {"rate": 0.0},
+    });
+    for vhost in &vhosts {
+        let Some(stats) = api.rates.vhost_stats(&vhost.name) else {
+            continue;
+        };
+        for (count, rate) in [
+            ("publish", "publish_details"),
+            ("deliver_get", "deliver_get_details"),
+        ] {
+            let total =
+                message_stats[count].as_u64().unwrap_or(0) + stats[count].as_u64().unwrap_or(0);
+            message_stats[count] = json!(total);
+            let sum = message_stats[rate]["rate"].as_f64().unwrap_or(0.0)
+                + stats[rate]["rate"].as_f64().unwrap_or(0.0);
+            message_stats[rate]["rate"] = json!(sum);
+        }
+    }
     let listeners: Vec<Value> = api
         .listeners
         .iter()
@@ -262,7 +300,8 @@ async fn overview(State(api): State<Api>, Who(caller): Who) -> Answer {
         "product_version": status.version,
         "cluster_name": api.node,
         "node": api.node,
-        "rates_mode": "none",
+        "rates_mode": "basic",
+        "message_stats": message_stats,
         "exchange_types": exchange_types,
         "queue_totals": {
             "messages": status.messages_ready + status.messages_unacked,
@@ -386,7 +425,7 @@ async fn list_vhosts(
     let mut items = Vec::new();
     for vhost in visible_vhosts(&api, &caller).await? {
         let queues = queues_of(&api, &caller, &vhost.name).await?;
-        items.push(shapes::vhost(&vhost, &queues));
+        items.push(vhost_json(&api, &vhost, &queues));
     }
     list(items, &query)
 }
@@ -397,7 +436,7 @@ async fn get_vhost(State(api): State<Api>, Who(caller): Who, Path(name): Path<St
         .get_vhost(call(&caller, m::GetVhostRequest { name })))
     .await?;
     let queues = queues_of(&api, &caller, &vhost.name).await?;
-    json(shapes::vhost(&vhost, &queues))
+    json(vhost_json(&api, &vhost, &queues))
 }
 
 /// As RabbitMQ's management plugin, the stored user who creates a vhost
@@ -943,7 +982,7 @@ async fn all_queues(
     let mut items = Vec::new();
     for vhost in visible_vhosts(&api, &caller).await? {
         let queues = queues_of(&api, &caller, &vhost.name).await?;
-        items.extend(queues.iter().map(|queue| shapes::queue(queue, &api.node)));
+        items.extend(queues.iter().map(|queue| queue_json(&api, queue)));
     }
     list(items, &query)
 }
@@ -955,10 +994,7 @@ async fn vhost_queues(
     Query(query): Query<ListQuery>,
 ) -> Answer {
     let queues = queues_of(&api, &caller, &vhost).await?;
-    let items = queues
-        .iter()
-        .map(|queue| shapes::queue(queue, &api.node))
-        .collect();
+    let items = queues.iter().map(|queue| queue_json(&api, queue)).collect();
     list(items, &query)
 }
 
@@ -971,7 +1007,7 @@ async fn get_queue(
         .service
         .get_queue(call(&caller, m::GetQueueRequest { vhost, name })))
     .await?;
-    json(shapes::queue(&queue, &api.node))
+    json(queue_json(&api, &queue))
 }
 
 async fn put_queue(

@@ -42,6 +42,7 @@ use crate::ManagementService;
 
 mod handlers;
 pub mod pages;
+pub mod rates;
 pub mod shapes;
 
 /// The largest request head (request line and headers) read.
@@ -68,7 +69,14 @@ pub struct HttpApi {
     pub(crate) node: String,
     /// The AMQP listeners to report in `/api/overview` (protocol, address).
     pub(crate) listeners: Vec<(String, SocketAddr)>,
+    /// Message rates and recent history, sampled every `sample_every`.
+    pub(crate) rates: rates::Rates,
+    pub(crate) sample_every: Duration,
 }
+
+/// How often message rates are sampled unless configured: RabbitMQ's
+/// `collect_statistics_interval`.
+pub const DEFAULT_SAMPLE_INTERVAL: Duration = Duration::from_secs(5);
 
 impl HttpApi {
     /// Adds an AMQP listener to what `/api/overview` reports.
@@ -77,9 +85,15 @@ impl HttpApi {
         self
     }
 
-    /// The router of every endpoint, for [`start_http_api`] or a test.
-    pub fn router(self) -> Router {
-        handlers::router(Arc::new(self))
+    /// Samples message rates every `every` (at least 100 ms).
+    pub fn with_sample_interval(mut self, every: Duration) -> Self {
+        self.sample_every = every.max(Duration::from_millis(100));
+        self
+    }
+
+    /// The router of every endpoint.
+    fn router(api: Arc<Self>) -> Router {
+        handlers::router(api)
             .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
             .fallback(|| async { ApiError::not_found() })
     }
@@ -179,6 +193,7 @@ pub struct HttpApiServer {
     addr: SocketAddr,
     stop: watch::Sender<bool>,
     accept_loop: JoinHandle<()>,
+    sampler: JoinHandle<()>,
 }
 
 impl HttpApiServer {
@@ -190,6 +205,7 @@ impl HttpApiServer {
     /// returns once the server is gone.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
+        self.sampler.abort();
         let _ = self.accept_loop.await;
     }
 }
@@ -233,11 +249,15 @@ pub async fn start_http_api(
     let (stop, stopped) = watch::channel(false);
     tracing::info!(%addr, tls = tls.is_some(), "management HTTP API listening");
     let tls = tls.map(tokio_rustls::TlsAcceptor::from);
-    let accept_loop = tokio::spawn(accept_loop(listener, api.router(), tls, stopped));
+    let api = Arc::new(api);
+    let sampler = tokio::spawn(rates::run_sampler(Arc::downgrade(&api), api.sample_every));
+    let router = HttpApi::router(api);
+    let accept_loop = tokio::spawn(accept_loop(listener, router, tls, stopped));
     Ok(HttpApiServer {
         addr,
         stop,
         accept_loop,
+        sampler,
     })
 }
 

@@ -248,6 +248,14 @@ pub struct QueueStatus {
     /// (empty while the queue has none).
     #[prost(string, tag = "11")]
     pub active_consumer: ::prost::alloc::string::String,
+    /// Messages that arrived in the queue (published, dead-lettered or moved
+    /// there; requeues not counted) and messages delivered from it (to
+    /// consumers and basic.get), since it was declared or the engine started:
+    /// what the HTTP API's message rates are computed from.
+    #[prost(uint64, tag = "12")]
+    pub arrived_total: u64,
+    #[prost(uint64, tag = "13")]
+    pub delivered_total: u64,
 }
 #[allow(clippy::all)]
 #[derive(serde::Serialize)]
