@@ -417,3 +417,54 @@ def test_message_rates_show_publishing_and_delivering_as_keda_reads_them(http, b
     overview = http.get("/api/overview")
     assert overview["message_stats"]["publish"] >= stats["publish"]
     assert http.get("/api/vhosts/%2F")["message_stats"]["publish"] >= stats["publish"]
+
+
+def test_a_message_published_over_http_reaches_a_pika_consumer_with_its_properties(
+        http, broker, made):
+    import base64
+
+    from pyrabbit2.api import Client
+
+    name = uniq("http.pub")
+    path = f"/api/queues/%2F/{q(name)}"
+    assert http.call("PUT", path, json={"durable": True}).status_code == 201
+    made.append(path)
+    publish = "/api/exchanges/%2F/amq.default/publish"
+    answer = http.call("POST", publish, json={
+        "routing_key": name, "payload": "hello", "payload_encoding": "string",
+        "properties": {"content_type": "text/plain", "delivery_mode": 2, "priority": 3,
+                       "message_id": "m-1", "correlation_id": "c-1", "reply_to": "back",
+                       "type": "greeting", "app_id": "http", "timestamp": 1700000000,
+                       "headers": {"tenant": "acme", "attempt": 2}}})
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"routed": True}
+    raw = base64.b64encode(bytes(range(256))).decode()
+    answer = http.call("POST", publish, json={
+        "routing_key": name, "payload": raw, "payload_encoding": "base64", "properties": {}})
+    assert answer.json() == {"routed": True}
+    nowhere = http.call("POST", publish, json={
+        "routing_key": uniq("nowhere"), "payload": "x", "payload_encoding": "string",
+        "properties": {}})
+    assert nowhere.json() == {"routed": False}
+    # A message may only claim its publisher's name, as over AMQP.
+    refused = http.call("POST", publish, json={
+        "routing_key": name, "payload": "x", "payload_encoding": "string",
+        "properties": {"user_id": "someone-else"}})
+    assert refused.status_code == 400, refused.text
+    # pyrabbit2's publish.
+    client = Client(http.base.removeprefix("http://"), "guest", "guest", timeout=30)
+    assert client.publish("/", "amq.default", name, "from pyrabbit2") is True
+
+    with broker.connect() as conn:
+        ch = conn.channel()
+        method, props, body = ch.basic_get(name, auto_ack=True)
+        assert body == b"hello"
+        assert (props.content_type, props.delivery_mode, props.priority, props.message_id,
+                props.correlation_id, props.reply_to, props.type, props.app_id,
+                props.timestamp) == ("text/plain", 2, 3, "m-1", "c-1", "back", "greeting",
+                                     "http", 1700000000)
+        assert props.headers == {"tenant": "acme", "attempt": 2}
+        assert (method.exchange, method.routing_key) == ("", name)
+        assert ch.basic_get(name, auto_ack=True)[2] == bytes(range(256))
+        assert ch.basic_get(name, auto_ack=True)[2] == b"from pyrabbit2"
+        assert ch.basic_get(name, auto_ack=True)[0] is None

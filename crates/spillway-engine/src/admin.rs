@@ -637,6 +637,13 @@ impl EngineAdminApi for Engine {
         move_messages(self, request).await
     }
 
+    async fn publish_message(
+        &self,
+        request: m::PublishMessageRequest,
+    ) -> Result<m::PublishMessageResponse, ServiceError> {
+        publish_message(self, request).await
+    }
+
     async fn create_binding(
         &self,
         request: m::CreateBindingRequest,
@@ -1160,6 +1167,129 @@ mod runtime {
 /// The first ready messages of a queue, decoded enough to show; nothing is
 /// consumed. Payloads that flowed to disk are read back for the answer
 /// (they stay on disk).
+/// Management's publish: the publish path of a client with confirms, on a
+/// session of its own; answers once routed, and written when persistent.
+async fn publish_message(
+    engine: &Engine,
+    request: m::PublishMessageRequest,
+) -> Result<m::PublishMessageResponse, ServiceError> {
+    let properties = request.properties.unwrap_or_default();
+    let expiration_ms = match properties.expiration.as_str() {
+        "" => None,
+        text => {
+            Some(amqp::properties::parse_expiration(text).map_err(ServiceError::InvalidArgument)?)
+        }
+    };
+    let persistent = properties.delivery_mode == 2;
+    let encoded = crate::broker::dead_letter::encode_properties(&amqp_properties(&properties)?)
+        .ok_or_else(|| ServiceError::InvalidArgument("the properties cannot be encoded".into()))?;
+    let body = request.body;
+    let cmd = pb::Publish {
+        channel: CHANNEL,
+        exchange: request.exchange,
+        routing_key: request.routing_key,
+        properties: encoded,
+        body_size: body.len() as u64,
+        body,
+        confirm_seq: 1,
+        persistent,
+        expiration_ms,
+        ..Default::default()
+    };
+    let (routed, outcome) = engine.with_session(&request.vhost, |broker, session| {
+        let routed = broker
+            .routes_anywhere(&request.vhost, &cmd)
+            .map_err(service_error)?;
+        let outcome = broker.publish(session, cmd).map_err(service_error)?;
+        Ok((routed, outcome))
+    })?;
+    match outcome {
+        crate::broker::PublishOutcome::Done => {}
+        crate::broker::PublishOutcome::AfterWrite(written) => {
+            await_written(written, "the message").await?;
+        }
+        crate::broker::PublishOutcome::Rejected => return Err(ServiceError::FailedPrecondition(
+            "the message was rejected: a queue it routes to is full (x-overflow reject-publish)"
+                .into(),
+        )),
+    }
+    Ok(m::PublishMessageResponse { routed })
+}
+
+/// AMQP basic properties from management's.
+fn amqp_properties(
+    properties: &m::MessageProperties,
+) -> Result<amq_protocol::protocol::basic::AMQPProperties, ServiceError> {
+    use amq_protocol::protocol::basic::AMQPProperties;
+    let mut out = AMQPProperties::default();
+    let text = |value: &str| ShortString::from(value.to_string());
+    if !properties.headers.is_empty() {
+        let mut table = FieldTable::default();
+        for (key, value) in &properties.headers {
+            if key.len() > 255 {
+                return Err(ServiceError::InvalidArgument(
+                    "a header name is at most 255 bytes".into(),
+                ));
+            }
+            let value = match &value.value {
+                Some(argument_value::Value::StringValue(v))
+                | Some(argument_value::Value::Text(v)) => AMQPValue::LongString(v.clone().into()),
+                Some(argument_value::Value::IntValue(v)) => AMQPValue::LongLongInt(*v),
+                Some(argument_value::Value::BoolValue(v)) => AMQPValue::Boolean(*v),
+                Some(argument_value::Value::DoubleValue(v)) => AMQPValue::Double(*v),
+                None => AMQPValue::Void,
+            };
+            table.insert(ShortString::from(key.clone()), value);
+        }
+        out = out.with_headers(table);
+    }
+    if properties.delivery_mode != 0 {
+        let mode = u8::try_from(properties.delivery_mode)
+            .ok()
+            .filter(|mode| *mode <= 2)
+            .ok_or_else(|| ServiceError::InvalidArgument("delivery_mode must be 1 or 2".into()))?;
+        out = out.with_delivery_mode(mode);
+    }
+    if let Some(priority) = properties.priority {
+        let priority = u8::try_from(priority)
+            .map_err(|_| ServiceError::InvalidArgument("priority must be 0 to 255".into()))?;
+        out = out.with_priority(priority);
+    }
+    for (value, set) in [
+        (
+            &properties.content_type,
+            AMQPProperties::with_content_type as fn(AMQPProperties, ShortString) -> AMQPProperties,
+        ),
+        (
+            &properties.content_encoding,
+            AMQPProperties::with_content_encoding,
+        ),
+        (
+            &properties.correlation_id,
+            AMQPProperties::with_correlation_id,
+        ),
+        (&properties.reply_to, AMQPProperties::with_reply_to),
+        (&properties.expiration, AMQPProperties::with_expiration),
+        (&properties.message_id, AMQPProperties::with_message_id),
+        (&properties.r#type, AMQPProperties::with_type),
+        (&properties.user_id, AMQPProperties::with_user_id),
+        (&properties.app_id, AMQPProperties::with_app_id),
+    ] {
+        if !value.is_empty() {
+            if value.len() > 255 {
+                return Err(ServiceError::InvalidArgument(
+                    "a property's text is at most 255 bytes".into(),
+                ));
+            }
+            out = set(out, text(value));
+        }
+    }
+    if let Some(timestamp) = properties.timestamp {
+        out = out.with_timestamp(timestamp);
+    }
+    Ok(out)
+}
+
 async fn peek_messages(
     engine: &Engine,
     request: m::PeekMessagesRequest,

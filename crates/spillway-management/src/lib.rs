@@ -128,6 +128,15 @@ fn write_queue<'a>(vhost: &'a str, name: &'a str) -> Need<'a> {
     }
 }
 
+fn write_exchange<'a>(vhost: &'a str, name: &'a str) -> Need<'a> {
+    Need::Permission {
+        vhost,
+        access: Access::Write,
+        kind: "exchange",
+        name,
+    }
+}
+
 /// A binding needs write on its destination and read on its source, as
 /// queue.bind and exchange.bind do over AMQP.
 fn bind(binding: Option<&m::Binding>) -> Result<[Need<'_>; 2], Status> {
@@ -634,6 +643,8 @@ management_impl! {
     peek_messages(PeekMessagesRequest) -> PeekMessagesResponse, |r| [read_queue(&r.vhost, &r.queue)];
     move_messages(MoveMessagesRequest) -> MoveMessagesResponse,
         |r| [read_queue(&r.vhost, &r.source), write_queue(&r.vhost, &r.destination)];
+    publish_message(PublishMessageRequest) -> PublishMessageResponse,
+        |r| [write_exchange(&r.vhost, &r.exchange)];
     create_binding(CreateBindingRequest) -> Binding, |r| bind(r.binding.as_ref())?;
     list_bindings(ListBindingsRequest) -> ListBindingsResponse, |r| [Need::See { vhost: &r.vhost }];
     delete_binding(DeleteBindingRequest) -> DeleteBindingResponse, |r| bind(r.binding.as_ref())?;

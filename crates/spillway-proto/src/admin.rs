@@ -33,6 +33,7 @@ macro_rules! for_each_engine_admin_call {
             purge_queue(m::PurgeQueueRequest) -> m::PurgeQueueResponse;
             peek_messages(m::PeekMessagesRequest) -> m::PeekMessagesResponse;
             move_messages(m::MoveMessagesRequest) -> m::MoveMessagesResponse;
+            publish_message(m::PublishMessageRequest) -> m::PublishMessageResponse;
             create_binding(m::CreateBindingRequest) -> m::Binding;
             list_bindings(m::ListBindingsRequest) -> m::ListBindingsResponse;
             delete_binding(m::DeleteBindingRequest) -> m::DeleteBindingResponse;
@@ -107,6 +108,10 @@ pub trait EngineAdminApi: Send + Sync + 'static {
         &self,
         request: m::MoveMessagesRequest,
     ) -> Result<m::MoveMessagesResponse, ServiceError>;
+    async fn publish_message(
+        &self,
+        request: m::PublishMessageRequest,
+    ) -> Result<m::PublishMessageResponse, ServiceError>;
     async fn create_binding(
         &self,
         request: m::CreateBindingRequest,

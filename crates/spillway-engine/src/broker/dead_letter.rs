@@ -578,7 +578,7 @@ fn without_expiration(props: &AMQPProperties) -> AMQPProperties {
     out
 }
 
-pub(super) fn encode_properties(props: &AMQPProperties) -> Option<Bytes> {
+pub(crate) fn encode_properties(props: &AMQPProperties) -> Option<Bytes> {
     let context = amq_protocol::frame::WriteContext::from(Vec::new());
     match gen_properties(props)(context) {
         Ok(context) => Some(context.write.into()),

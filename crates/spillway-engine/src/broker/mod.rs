@@ -38,7 +38,7 @@
 //! `model.rs`. No `impl Broker` lives outside this folder.
 
 mod arguments;
-mod dead_letter;
+pub(crate) mod dead_letter;
 mod definitions;
 pub(crate) mod delayed;
 pub(crate) mod direct_reply;

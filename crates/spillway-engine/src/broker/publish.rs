@@ -28,6 +28,20 @@ pub enum PublishOutcome {
     Rejected,
 }
 
+impl Broker {
+    /// Whether `cmd` would reach a queue now (management's publish answers
+    /// `routed`, as RabbitMQ's HTTP API does).
+    pub(crate) fn routes_anywhere(&self, vhost_name: &str, cmd: &pb::Publish) -> OpResult<bool> {
+        let vhost = self.vhosts.get(vhost_name).ok_or_else(|| {
+            AmqpError::new(
+                reply_code::NOT_ALLOWED,
+                format!("vhost '{vhost_name}' not found"),
+            )
+        })?;
+        Ok(!publish_targets(vhost, vhost_name, cmd)?.is_empty())
+    }
+}
+
 /// The queues `cmd` reaches from its exchange: what a publish routes to,
 /// now or (in a transaction) at commit. An internal exchange refuses it.
 pub(super) fn publish_targets(

@@ -89,6 +89,7 @@ pub(super) fn router(api: Api) -> Router {
             "/api/exchanges/{vhost}/{name}",
             get(get_exchange).put(put_exchange).delete(delete_exchange),
         )
+        .route("/api/exchanges/{vhost}/{name}/publish", post(publish))
         .route(
             "/api/exchanges/{vhost}/{name}/bindings/source",
             get(exchange_bindings_as_source),
@@ -970,6 +971,111 @@ async fn delete_exchange(
     };
     ask(api.service.delete_exchange(call(&caller, request))).await?;
     no_content()
+}
+
+/// `POST /api/exchanges/{vhost}/{name}/publish`: `routing_key`, `payload`
+/// with `payload_encoding` `string` or `base64`, `properties` as RabbitMQ
+/// takes them; answers `{"routed": bool}` once the message is routed (and
+/// written, when persistent).
+async fn publish(
+    State(api): State<Api>,
+    Who(caller): Who,
+    Path((vhost, name)): Path<(String, String)>,
+    bytes: Bytes,
+) -> Answer {
+    let body = body(&bytes)?;
+    let routing_key = text(&body, "routing_key")?
+        .ok_or_else(|| ApiError::bad_request("'routing_key' is required"))?
+        .to_string();
+    let payload =
+        text(&body, "payload")?.ok_or_else(|| ApiError::bad_request("'payload' is required"))?;
+    let payload = match text(&body, "payload_encoding")?.unwrap_or("string") {
+        "string" => payload.as_bytes().to_vec(),
+        "base64" => {
+            use base64::Engine as _;
+            base64::engine::general_purpose::STANDARD
+                .decode(payload)
+                .map_err(|error| ApiError::bad_request(format!("payload is not base64: {error}")))?
+        }
+        other => {
+            return Err(ApiError::bad_request(format!(
+                "payload_encoding '{other}' is neither string nor base64"
+            )))
+        }
+    };
+    let properties = message_properties(body.get("properties"))?;
+    // As over AMQP: a message may only claim its publisher's name.
+    if !properties.user_id.is_empty() && properties.user_id != caller.name() {
+        return Err(ApiError::bad_request(format!(
+            "user_id property set to '{}' but authenticated user was '{}'",
+            properties.user_id,
+            caller.name()
+        )));
+    }
+    let request = m::PublishMessageRequest {
+        vhost,
+        exchange: exchange_name(name),
+        routing_key,
+        properties: Some(properties),
+        body: payload.into(),
+    };
+    let answer = ask(api.service.publish_message(call(&caller, request))).await?;
+    json(json!({"routed": answer.routed}))
+}
+
+/// RabbitMQ's `properties` object of a publish.
+fn message_properties(value: Option<&Value>) -> Result<m::MessageProperties, ApiError> {
+    let mut properties = m::MessageProperties::default();
+    let object = match value {
+        None | Some(Value::Null) => return Ok(properties),
+        Some(Value::Array(items)) if items.is_empty() => return Ok(properties),
+        Some(Value::Object(object)) => object,
+        Some(_) => return Err(ApiError::bad_request("'properties' must be a JSON object")),
+    };
+    let small = |key: &str, value: &Value| -> Result<u32, ApiError> {
+        value
+            .as_u64()
+            .and_then(|number| u32::try_from(number).ok())
+            .ok_or_else(|| ApiError::bad_request(format!("'{key}' must be a small integer")))
+    };
+    for (key, value) in object {
+        let as_text = || -> Result<String, ApiError> {
+            value
+                .as_str()
+                .map(str::to_string)
+                .ok_or_else(|| ApiError::bad_request(format!("'{key}' must be a string")))
+        };
+        match key.as_str() {
+            "content_type" => properties.content_type = as_text()?,
+            "content_encoding" => properties.content_encoding = as_text()?,
+            "correlation_id" => properties.correlation_id = as_text()?,
+            "reply_to" => properties.reply_to = as_text()?,
+            "expiration" => properties.expiration = as_text()?,
+            "message_id" => properties.message_id = as_text()?,
+            "type" => properties.r#type = as_text()?,
+            "user_id" => properties.user_id = as_text()?,
+            "app_id" => properties.app_id = as_text()?,
+            "delivery_mode" => properties.delivery_mode = small(key, value)?,
+            "priority" => properties.priority = Some(small(key, value)?),
+            "timestamp" => {
+                properties.timestamp = Some(
+                    value
+                        .as_u64()
+                        .ok_or_else(|| ApiError::bad_request("'timestamp' must be an integer"))?,
+                )
+            }
+            "headers" => {
+                properties.headers =
+                    shapes::arguments_from(Some(value)).map_err(ApiError::bad_request)?
+            }
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "unknown message property '{other}'"
+                )))
+            }
+        }
+    }
+    Ok(properties)
 }
 
 // ------------------------------------------------------------------ queues

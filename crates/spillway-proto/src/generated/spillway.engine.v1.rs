@@ -1530,6 +1530,32 @@ pub mod engine_admin_client {
                 );
             self.inner.unary(req, path, codec).await
         }
+        pub async fn publish_message(
+            &mut self,
+            request: impl tonic::IntoRequest<crate::management::PublishMessageRequest>,
+        ) -> std::result::Result<
+            tonic::Response<crate::management::PublishMessageResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = crate::lean_codec::LeanCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.engine.v1.EngineAdmin/PublishMessage",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new("spillway.engine.v1.EngineAdmin", "PublishMessage"),
+                );
+            self.inner.unary(req, path, codec).await
+        }
         pub async fn create_binding(
             &mut self,
             request: impl tonic::IntoRequest<crate::management::CreateBindingRequest>,
@@ -2225,6 +2251,13 @@ pub mod engine_admin_server {
             request: tonic::Request<crate::management::MoveMessagesRequest>,
         ) -> std::result::Result<
             tonic::Response<crate::management::MoveMessagesResponse>,
+            tonic::Status,
+        >;
+        async fn publish_message(
+            &self,
+            request: tonic::Request<crate::management::PublishMessageRequest>,
+        ) -> std::result::Result<
+            tonic::Response<crate::management::PublishMessageResponse>,
             tonic::Status,
         >;
         async fn create_binding(
@@ -3015,6 +3048,54 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = MoveMessagesSvc(inner);
+                        let codec = crate::lean_codec::LeanCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.engine.v1.EngineAdmin/PublishMessage" => {
+                    #[allow(non_camel_case_types)]
+                    struct PublishMessageSvc<T: EngineAdmin>(pub Arc<T>);
+                    impl<
+                        T: EngineAdmin,
+                    > tonic::server::UnaryService<
+                        crate::management::PublishMessageRequest,
+                    > for PublishMessageSvc<T> {
+                        type Response = crate::management::PublishMessageResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                crate::management::PublishMessageRequest,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as EngineAdmin>::publish_message(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = PublishMessageSvc(inner);
                         let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

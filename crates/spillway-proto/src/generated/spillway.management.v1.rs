@@ -393,6 +393,66 @@ pub struct PeekMessagesResponse {
 }
 #[allow(clippy::all)]
 #[derive(serde::Serialize)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct MessageProperties {
+    #[prost(string, tag = "1")]
+    pub content_type: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub content_encoding: ::prost::alloc::string::String,
+    #[prost(map = "string, message", tag = "3")]
+    pub headers: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ArgumentValue,
+    >,
+    /// 2: persistent.
+    #[prost(uint32, tag = "4")]
+    pub delivery_mode: u32,
+    #[prost(uint32, optional, tag = "5")]
+    pub priority: ::core::option::Option<u32>,
+    #[prost(string, tag = "6")]
+    pub correlation_id: ::prost::alloc::string::String,
+    #[prost(string, tag = "7")]
+    pub reply_to: ::prost::alloc::string::String,
+    #[prost(string, tag = "8")]
+    pub expiration: ::prost::alloc::string::String,
+    #[prost(string, tag = "9")]
+    pub message_id: ::prost::alloc::string::String,
+    #[prost(uint64, optional, tag = "10")]
+    pub timestamp: ::core::option::Option<u64>,
+    #[prost(string, tag = "11")]
+    pub r#type: ::prost::alloc::string::String,
+    #[prost(string, tag = "12")]
+    pub user_id: ::prost::alloc::string::String,
+    #[prost(string, tag = "13")]
+    pub app_id: ::prost::alloc::string::String,
+}
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct PublishMessageRequest {
+    #[prost(string, tag = "1")]
+    pub vhost: ::prost::alloc::string::String,
+    /// Empty: the default exchange.
+    #[prost(string, tag = "2")]
+    pub exchange: ::prost::alloc::string::String,
+    #[prost(string, tag = "3")]
+    pub routing_key: ::prost::alloc::string::String,
+    #[prost(message, optional, tag = "4")]
+    pub properties: ::core::option::Option<MessageProperties>,
+    #[prost(bytes = "bytes", tag = "5")]
+    #[serde(serialize_with = "crate::json::base64")]
+    pub body: ::prost::bytes::Bytes,
+}
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct PublishMessageResponse {
+    /// Whether it reached at least one queue.
+    #[prost(bool, tag = "1")]
+    pub routed: bool,
+}
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct MoveMessagesRequest {
     #[prost(string, tag = "1")]
@@ -1546,6 +1606,38 @@ pub mod management_client {
         /// leaves the source and reaches the destination in one atomic store write,
         /// so nothing is lost or duplicated. Stops early (and says so) when the
         /// destination's length limits would be exceeded.
+        /// Publishes one message to an exchange, as a client publishing with
+        /// confirms would (RabbitMQ's HTTP API publish): answers once it is
+        /// routed, and written when persistent. Needs write on the exchange.
+        pub async fn publish_message(
+            &mut self,
+            request: impl tonic::IntoRequest<super::PublishMessageRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::PublishMessageResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.management.v1.Management/PublishMessage",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new(
+                        "spillway.management.v1.Management",
+                        "PublishMessage",
+                    ),
+                );
+            self.inner.unary(req, path, codec).await
+        }
         pub async fn move_messages(
             &mut self,
             request: impl tonic::IntoRequest<super::MoveMessagesRequest>,
@@ -2427,6 +2519,16 @@ pub mod management_server {
         /// leaves the source and reaches the destination in one atomic store write,
         /// so nothing is lost or duplicated. Stops early (and says so) when the
         /// destination's length limits would be exceeded.
+        /// Publishes one message to an exchange, as a client publishing with
+        /// confirms would (RabbitMQ's HTTP API publish): answers once it is
+        /// routed, and written when persistent. Needs write on the exchange.
+        async fn publish_message(
+            &self,
+            request: tonic::Request<super::PublishMessageRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::PublishMessageResponse>,
+            tonic::Status,
+        >;
         async fn move_messages(
             &self,
             request: tonic::Request<super::MoveMessagesRequest>,
@@ -3328,6 +3430,51 @@ pub mod management_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = PeekMessagesSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.management.v1.Management/PublishMessage" => {
+                    #[allow(non_camel_case_types)]
+                    struct PublishMessageSvc<T: Management>(pub Arc<T>);
+                    impl<
+                        T: Management,
+                    > tonic::server::UnaryService<super::PublishMessageRequest>
+                    for PublishMessageSvc<T> {
+                        type Response = super::PublishMessageResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::PublishMessageRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Management>::publish_message(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = PublishMessageSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
