@@ -19,6 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 both_wirings!(
     timeout_secs = 90;
     queues_declared_over_http_serve_amqp_clients,
+    messages_published_over_http_reach_amqp_consumers,
     connections_close_over_http,
     hostile_requests_meet_the_bounds,
 );
@@ -278,5 +279,67 @@ async fn hostile_requests_meet_the_bounds(sb: &mut Sandbox) -> anyhow::Result<()
     // A path nobody serves.
     let (status, _) = request(sb, "GET", "/api/nothing-here", None, None).await?;
     assert_eq!(status, 404);
+    Ok(())
+}
+
+async fn messages_published_over_http_reach_amqp_consumers(sb: &mut Sandbox) -> anyhow::Result<()> {
+    let (status, body) = request(
+        sb,
+        "PUT",
+        "/api/queues/%2F/http.inbox",
+        Some(&json!({"durable": true})),
+        None,
+    )
+    .await?;
+    assert_eq!(status, 201, "{body}");
+    let publish = json!({
+        "routing_key": "http.inbox",
+        "payload": "aGVsbG8=",
+        "payload_encoding": "base64",
+        "properties": {"delivery_mode": 2, "message_id": "m-7", "headers": {"tenant": "acme"}},
+    });
+    let (status, body) = request(
+        sb,
+        "POST",
+        "/api/exchanges/%2F/amq.default/publish",
+        Some(&publish),
+        None,
+    )
+    .await?;
+    assert_eq!((status, body.as_str()), (200, r#"{"routed":true}"#));
+    let nowhere = json!({"routing_key": "nobody", "payload": "x", "payload_encoding": "string"});
+    let (_, body) = request(
+        sb,
+        "POST",
+        "/api/exchanges/%2F/amq.default/publish",
+        Some(&nowhere),
+        None,
+    )
+    .await?;
+    assert_eq!(body, r#"{"routed":false}"#);
+
+    // Routed (and, persistent, written) before the answer: it is there.
+    let conn = sb.connect().await?;
+    let ch = conn.create_channel().await?;
+    let got = ch
+        .basic_get("http.inbox".into(), BasicGetOptions { no_ack: true })
+        .await?
+        .expect("the published message");
+    assert_eq!(got.delivery.data, b"hello");
+    let properties = &got.delivery.properties;
+    assert_eq!(properties.delivery_mode(), &Some(2));
+    assert_eq!(
+        properties.message_id().as_ref().map(|id| id.as_str()),
+        Some("m-7")
+    );
+    let tenant = properties
+        .headers()
+        .as_ref()
+        .and_then(|headers| headers.inner().get("tenant").cloned());
+    assert_eq!(
+        tenant,
+        Some(lapin::types::AMQPValue::LongString("acme".into()))
+    );
+    conn.close(200, "bye".into()).await?;
     Ok(())
 }
