@@ -468,3 +468,17 @@ def test_a_message_published_over_http_reaches_a_pika_consumer_with_its_properti
         assert ch.basic_get(name, auto_ack=True)[2] == bytes(range(256))
         assert ch.basic_get(name, auto_ack=True)[2] == b"from pyrabbit2"
         assert ch.basic_get(name, auto_ack=True)[0] is None
+
+
+def test_operator_policies_over_http(http, made):
+    name = uniq("http.op")
+    path = f"/api/operator-policies/%2F/{q(name)}"
+    body = {"pattern": "^" + name.replace(".", "\\.") + r"\.", "apply-to": "queues",
+            "definition": {"max-length": 3}, "priority": 1}
+    assert http.call("PUT", path, json=body).status_code == 201
+    made.append(path)
+    assert http.call("PUT", path, json=body).status_code == 204
+    assert http.get(path)["definition"] == {"max-length": 3}
+    assert any(p["name"] == name for p in http.get("/api/operator-policies/%2F"))
+    assert http.call("DELETE", path).status_code == 204
+    assert http.call("GET", path).status_code == 404

@@ -66,22 +66,24 @@ pub(super) fn router(api: Api) -> Router {
                 .put(put_permission)
                 .delete(delete_permission),
         )
-        .route("/api/policies", get(all_policies))
-        .route("/api/policies/{vhost}", get(vhost_policies))
+        .route("/api/policies", get(all_policies::<false>))
+        .route("/api/policies/{vhost}", get(vhost_policies::<false>))
         .route(
             "/api/policies/{vhost}/{name}",
-            get(get_policy).put(put_policy).delete(delete_policy),
+            get(get_policy::<false>)
+                .put(put_policy::<false>)
+                .delete(delete_policy::<false>),
         )
-        .route("/api/operator-policies", get(all_operator_policies))
+        .route("/api/operator-policies", get(all_policies::<true>))
         .route(
             "/api/operator-policies/{vhost}",
-            get(vhost_operator_policies),
+            get(vhost_policies::<true>),
         )
         .route(
             "/api/operator-policies/{vhost}/{name}",
-            get(get_operator_policy)
-                .put(put_operator_policy)
-                .delete(delete_operator_policy),
+            get(get_policy::<true>)
+                .put(put_policy::<true>)
+                .delete(delete_policy::<true>),
         )
         .route("/api/exchanges", get(all_exchanges))
         .route("/api/exchanges/{vhost}", get(vhost_exchanges))
@@ -699,31 +701,17 @@ async fn policies(
     Ok(items)
 }
 
-async fn all_policies(State(api): State<Api>, Who(caller): Who) -> Answer {
-    json(Value::Array(policies(&api, &caller, None, false).await?))
+async fn all_policies<const OPERATOR: bool>(State(api): State<Api>, Who(caller): Who) -> Answer {
+    json(Value::Array(policies(&api, &caller, None, OPERATOR).await?))
 }
 
-async fn vhost_policies(
+async fn vhost_policies<const OPERATOR: bool>(
     State(api): State<Api>,
     Who(caller): Who,
     Path(vhost): Path<String>,
 ) -> Answer {
     json(Value::Array(
-        policies(&api, &caller, Some(vhost), false).await?,
-    ))
-}
-
-async fn all_operator_policies(State(api): State<Api>, Who(caller): Who) -> Answer {
-    json(Value::Array(policies(&api, &caller, None, true).await?))
-}
-
-async fn vhost_operator_policies(
-    State(api): State<Api>,
-    Who(caller): Who,
-    Path(vhost): Path<String>,
-) -> Answer {
-    json(Value::Array(
-        policies(&api, &caller, Some(vhost), true).await?,
+        policies(&api, &caller, Some(vhost), OPERATOR).await?,
     ))
 }
 
@@ -819,54 +807,30 @@ async fn clear_policy(
     no_content()
 }
 
-async fn get_policy(
+/// `OPERATOR`: the operator policy of that name (`/api/operator-policies`).
+async fn get_policy<const OPERATOR: bool>(
     State(api): State<Api>,
     Who(caller): Who,
     Path((vhost, name)): Path<(String, String)>,
 ) -> Answer {
-    policy_answer(api, caller, vhost, name, false).await
+    policy_answer(api, caller, vhost, name, OPERATOR).await
 }
 
-async fn put_policy(
+async fn put_policy<const OPERATOR: bool>(
     State(api): State<Api>,
     Who(caller): Who,
     Path((vhost, name)): Path<(String, String)>,
     bytes: Bytes,
 ) -> Answer {
-    set_policy(api, caller, vhost, name, bytes, false).await
+    set_policy(api, caller, vhost, name, bytes, OPERATOR).await
 }
 
-async fn delete_policy(
+async fn delete_policy<const OPERATOR: bool>(
     State(api): State<Api>,
     Who(caller): Who,
     Path((vhost, name)): Path<(String, String)>,
 ) -> Answer {
-    clear_policy(api, caller, vhost, name, false).await
-}
-
-async fn get_operator_policy(
-    State(api): State<Api>,
-    Who(caller): Who,
-    Path((vhost, name)): Path<(String, String)>,
-) -> Answer {
-    policy_answer(api, caller, vhost, name, true).await
-}
-
-async fn put_operator_policy(
-    State(api): State<Api>,
-    Who(caller): Who,
-    Path((vhost, name)): Path<(String, String)>,
-    bytes: Bytes,
-) -> Answer {
-    set_policy(api, caller, vhost, name, bytes, true).await
-}
-
-async fn delete_operator_policy(
-    State(api): State<Api>,
-    Who(caller): Who,
-    Path((vhost, name)): Path<(String, String)>,
-) -> Answer {
-    clear_policy(api, caller, vhost, name, true).await
+    clear_policy(api, caller, vhost, name, OPERATOR).await
 }
 
 // --------------------------------------------------------------- exchanges
@@ -1003,7 +967,8 @@ async fn publish(
             )))
         }
     };
-    let properties = message_properties(body.get("properties"))?;
+    let properties =
+        shapes::message_properties(body.get("properties")).map_err(ApiError::bad_request)?;
     // As over AMQP: a message may only claim its publisher's name.
     if !properties.user_id.is_empty() && properties.user_id != caller.name() {
         return Err(ApiError::bad_request(format!(
@@ -1021,61 +986,6 @@ async fn publish(
     };
     let answer = ask(api.service.publish_message(call(&caller, request))).await?;
     json(json!({"routed": answer.routed}))
-}
-
-/// RabbitMQ's `properties` object of a publish.
-fn message_properties(value: Option<&Value>) -> Result<m::MessageProperties, ApiError> {
-    let mut properties = m::MessageProperties::default();
-    let object = match value {
-        None | Some(Value::Null) => return Ok(properties),
-        Some(Value::Array(items)) if items.is_empty() => return Ok(properties),
-        Some(Value::Object(object)) => object,
-        Some(_) => return Err(ApiError::bad_request("'properties' must be a JSON object")),
-    };
-    let small = |key: &str, value: &Value| -> Result<u32, ApiError> {
-        value
-            .as_u64()
-            .and_then(|number| u32::try_from(number).ok())
-            .ok_or_else(|| ApiError::bad_request(format!("'{key}' must be a small integer")))
-    };
-    for (key, value) in object {
-        let as_text = || -> Result<String, ApiError> {
-            value
-                .as_str()
-                .map(str::to_string)
-                .ok_or_else(|| ApiError::bad_request(format!("'{key}' must be a string")))
-        };
-        match key.as_str() {
-            "content_type" => properties.content_type = as_text()?,
-            "content_encoding" => properties.content_encoding = as_text()?,
-            "correlation_id" => properties.correlation_id = as_text()?,
-            "reply_to" => properties.reply_to = as_text()?,
-            "expiration" => properties.expiration = as_text()?,
-            "message_id" => properties.message_id = as_text()?,
-            "type" => properties.r#type = as_text()?,
-            "user_id" => properties.user_id = as_text()?,
-            "app_id" => properties.app_id = as_text()?,
-            "delivery_mode" => properties.delivery_mode = small(key, value)?,
-            "priority" => properties.priority = Some(small(key, value)?),
-            "timestamp" => {
-                properties.timestamp = Some(
-                    value
-                        .as_u64()
-                        .ok_or_else(|| ApiError::bad_request("'timestamp' must be an integer"))?,
-                )
-            }
-            "headers" => {
-                properties.headers =
-                    shapes::arguments_from(Some(value)).map_err(ApiError::bad_request)?
-            }
-            other => {
-                return Err(ApiError::bad_request(format!(
-                    "unknown message property '{other}'"
-                )))
-            }
-        }
-    }
-    Ok(properties)
 }
 
 // ------------------------------------------------------------------ queues

@@ -65,6 +65,51 @@ pub fn arguments_from(value: Option<&Value>) -> Result<HashMap<String, m::Argume
         .collect()
 }
 
+/// RabbitMQ's `properties` object of a publish.
+pub fn message_properties(value: Option<&Value>) -> Result<m::MessageProperties, String> {
+    let mut properties = m::MessageProperties::default();
+    let object = match value {
+        None | Some(Value::Null) => return Ok(properties),
+        Some(Value::Array(items)) if items.is_empty() => return Ok(properties),
+        Some(Value::Object(object)) => object,
+        Some(_) => return Err("'properties' must be a JSON object".into()),
+    };
+    let small = |key: &str, value: &Value| -> Result<u32, String> {
+        value
+            .as_u64()
+            .and_then(|number| u32::try_from(number).ok())
+            .ok_or_else(|| format!("'{key}' must be a small integer"))
+    };
+    for (key, value) in object {
+        let as_text = || -> Result<String, String> {
+            value
+                .as_str()
+                .map(str::to_string)
+                .ok_or_else(|| format!("'{key}' must be a string"))
+        };
+        match key.as_str() {
+            "content_type" => properties.content_type = as_text()?,
+            "content_encoding" => properties.content_encoding = as_text()?,
+            "correlation_id" => properties.correlation_id = as_text()?,
+            "reply_to" => properties.reply_to = as_text()?,
+            "expiration" => properties.expiration = as_text()?,
+            "message_id" => properties.message_id = as_text()?,
+            "type" => properties.r#type = as_text()?,
+            "user_id" => properties.user_id = as_text()?,
+            "app_id" => properties.app_id = as_text()?,
+            "delivery_mode" => properties.delivery_mode = small(key, value)?,
+            "priority" => properties.priority = Some(small(key, value)?),
+            "timestamp" => {
+                let timestamp = value.as_u64().ok_or("'timestamp' must be an integer")?;
+                properties.timestamp = Some(timestamp);
+            }
+            "headers" => properties.headers = arguments_from(Some(value))?,
+            other => return Err(format!("unknown message property '{other}'")),
+        }
+    }
+    Ok(properties)
+}
+
 pub fn vhost(vhost: &m::Vhost, queues: &[m::Queue]) -> Value {
     let ready: u64 = queues
         .iter()
