@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+use futures::StreamExt;
 use lapin::options::*;
 use lapin::types::FieldTable;
 use lapin::BasicProperties;
@@ -164,6 +165,22 @@ async fn connections_close_over_http(sb: &mut Sandbox) -> anyhow::Result<()> {
     )
     .await?;
     let ch = conn.create_channel().await?;
+    // A consumer hears the broker's close, with its reason (a later call on
+    // the channel may only see lapin's "invalid channel state").
+    ch.queue_declare(
+        "http-billing".into(),
+        QueueDeclareOptions::default(),
+        FieldTable::default(),
+    )
+    .await?;
+    let mut consumer = ch
+        .basic_consume(
+            "http-billing".into(),
+            "worker".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
     let connection = eventually(Duration::from_secs(10), || async {
         let listed = get_json(sb, "/api/connections").await?;
         listed
@@ -199,20 +216,26 @@ async fn connections_close_over_http(sb: &mut Sandbox) -> anyhow::Result<()> {
     assert_eq!(status, 204, "{body}");
     let error = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
-            let declared = ch
-                .queue_declare(
-                    "after-close".into(),
-                    QueueDeclareOptions::default(),
-                    FieldTable::default(),
-                )
-                .await;
-            if let Err(error) = declared {
-                return error;
+            match consumer.next().await {
+                Some(Err(error)) => return Some(error),
+                Some(Ok(_)) => continue,
+                None => return None,
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
     .await?;
+    let error = match error {
+        Some(error) => error,
+        // The stream may end without the error: ask the channel.
+        None => ch
+            .queue_declare(
+                "after-close".into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect_err("the connection is closed"),
+    };
     let text = error.to_string();
     assert!(
         text.contains("CONNECTION_FORCED") && text.contains("maintenance window"),

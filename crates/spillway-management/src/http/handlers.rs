@@ -260,26 +260,8 @@ async fn overview(State(api): State<Api>, Who(caller): Who) -> Answer {
     .await?;
     let vhosts = visible_vhosts(&api, &caller).await?;
     let exchanges: u32 = vhosts.iter().map(|vhost| vhost.exchanges).sum();
-    let mut message_stats = json!({
-        "publish": 0, "publish_details": {"rate": 0.0},
-        "deliver_get": 0, "deliver_get_details": {"rate": 0.0},
-    });
-    for vhost in &vhosts {
-        let Some(stats) = api.rates.vhost_stats(&vhost.name) else {
-            continue;
-        };
-        for (count, rate) in [
-            ("publish", "publish_details"),
-            ("deliver_get", "deliver_get_details"),
-        ] {
-            let total =
-                message_stats[count].as_u64().unwrap_or(0) + stats[count].as_u64().unwrap_or(0);
-            message_stats[count] = json!(total);
-            let sum = message_stats[rate]["rate"].as_f64().unwrap_or(0.0)
-                + stats[rate]["rate"].as_f64().unwrap_or(0.0);
-            message_stats[rate]["rate"] = json!(sum);
-        }
-    }
+    let names: Vec<&str> = vhosts.iter().map(|vhost| vhost.name.as_str()).collect();
+    let message_stats = api.rates.overview_stats(&names);
     let listeners: Vec<Value> = api
         .listeners
         .iter()
@@ -446,12 +428,15 @@ async fn get_vhost(State(api): State<Api>, Who(caller): Who, Path(name): Path<St
 /// gets every permission in it.
 async fn put_vhost(State(api): State<Api>, Who(caller): Who, Path(name): Path<String>) -> Answer {
     authorize(&caller, &[Need::Administrator])?;
-    let request = m::CreateVhostRequest { name: name.clone() };
-    match ask(api.service.create_vhost(call(&caller, request))).await {
-        Ok(_) => {}
-        Err(refused) if refused.reason.contains("already exists") => return created(true),
-        Err(refused) => return Err(refused),
+    let existing = m::GetVhostRequest { name: name.clone() };
+    if ask(api.service.get_vhost(call(&caller, existing)))
+        .await
+        .is_ok()
+    {
+        return created(true);
     }
+    let request = m::CreateVhostRequest { name: name.clone() };
+    ask(api.service.create_vhost(call(&caller, request))).await?;
     if let Caller::User(user) = &caller {
         let grant = m::SetPermissionsRequest {
             user: user.name.clone(),

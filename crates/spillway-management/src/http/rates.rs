@@ -153,6 +153,33 @@ impl Rates {
         ))
     }
 
+    /// The overview's `message_stats`: the vhosts' last two samples,
+    /// summed over `vhosts`.
+    pub fn overview_stats(&self, vhosts: &[&str]) -> Value {
+        let rings = self.vhosts.lock();
+        let (mut published, mut delivered, mut publish_rate, mut deliver_rate) = (0, 0, 0.0, 0.0);
+        for ring in vhosts.iter().filter_map(|vhost| rings.get(*vhost)) {
+            let Some(last) = ring.back() else { continue };
+            published += last.arrived;
+            delivered += last.delivered;
+            if let Some(before) = ring.len().checked_sub(2).map(|i| ring[i]) {
+                publish_rate += per_second(
+                    before.arrived,
+                    last.arrived,
+                    before.at_unix_ms,
+                    last.at_unix_ms,
+                );
+                deliver_rate += per_second(
+                    before.delivered,
+                    last.delivered,
+                    before.at_unix_ms,
+                    last.at_unix_ms,
+                );
+            }
+        }
+        message_stats(published, publish_rate, delivered, deliver_rate)
+    }
+
     /// Every vhost's history, oldest first.
     pub fn history(&self, vhost: &str) -> Vec<VhostSample> {
         self.vhosts
@@ -343,6 +370,9 @@ mod tests {
         assert_eq!(fields[1].0, "idle_since");
         let stats = rates.vhost_stats("/").unwrap();
         assert_eq!(stats["publish"], 150);
+        let overview = rates.overview_stats(&["/", "gone"]);
+        assert_eq!(overview["publish"], 150);
+        assert_eq!(overview["deliver_get"], 20);
     }
 
     #[test]
