@@ -25,6 +25,8 @@ use spillway_proto::storage::{PermissionDefinition, UserDefinition};
 pub const MAX_NAME_LEN: usize = 255;
 /// The longest password accepted.
 pub const MAX_PASSWORD_LEN: usize = 4096;
+/// A stored password hash: a 4-byte salt, then SHA-256(salt ++ password).
+pub const SALTED_HASH_LEN: usize = 4 + 32;
 /// How many names one session remembers the answer for, per kind of access.
 const CACHED_NAMES: usize = 1024;
 
@@ -71,6 +73,32 @@ impl User {
             tags: self.tags.clone(),
             loopback_only: self.loopback_only,
         }
+    }
+
+    /// A user as a definitions file gives it: a password hash in RabbitMQ's
+    /// `rabbit_password_hashing_sha256` layout (4-byte salt, 32-byte hash)
+    /// or none (no password login).
+    pub fn with_hash(
+        name: &str,
+        password_hash: Vec<u8>,
+        tags: Vec<String>,
+    ) -> Result<Self, AccessError> {
+        check_name("user", name)?;
+        for tag in &tags {
+            check_name("tag", tag)?;
+        }
+        if !(password_hash.is_empty() || password_hash.len() == SALTED_HASH_LEN) {
+            return Err(AccessError::Invalid(format!(
+                "user '{name}': a password hash is {SALTED_HASH_LEN} bytes (a 4-byte salt and a SHA-256 hash), not {}",
+                password_hash.len()
+            )));
+        }
+        Ok(Self {
+            name: name.to_string(),
+            password_hash,
+            tags,
+            loopback_only: false,
+        })
     }
 
     pub fn has_tag(&self, tag: &str) -> bool {
@@ -231,6 +259,21 @@ impl AccessControl {
         self.users.insert(name.to_string(), user.clone());
         self.generation += 1;
         Ok(user)
+    }
+
+    /// Adds or replaces a user checked by [`User::with_hash`] (a
+    /// definitions import). A replaced user keeps its `loopback_only`.
+    pub fn insert_user(&mut self, mut user: User) {
+        if let Some(existing) = self.users.get(&user.name) {
+            user.loopback_only = existing.loopback_only;
+        }
+        self.users.insert(user.name.clone(), user);
+        self.generation += 1;
+    }
+
+    /// Whether a user of that name exists.
+    pub fn has_user(&self, name: &str) -> bool {
+        self.users.contains_key(name)
     }
 
     /// Removes a user and every permission of theirs.

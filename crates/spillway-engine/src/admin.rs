@@ -34,7 +34,7 @@ use spillway_proto::{EngineAdminApi, ServiceError};
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
 
-use crate::broker::{event, policy_view, Broker, OpResult, RUNTIME_ARGUMENTS};
+use crate::broker::{event, policy_view, Broker, GetOutcome, OpResult, RUNTIME_ARGUMENTS};
 use crate::engine::Engine;
 use crate::model::{Destination, QueuedMessage, SessionId};
 use crate::persistence::{await_written, store_op};
@@ -48,7 +48,7 @@ use crate::vhost::VHost;
 /// closed under one broker lock, so no listing ever sees them.
 const MANAGEMENT_USER: &str = "management";
 /// The channel management's internal sessions use.
-const CHANNEL: u32 = 1;
+pub(crate) const CHANNEL: u32 = 1;
 /// Peek's default count.
 const DEFAULT_PEEK: u32 = 10;
 /// Peek's largest count.
@@ -58,7 +58,7 @@ const MAX_PEEK: u32 = 10_000;
 
 /// An AMQP error from a broker operation as a gRPC-mappable service error,
 /// by what failed (its kind), never by its text.
-fn service_error(error: AmqpError) -> ServiceError {
+pub(crate) fn service_error(error: AmqpError) -> ServiceError {
     let kind = error.effective_kind();
     let text = error.text;
     match kind {
@@ -94,7 +94,7 @@ fn not_exclusive(queue: &Queue, vhost: &str) -> Result<(), ServiceError> {
     )))
 }
 
-fn check_name(what: &str, name: &str) -> Result<(), ServiceError> {
+pub(crate) fn check_name(what: &str, name: &str) -> Result<(), ServiceError> {
     if name.is_empty() || name.len() > 255 {
         return Err(ServiceError::InvalidArgument(format!(
             "{what} name must be 1 to 255 bytes"
@@ -106,7 +106,9 @@ fn check_name(what: &str, name: &str) -> Result<(), ServiceError> {
 // ------------------------------------------------------------ arguments
 
 /// Management's argument map as the AMQP field table the broker checks.
-fn encode_arguments(arguments: &HashMap<String, m::ArgumentValue>) -> Result<Bytes, ServiceError> {
+pub(crate) fn encode_arguments(
+    arguments: &HashMap<String, m::ArgumentValue>,
+) -> Result<Bytes, ServiceError> {
     if arguments.is_empty() {
         return Ok(Bytes::new());
     }
@@ -160,7 +162,7 @@ fn decoded_map(bytes: &[u8]) -> HashMap<String, m::ArgumentValue> {
         .unwrap_or_default()
 }
 
-fn argument_map(table: &FieldTable) -> HashMap<String, m::ArgumentValue> {
+pub(crate) fn argument_map(table: &FieldTable) -> HashMap<String, m::ArgumentValue> {
     table
         .inner()
         .iter()
@@ -273,7 +275,20 @@ impl Engine {
         op: impl FnOnce(&mut Broker, SessionId) -> Result<T, ServiceError>,
     ) -> Result<T, ServiceError> {
         let mut broker = self.shared.broker.lock();
-        vhost(&broker, vhost_name)?;
+        let id = self.open_internal_session(&mut broker, vhost_name)?;
+        let result = op(&mut broker, id);
+        broker.close_session(id);
+        result
+    }
+
+    /// Opens an internal session of `vhost` with channel 1 open, for
+    /// management's own declarations and gets; the caller closes it.
+    pub(crate) fn open_internal_session(
+        &self,
+        broker: &mut Broker,
+        vhost_name: &str,
+    ) -> Result<SessionId, ServiceError> {
+        vhost(broker, vhost_name)?;
         let id = self.shared.next_session.fetch_add(1, Ordering::Relaxed);
         // Events for the internal session (none expected) are dropped.
         let (events, _) = tokio::sync::mpsc::unbounded_channel();
@@ -284,13 +299,14 @@ impl Engine {
             client_address: MANAGEMENT_USER.to_string(),
             client_properties: Bytes::new(),
         };
-        let opened = broker
+        broker
             .open_session(id, &open, events)
-            .and_then(|()| broker.open_channel(id, CHANNEL))
-            .map_err(service_error);
-        let result = opened.and_then(|()| op(&mut broker, id));
-        broker.close_session(id);
-        result
+            .map_err(service_error)?;
+        if let Err(error) = broker.open_channel(id, CHANNEL) {
+            broker.close_session(id);
+            return Err(service_error(error));
+        }
+        Ok(id)
     }
 
     fn stats_of(&self, vhost: &str) -> HashMap<String, QueueStats> {
@@ -628,6 +644,13 @@ impl EngineAdminApi for Engine {
         request: m::PeekMessagesRequest,
     ) -> Result<m::PeekMessagesResponse, ServiceError> {
         peek_messages(self, request).await
+    }
+
+    async fn get_messages(
+        &self,
+        request: m::GetMessagesRequest,
+    ) -> Result<m::PeekMessagesResponse, ServiceError> {
+        get_messages(self, request).await
     }
 
     async fn move_messages(
@@ -1007,6 +1030,20 @@ impl EngineAdminApi for Engine {
         Ok(m::ClearPolicyResponse {})
     }
 
+    async fn export_definitions(
+        &self,
+        request: m::ExportDefinitionsRequest,
+    ) -> Result<m::Definitions, ServiceError> {
+        crate::definitions_admin::export(&self.shared, &request)
+    }
+
+    async fn import_definitions(
+        &self,
+        request: m::ImportDefinitionsRequest,
+    ) -> Result<m::ImportDefinitionsResponse, ServiceError> {
+        crate::definitions_admin::import(self, request).await
+    }
+
     async fn set_transaction_timeouts(
         &self,
         request: m::SetTransactionTimeoutsRequest,
@@ -1369,22 +1406,7 @@ async fn peek_messages(
                 body,
                 ..Default::default()
             };
-            if let Ok((_, properties)) =
-                amq_protocol::protocol::basic::parse_properties(&properties[..])
-            {
-                let text = |s: &Option<ShortString>| {
-                    s.as_ref()
-                        .map(|s| s.as_str().to_string())
-                        .unwrap_or_default()
-                };
-                peeked.content_type = text(properties.content_type());
-                peeked.content_encoding = text(properties.content_encoding());
-                peeked.message_id = text(properties.message_id());
-                peeked.correlation_id = text(properties.correlation_id());
-                if let Some(headers) = properties.headers() {
-                    peeked.headers = argument_map(headers);
-                }
-            }
+            show_properties(&mut peeked, &properties);
             Some(peeked)
         })
         .collect();
@@ -1396,6 +1418,130 @@ async fn peek_messages(
 /// The first of `messages` that fit into [`BATCH_BYTES`] encoded (at least
 /// one): a peek answer must fit into one gRPC message, so a peek of large
 /// messages returns fewer than asked.
+/// The properties management shows of a message, from their AMQP
+/// encoding; `persistent` from the delivery mode when `set_persistent`.
+fn show_properties(peeked: &mut m::PeekedMessage, properties: &[u8]) {
+    let Ok((_, properties)) = amq_protocol::protocol::basic::parse_properties(properties) else {
+        return;
+    };
+    let text = |s: &Option<ShortString>| {
+        s.as_ref()
+            .map(|s| s.as_str().to_string())
+            .unwrap_or_default()
+    };
+    peeked.content_type = text(properties.content_type());
+    peeked.content_encoding = text(properties.content_encoding());
+    peeked.message_id = text(properties.message_id());
+    peeked.correlation_id = text(properties.correlation_id());
+    if let Some(headers) = properties.headers() {
+        peeked.headers = argument_map(headers);
+    }
+}
+
+/// The longest a get waits for a message's body to come back from the
+/// store before it answers with what it has.
+const GET_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Takes messages from the head of a queue as basic.get does, on an
+/// internal session: acknowledged at once, or rejected without requeue
+/// (dead-lettered as the queue says). Stops at `count`, at an empty queue,
+/// or at the answer's batch bound.
+async fn get_messages(
+    engine: &Engine,
+    request: m::GetMessagesRequest,
+) -> Result<m::PeekMessagesResponse, ServiceError> {
+    let count = request.count.clamp(1, MAX_PEEK) as usize;
+    let session = {
+        let mut broker = engine.shared.broker.lock();
+        let queue = vhost(&broker, &request.vhost)?
+            .queues
+            .get(&request.queue)
+            .ok_or_else(|| not_found("queue", &request.queue, &request.vhost))?;
+        not_exclusive(queue, &request.vhost)?;
+        engine.open_internal_session(&mut broker, &request.vhost)?
+    };
+    let taken = take_messages(engine, session, &request, count).await;
+    // Nothing is left unacked: closing requeues nothing.
+    engine.shared.broker.lock().close_session(session);
+    Ok(m::PeekMessagesResponse { messages: taken? })
+}
+
+async fn take_messages(
+    engine: &Engine,
+    session: SessionId,
+    request: &m::GetMessagesRequest,
+    count: usize,
+) -> Result<Vec<m::PeekedMessage>, ServiceError> {
+    let get = pb::Get {
+        request_id: 0,
+        channel: CHANNEL,
+        queue: request.queue.clone(),
+        no_ack: !request.reject,
+    };
+    let mut messages = Vec::new();
+    let mut bytes = 0usize;
+    while messages.len() < count && bytes < BATCH_BYTES / 2 {
+        let outcome = {
+            let mut broker = engine.shared.broker.lock();
+            let outcome = broker.get(session, &get, true).map_err(service_error)?;
+            if let (GetOutcome::Got(ok), true) = (&outcome, request.reject) {
+                broker
+                    .nack(
+                        session,
+                        &pb::Nack {
+                            channel: CHANNEL,
+                            delivery_tag: ok.delivery_tag,
+                            multiple: false,
+                            requeue: false,
+                        },
+                    )
+                    .map_err(service_error)?;
+            }
+            outcome
+        };
+        let ok = match outcome {
+            GetOutcome::Got(ok) => ok,
+            GetOutcome::Empty => break,
+            GetOutcome::Wait(wait) | GetOutcome::WaitForCredit(wait) => {
+                if tokio::time::timeout(GET_WAIT, wait).await.is_err() {
+                    break;
+                }
+                continue;
+            }
+        };
+        let body_size = ok.body_size;
+        let body = ok
+            .body()
+            .decode(engine.shared.max_message_size)
+            .unwrap_or_else(|error| {
+                tracing::warn!(vhost = %request.vhost, queue = %request.queue, %error, "taken message body does not decode");
+                Bytes::new()
+            });
+        bytes += body.len();
+        let mut taken = m::PeekedMessage {
+            position: messages.len() as u64,
+            redelivered: ok.redelivered,
+            body_size,
+            body,
+            ..Default::default()
+        };
+        show_properties(&mut taken, &ok.properties);
+        if let Ok((_, properties)) =
+            amq_protocol::protocol::basic::parse_properties(&ok.properties[..])
+        {
+            taken.persistent = *properties.delivery_mode() == Some(2);
+        }
+        taken.exchange = ok.exchange;
+        taken.routing_key = ok.routing_key;
+        let last = ok.message_count == 0;
+        messages.push(taken);
+        if last {
+            break;
+        }
+    }
+    Ok(messages)
+}
+
 fn within_batch_bytes(mut messages: Vec<m::PeekedMessage>) -> Vec<m::PeekedMessage> {
     let mut bytes = 0;
     let keep = messages

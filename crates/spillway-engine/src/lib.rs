@@ -54,6 +54,7 @@ pub mod budget;
 mod channels;
 mod config;
 mod credit;
+mod definitions_admin;
 mod engine;
 mod exchange;
 mod format;

@@ -61,6 +61,23 @@ const STORE_BATCH_BYTES: u64 = 4 << 20;
 /// Sequence numbers start above [`crate::model::STORED_EARLIER`].
 const FIRST_SEQ: u64 = 2;
 
+/// Writes held back by [`StoreWriter::capture`] on this thread.
+#[derive(Default)]
+struct Capture {
+    ops: Vec<WriteOp>,
+    done: Vec<oneshot::Sender<WriteOutcome>>,
+}
+
+thread_local! {
+    static CAPTURE: std::cell::RefCell<Option<Capture>> = const { std::cell::RefCell::new(None) };
+}
+
+/// What a capture held back, to submit as one request, or to drop.
+pub struct CapturedWrite {
+    ops: Vec<WriteOp>,
+    waiters: Vec<oneshot::Sender<WriteOutcome>>,
+}
+
 /// Default bound of the writer's queue in writes (`engine.store_writer_max_writes`).
 pub const DEFAULT_MAX_QUEUED_WRITES: u64 = 16_384;
 /// Default bound of the writer's queue in bytes (`engine.store_writer_max_bytes`).
@@ -108,7 +125,7 @@ enum WriteRequest {
         /// Payload bytes this write takes out of memory (flow to disk):
         /// counted as in flight until it lands.
         spilled_bytes: u64,
-        done: Option<oneshot::Sender<WriteOutcome>>,
+        done: Vec<oneshot::Sender<WriteOutcome>>,
         /// The span that submitted it (a publish), when traces are exported.
         trace: Option<SpanContext>,
     },
@@ -217,10 +234,10 @@ impl StoreWriter {
     /// payloads out of memory.
     pub fn submit_spill(
         &self,
-        ops: Vec<WriteOp>,
+        mut ops: Vec<WriteOp>,
         durability: Durability,
         spilled_bytes: u64,
-        done: Option<oneshot::Sender<WriteOutcome>>,
+        mut done: Option<oneshot::Sender<WriteOutcome>>,
     ) -> u64 {
         if ops.is_empty() {
             if let Some(done) = done {
@@ -228,6 +245,29 @@ impl StoreWriter {
             }
             return self.state.completed.load(Ordering::Acquire);
         }
+        let captured = CAPTURE.with_borrow_mut(|capture| match capture {
+            Some(capture) => {
+                debug_assert_eq!(spilled_bytes, 0, "nothing spills inside a capture");
+                capture.ops.append(&mut ops);
+                capture.done.extend(done.take());
+                true
+            }
+            None => false,
+        });
+        if captured {
+            // The capture's write takes the next number when it is submitted.
+            return self.state.next_seq.load(Ordering::Acquire);
+        }
+        self.submit_request(ops, durability, spilled_bytes, done.into_iter().collect())
+    }
+
+    fn submit_request(
+        &self,
+        ops: Vec<WriteOp>,
+        durability: Durability,
+        spilled_bytes: u64,
+        done: Vec<oneshot::Sender<WriteOutcome>>,
+    ) -> u64 {
         let seq = self.state.next_seq.fetch_add(1, Ordering::AcqRel);
         let bytes = held_bytes(&ops);
         {
@@ -254,6 +294,45 @@ impl StoreWriter {
             tracing::error!("storage writer stopped: a write was not submitted");
         }
         seq
+    }
+
+    /// Runs `apply` with every write this thread submits to any writer
+    /// held back; `apply` answers whether to keep them. Kept, they go to
+    /// the store as one synced request, so one batch: all of them land, or
+    /// none (a definitions import, `crate::definitions_admin`). Dropped,
+    /// they are never written (their waiters hear the sender is gone).
+    /// The capture is per thread, so writes of other threads go their own
+    /// way meanwhile; `apply` must not await.
+    pub fn capture<T, E>(
+        &self,
+        apply: impl FnOnce() -> Result<T, E>,
+        done: oneshot::Sender<WriteOutcome>,
+    ) -> Result<(T, CapturedWrite), E> {
+        let outer = CAPTURE.with_borrow_mut(|capture| capture.replace(Capture::default()));
+        debug_assert!(outer.is_none(), "captures do not nest");
+        let result = apply();
+        let captured = CAPTURE
+            .with_borrow_mut(|capture| std::mem::replace(capture, outer))
+            .unwrap_or_default();
+        let answer = result?;
+        let mut waiters = captured.done;
+        waiters.push(done);
+        let write = CapturedWrite {
+            ops: captured.ops,
+            waiters,
+        };
+        Ok((answer, write))
+    }
+
+    /// Submits a captured write as one request.
+    pub fn submit_captured(&self, write: CapturedWrite) -> u64 {
+        if write.ops.is_empty() {
+            for done in write.waiters {
+                let _ = done.send(Ok(()));
+            }
+            return self.state.completed.load(Ordering::Acquire);
+        }
+        self.submit_request(write.ops, Durability::Synced, 0, write.waiters)
     }
 
     /// Whether the write numbered `seq` has landed.
@@ -870,7 +949,7 @@ mod tests {
             ops,
             durability: Durability::Synced,
             spilled_bytes: 0,
-            done: None,
+            done: Vec::new(),
             trace: None,
         }
     }

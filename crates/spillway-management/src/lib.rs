@@ -641,6 +641,7 @@ management_impl! {
     delete_queue(DeleteQueueRequest) -> DeleteQueueResponse, |r| [configure(&r.vhost, "queue", &r.name)];
     purge_queue(PurgeQueueRequest) -> PurgeQueueResponse, |r| [read_queue(&r.vhost, &r.name)];
     peek_messages(PeekMessagesRequest) -> PeekMessagesResponse, |r| [read_queue(&r.vhost, &r.queue)];
+    get_messages(GetMessagesRequest) -> PeekMessagesResponse, |r| [read_queue(&r.vhost, &r.queue)];
     move_messages(MoveMessagesRequest) -> MoveMessagesResponse,
         |r| [read_queue(&r.vhost, &r.source), write_queue(&r.vhost, &r.destination)];
     publish_message(PublishMessageRequest) -> PublishMessageResponse,
@@ -652,6 +653,8 @@ management_impl! {
     list_policies(ListPoliciesRequest) -> ListPoliciesResponse, |r| [Need::See { vhost: &r.vhost }];
     list_users(ListUsersRequest) -> ListUsersResponse, |r| [Need::Administrator];
     list_permissions(ListPermissionsRequest) -> ListPermissionsResponse, |r| [Need::Administrator];
+    export_definitions(ExportDefinitionsRequest) -> Definitions, |r| [Need::Administrator];
+    import_definitions(ImportDefinitionsRequest) -> ImportDefinitionsResponse, |r| [Need::Administrator];
 }
 
 /// Policies are the policymaker's (in vhosts it has permissions in),

@@ -32,6 +32,7 @@ macro_rules! for_each_engine_admin_call {
             delete_queue(m::DeleteQueueRequest) -> m::DeleteQueueResponse;
             purge_queue(m::PurgeQueueRequest) -> m::PurgeQueueResponse;
             peek_messages(m::PeekMessagesRequest) -> m::PeekMessagesResponse;
+            get_messages(m::GetMessagesRequest) -> m::PeekMessagesResponse;
             move_messages(m::MoveMessagesRequest) -> m::MoveMessagesResponse;
             publish_message(m::PublishMessageRequest) -> m::PublishMessageResponse;
             create_binding(m::CreateBindingRequest) -> m::Binding;
@@ -56,6 +57,8 @@ macro_rules! for_each_engine_admin_call {
             set_policy(m::SetPolicyRequest) -> m::Policy;
             list_policies(m::ListPoliciesRequest) -> m::ListPoliciesResponse;
             clear_policy(m::ClearPolicyRequest) -> m::ClearPolicyResponse;
+            export_definitions(m::ExportDefinitionsRequest) -> m::Definitions;
+            import_definitions(m::ImportDefinitionsRequest) -> m::ImportDefinitionsResponse;
             authenticate_user(pb::AuthenticateUserRequest) -> pb::AuthenticateUserResponse;
         }
     };
@@ -103,6 +106,10 @@ pub trait EngineAdminApi: Send + Sync + 'static {
     async fn peek_messages(
         &self,
         request: m::PeekMessagesRequest,
+    ) -> Result<m::PeekMessagesResponse, ServiceError>;
+    async fn get_messages(
+        &self,
+        request: m::GetMessagesRequest,
     ) -> Result<m::PeekMessagesResponse, ServiceError>;
     async fn move_messages(
         &self,
@@ -200,6 +207,16 @@ pub trait EngineAdminApi: Send + Sync + 'static {
         &self,
         request: m::ClearPolicyRequest,
     ) -> Result<m::ClearPolicyResponse, ServiceError>;
+    /// The broker's definitions (or one vhost's), password hashes included.
+    async fn export_definitions(
+        &self,
+        request: m::ExportDefinitionsRequest,
+    ) -> Result<m::Definitions, ServiceError>;
+    /// Applies definitions all at once, or not at all.
+    async fn import_definitions(
+        &self,
+        request: m::ImportDefinitionsRequest,
+    ) -> Result<m::ImportDefinitionsResponse, ServiceError>;
     /// Checks a stored user's password for management; an accepted answer
     /// carries the user's tags and permissions.
     async fn authenticate_user(

@@ -65,6 +65,10 @@ fn generate_into(out_dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
             ".spillway.management.v1.PublishMessageRequest.body",
             "#[serde(serialize_with = \"crate::json::base64\")]",
         )
+        .field_attribute(
+            ".spillway.management.v1.DefinedUser.password_hash",
+            "#[serde(serialize_with = \"crate::json::base64\")]",
+        )
         .file_descriptor_set_path(out_dir.join(DESCRIPTOR))
         .out_dir(management.path())
         .compile_protos(

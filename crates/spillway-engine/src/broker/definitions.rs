@@ -166,7 +166,7 @@ impl Broker {
         Ok(())
     }
 
-    pub(super) fn remove_exchange(&mut self, vhost_name: &str, name: &str) {
+    pub(crate) fn remove_exchange(&mut self, vhost_name: &str, name: &str) {
         let Some(vhost) = self.vhosts.get_mut(vhost_name) else {
             return;
         };
@@ -713,7 +713,7 @@ impl Broker {
 
     /// Deletes a queue: its consumers are cancelled (clients told), its
     /// bindings removed, its stored messages dropped.
-    pub(super) fn remove_queue(&mut self, vhost_name: &str, name: &str) {
+    pub(crate) fn remove_queue(&mut self, vhost_name: &str, name: &str) {
         let Some(vhost) = self.vhosts.get_mut(vhost_name) else {
             return;
         };

@@ -1504,6 +1504,32 @@ pub mod engine_admin_client {
                 );
             self.inner.unary(req, path, codec).await
         }
+        pub async fn get_messages(
+            &mut self,
+            request: impl tonic::IntoRequest<crate::management::GetMessagesRequest>,
+        ) -> std::result::Result<
+            tonic::Response<crate::management::PeekMessagesResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = crate::lean_codec::LeanCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.engine.v1.EngineAdmin/GetMessages",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new("spillway.engine.v1.EngineAdmin", "GetMessages"),
+                );
+            self.inner.unary(req, path, codec).await
+        }
         pub async fn move_messages(
             &mut self,
             request: impl tonic::IntoRequest<crate::management::MoveMessagesRequest>,
@@ -2125,6 +2151,64 @@ pub mod engine_admin_client {
                 );
             self.inner.unary(req, path, codec).await
         }
+        pub async fn export_definitions(
+            &mut self,
+            request: impl tonic::IntoRequest<crate::management::ExportDefinitionsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<crate::management::Definitions>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = crate::lean_codec::LeanCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.engine.v1.EngineAdmin/ExportDefinitions",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new(
+                        "spillway.engine.v1.EngineAdmin",
+                        "ExportDefinitions",
+                    ),
+                );
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn import_definitions(
+            &mut self,
+            request: impl tonic::IntoRequest<crate::management::ImportDefinitionsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<crate::management::ImportDefinitionsResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = crate::lean_codec::LeanCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.engine.v1.EngineAdmin/ImportDefinitions",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new(
+                        "spillway.engine.v1.EngineAdmin",
+                        "ImportDefinitions",
+                    ),
+                );
+            self.inner.unary(req, path, codec).await
+        }
         /// Checks a management caller's stored password and answers with what
         /// management needs to decide what the caller may do: its tags and its
         /// permissions.
@@ -2242,6 +2326,13 @@ pub mod engine_admin_server {
         async fn peek_messages(
             &self,
             request: tonic::Request<crate::management::PeekMessagesRequest>,
+        ) -> std::result::Result<
+            tonic::Response<crate::management::PeekMessagesResponse>,
+            tonic::Status,
+        >;
+        async fn get_messages(
+            &self,
+            request: tonic::Request<crate::management::GetMessagesRequest>,
         ) -> std::result::Result<
             tonic::Response<crate::management::PeekMessagesResponse>,
             tonic::Status,
@@ -2413,6 +2504,20 @@ pub mod engine_admin_server {
             request: tonic::Request<crate::management::ClearPolicyRequest>,
         ) -> std::result::Result<
             tonic::Response<crate::management::ClearPolicyResponse>,
+            tonic::Status,
+        >;
+        async fn export_definitions(
+            &self,
+            request: tonic::Request<crate::management::ExportDefinitionsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<crate::management::Definitions>,
+            tonic::Status,
+        >;
+        async fn import_definitions(
+            &self,
+            request: tonic::Request<crate::management::ImportDefinitionsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<crate::management::ImportDefinitionsResponse>,
             tonic::Status,
         >;
         /// Checks a management caller's stored password and answers with what
@@ -3001,6 +3106,53 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = PeekMessagesSvc(inner);
+                        let codec = crate::lean_codec::LeanCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.engine.v1.EngineAdmin/GetMessages" => {
+                    #[allow(non_camel_case_types)]
+                    struct GetMessagesSvc<T: EngineAdmin>(pub Arc<T>);
+                    impl<
+                        T: EngineAdmin,
+                    > tonic::server::UnaryService<crate::management::GetMessagesRequest>
+                    for GetMessagesSvc<T> {
+                        type Response = crate::management::PeekMessagesResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                crate::management::GetMessagesRequest,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as EngineAdmin>::get_messages(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = GetMessagesSvc(inner);
                         let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
@@ -4133,6 +4285,104 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ClearPolicySvc(inner);
+                        let codec = crate::lean_codec::LeanCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.engine.v1.EngineAdmin/ExportDefinitions" => {
+                    #[allow(non_camel_case_types)]
+                    struct ExportDefinitionsSvc<T: EngineAdmin>(pub Arc<T>);
+                    impl<
+                        T: EngineAdmin,
+                    > tonic::server::UnaryService<
+                        crate::management::ExportDefinitionsRequest,
+                    > for ExportDefinitionsSvc<T> {
+                        type Response = crate::management::Definitions;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                crate::management::ExportDefinitionsRequest,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as EngineAdmin>::export_definitions(&inner, request)
+                                    .await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ExportDefinitionsSvc(inner);
+                        let codec = crate::lean_codec::LeanCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.engine.v1.EngineAdmin/ImportDefinitions" => {
+                    #[allow(non_camel_case_types)]
+                    struct ImportDefinitionsSvc<T: EngineAdmin>(pub Arc<T>);
+                    impl<
+                        T: EngineAdmin,
+                    > tonic::server::UnaryService<
+                        crate::management::ImportDefinitionsRequest,
+                    > for ImportDefinitionsSvc<T> {
+                        type Response = crate::management::ImportDefinitionsResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                crate::management::ImportDefinitionsRequest,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as EngineAdmin>::import_definitions(&inner, request)
+                                    .await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ImportDefinitionsSvc(inner);
                         let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

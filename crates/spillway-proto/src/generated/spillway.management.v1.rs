@@ -393,6 +393,21 @@ pub struct PeekMessagesResponse {
 }
 #[allow(clippy::all)]
 #[derive(serde::Serialize)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct GetMessagesRequest {
+    #[prost(string, tag = "1")]
+    pub vhost: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub queue: ::prost::alloc::string::String,
+    /// How many at most, 1 to 1000; 0 means 1.
+    #[prost(uint32, tag = "3")]
+    pub count: u32,
+    /// Rejected (dead-lettered) instead of acknowledged.
+    #[prost(bool, tag = "4")]
+    pub reject: bool,
+}
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct MessageProperties {
     #[prost(string, tag = "1")]
@@ -1149,6 +1164,78 @@ pub struct ClearPolicyRequest {
 #[derive(serde::Serialize)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ClearPolicyResponse {}
+/// A user as a definitions file holds it.
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct DefinedUser {
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
+    /// RabbitMQ's rabbit_password_hashing_sha256: a 4-byte salt, then
+    /// SHA-256(salt ++ password). Empty: no password login.
+    #[prost(bytes = "bytes", tag = "2")]
+    #[serde(serialize_with = "crate::json::base64")]
+    pub password_hash: ::prost::bytes::Bytes,
+    #[prost(string, repeated, tag = "3")]
+    pub tags: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+}
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct Definitions {
+    #[prost(string, repeated, tag = "1")]
+    pub vhosts: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    #[prost(message, repeated, tag = "2")]
+    pub users: ::prost::alloc::vec::Vec<DefinedUser>,
+    #[prost(message, repeated, tag = "3")]
+    pub permissions: ::prost::alloc::vec::Vec<SetPermissionsRequest>,
+    /// Policies and operator policies (`operator` set).
+    #[prost(message, repeated, tag = "4")]
+    pub policies: ::prost::alloc::vec::Vec<Policy>,
+    #[prost(message, repeated, tag = "5")]
+    pub exchanges: ::prost::alloc::vec::Vec<CreateExchangeRequest>,
+    #[prost(message, repeated, tag = "6")]
+    pub queues: ::prost::alloc::vec::Vec<CreateQueueRequest>,
+    #[prost(message, repeated, tag = "7")]
+    pub bindings: ::prost::alloc::vec::Vec<Binding>,
+}
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ExportDefinitionsRequest {
+    /// Empty: the whole broker. A vhost: its exchanges, queues, bindings and
+    /// policies only (RabbitMQ's per-vhost export).
+    #[prost(string, tag = "1")]
+    pub vhost: ::prost::alloc::string::String,
+}
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ImportDefinitionsRequest {
+    #[prost(message, optional, tag = "1")]
+    pub definitions: ::core::option::Option<Definitions>,
+}
+/// What the import created or changed; what existed already as it was asked
+/// for is not counted.
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ImportDefinitionsResponse {
+    #[prost(uint32, tag = "1")]
+    pub vhosts: u32,
+    #[prost(uint32, tag = "2")]
+    pub users: u32,
+    #[prost(uint32, tag = "3")]
+    pub permissions: u32,
+    #[prost(uint32, tag = "4")]
+    pub policies: u32,
+    #[prost(uint32, tag = "5")]
+    pub exchanges: u32,
+    #[prost(uint32, tag = "6")]
+    pub queues: u32,
+    #[prost(uint32, tag = "7")]
+    pub bindings: u32,
+}
 /// Generated client implementations.
 pub mod management_client {
     #![allow(
@@ -1597,6 +1684,36 @@ pub mod management_client {
             req.extensions_mut()
                 .insert(
                     GrpcMethod::new("spillway.management.v1.Management", "PeekMessages"),
+                );
+            self.inner.unary(req, path, codec).await
+        }
+        /// Takes up to N messages from the head of a queue as basic.get does:
+        /// acknowledged at once (RabbitMQ's get mode ack_requeue_false), or
+        /// rejected without requeue, so dead-lettered as the queue says
+        /// (reject_requeue_false). Needs read permission on the queue.
+        pub async fn get_messages(
+            &mut self,
+            request: impl tonic::IntoRequest<super::GetMessagesRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::PeekMessagesResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.management.v1.Management/GetMessages",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new("spillway.management.v1.Management", "GetMessages"),
                 );
             self.inner.unary(req, path, codec).await
         }
@@ -2410,6 +2527,69 @@ pub mod management_client {
                 );
             self.inner.unary(req, path, codec).await
         }
+        /// ---- definitions (docs/http-api.md): a topology as a whole
+        /// Everything a topology is, as RabbitMQ's definitions export holds it
+        /// (users with their password hashes). Administrator only.
+        pub async fn export_definitions(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ExportDefinitionsRequest>,
+        ) -> std::result::Result<tonic::Response<super::Definitions>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.management.v1.Management/ExportDefinitions",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new(
+                        "spillway.management.v1.Management",
+                        "ExportDefinitions",
+                    ),
+                );
+            self.inner.unary(req, path, codec).await
+        }
+        /// Applies a topology at once: checked whole, then applied in memory and
+        /// written to the store in one batch, or not at all (the first refusal is
+        /// the answer, nothing changed). What exists already and is equivalent is
+        /// kept; what differs is refused as a declaration would be (406).
+        /// Administrator only.
+        pub async fn import_definitions(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ImportDefinitionsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ImportDefinitionsResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.management.v1.Management/ImportDefinitions",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new(
+                        "spillway.management.v1.Management",
+                        "ImportDefinitions",
+                    ),
+                );
+            self.inner.unary(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -2509,6 +2689,17 @@ pub mod management_server {
         async fn peek_messages(
             &self,
             request: tonic::Request<super::PeekMessagesRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::PeekMessagesResponse>,
+            tonic::Status,
+        >;
+        /// Takes up to N messages from the head of a queue as basic.get does:
+        /// acknowledged at once (RabbitMQ's get mode ack_requeue_false), or
+        /// rejected without requeue, so dead-lettered as the queue says
+        /// (reject_requeue_false). Needs read permission on the queue.
+        async fn get_messages(
+            &self,
+            request: tonic::Request<super::GetMessagesRequest>,
         ) -> std::result::Result<
             tonic::Response<super::PeekMessagesResponse>,
             tonic::Status,
@@ -2736,6 +2927,25 @@ pub mod management_server {
             request: tonic::Request<super::ClearPolicyRequest>,
         ) -> std::result::Result<
             tonic::Response<super::ClearPolicyResponse>,
+            tonic::Status,
+        >;
+        /// ---- definitions (docs/http-api.md): a topology as a whole
+        /// Everything a topology is, as RabbitMQ's definitions export holds it
+        /// (users with their password hashes). Administrator only.
+        async fn export_definitions(
+            &self,
+            request: tonic::Request<super::ExportDefinitionsRequest>,
+        ) -> std::result::Result<tonic::Response<super::Definitions>, tonic::Status>;
+        /// Applies a topology at once: checked whole, then applied in memory and
+        /// written to the store in one batch, or not at all (the first refusal is
+        /// the answer, nothing changed). What exists already and is equivalent is
+        /// kept; what differs is refused as a declaration would be (406).
+        /// Administrator only.
+        async fn import_definitions(
+            &self,
+            request: tonic::Request<super::ImportDefinitionsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ImportDefinitionsResponse>,
             tonic::Status,
         >;
     }
@@ -3430,6 +3640,51 @@ pub mod management_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = PeekMessagesSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.management.v1.Management/GetMessages" => {
+                    #[allow(non_camel_case_types)]
+                    struct GetMessagesSvc<T: Management>(pub Arc<T>);
+                    impl<
+                        T: Management,
+                    > tonic::server::UnaryService<super::GetMessagesRequest>
+                    for GetMessagesSvc<T> {
+                        type Response = super::PeekMessagesResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::GetMessagesRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Management>::get_messages(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = GetMessagesSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
@@ -4738,6 +4993,96 @@ pub mod management_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ClearPolicySvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.management.v1.Management/ExportDefinitions" => {
+                    #[allow(non_camel_case_types)]
+                    struct ExportDefinitionsSvc<T: Management>(pub Arc<T>);
+                    impl<
+                        T: Management,
+                    > tonic::server::UnaryService<super::ExportDefinitionsRequest>
+                    for ExportDefinitionsSvc<T> {
+                        type Response = super::Definitions;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::ExportDefinitionsRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Management>::export_definitions(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ExportDefinitionsSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.management.v1.Management/ImportDefinitions" => {
+                    #[allow(non_camel_case_types)]
+                    struct ImportDefinitionsSvc<T: Management>(pub Arc<T>);
+                    impl<
+                        T: Management,
+                    > tonic::server::UnaryService<super::ImportDefinitionsRequest>
+                    for ImportDefinitionsSvc<T> {
+                        type Response = super::ImportDefinitionsResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::ImportDefinitionsRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Management>::import_definitions(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ImportDefinitionsSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
