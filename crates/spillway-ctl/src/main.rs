@@ -26,6 +26,7 @@ use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+mod definitions;
 mod policies;
 mod users;
 
@@ -138,6 +139,10 @@ enum Command {
     /// ceilings on queue settings; the stricter value wins.
     #[command(subcommand)]
     OperatorPolicy(policies::PolicyCommand),
+    /// Definitions as a whole, in RabbitMQ's definitions file format
+    /// (export_definitions / import_definitions).
+    #[command(subcommand)]
+    Definitions(definitions::DefinitionsCommand),
     /// The storage group: its members, adding and removing them
     /// (docs/replication.md).
     #[command(subcommand)]
@@ -736,6 +741,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::OperatorPolicy(command) => {
             policies::policy_command(&mut client, &out, vhost, true, command).await
+        }
+        Command::Definitions(command) => {
+            definitions::definitions_command(&mut client, &out, command).await
         }
         Command::Storage(command) => {
             let group = match command {

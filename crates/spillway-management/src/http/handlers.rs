@@ -8,7 +8,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -20,14 +20,15 @@ use spillway_proto::management::management_server::Management;
 use spillway_proto::management::{self as m};
 use tonic::Status;
 
+use super::definitions;
 use super::pages::{self, ListQuery};
 use super::shapes::{self, DEFAULT_EXCHANGE_URL_NAME};
 use super::{ApiError, HttpApi};
 use crate::auth::Caller;
 use crate::authorize::{authorize, Need};
 
-type Api = Arc<HttpApi>;
-type Answer = Result<Response, ApiError>;
+pub(super) type Api = Arc<HttpApi>;
+pub(super) type Answer = Result<Response, ApiError>;
 
 /// The version of RabbitMQ's API these endpoints follow, reported as
 /// `rabbitmq_version` for tools that check it.
@@ -39,6 +40,22 @@ const EXCHANGE_TYPES: [&str; 5] = ["direct", "fanout", "topic", "headers", "x-de
 pub(super) fn router(api: Api) -> Router {
     Router::new()
         .route("/api/overview", get(overview))
+        .route(
+            "/api/definitions",
+            get(definitions::export_all)
+                .post(definitions::import_all)
+                .layer(DefaultBodyLimit::max(
+                    definitions::MAX_DEFINITIONS_BODY_BYTES,
+                )),
+        )
+        .route(
+            "/api/definitions/{vhost}",
+            get(definitions::export_vhost)
+                .post(definitions::import_vhost)
+                .layer(DefaultBodyLimit::max(
+                    definitions::MAX_DEFINITIONS_BODY_BYTES,
+                )),
+        )
         .route("/api/whoami", get(whoami))
         .route("/api/nodes", get(nodes))
         .route("/api/nodes/{node}", get(node))
@@ -151,7 +168,7 @@ pub(super) fn call<T>(caller: &Caller, message: T) -> tonic::Request<T> {
 }
 
 /// The answer of one gRPC method.
-async fn ask<T, F>(future: F) -> Result<T, ApiError>
+pub(super) async fn ask<T, F>(future: F) -> Result<T, ApiError>
 where
     F: Future<Output = Result<tonic::Response<T>, Status>>,
 {
@@ -1069,10 +1086,11 @@ async fn purge_queue(
 /// The largest `count` of one get.
 const MAX_GET_COUNT: u64 = 1000;
 
-/// `POST /api/queues/{vhost}/{name}/get`: Spillway serves the
-/// `ack_requeue_true` mode, a look at the head that leaves every message
-/// where it was (RabbitMQ's redelivered flag is not set, since nothing is
-/// delivered); the modes that take messages away are refused.
+/// `POST /api/queues/{vhost}/{name}/get`: the `*_requeue_true` modes are
+/// a look at the head that leaves every message where it was (RabbitMQ's
+/// redelivered flag is not set, since nothing is delivered); the
+/// `*_requeue_false` modes take the messages as basic.get does, then
+/// acknowledge them or reject them (dead-lettering).
 async fn get_messages(
     State(api): State<Api>,
     Who(caller): Who,
@@ -1096,21 +1114,36 @@ async fn get_messages(
     }
     let ackmode =
         text(&body, "ackmode")?.ok_or_else(|| ApiError::bad_request("'ackmode' is required"))?;
-    if ackmode != "ack_requeue_true" && ackmode != "reject_requeue_true" {
-        return Err(ApiError::bad_request(format!(
-            "ackmode '{ackmode}' is not served: Spillway's management gets leave messages in the queue (ack_requeue_true)"
-        )));
-    }
+    let take = match ackmode {
+        "ack_requeue_true" | "reject_requeue_true" => None,
+        "ack_requeue_false" => Some(false),
+        "reject_requeue_false" => Some(true),
+        other => {
+            return Err(ApiError::bad_request(format!(
+                "ackmode '{other}' is not one of ack_requeue_true, reject_requeue_true, ack_requeue_false, reject_requeue_false"
+            )))
+        }
+    };
     let truncate = body.get("truncate").and_then(Value::as_u64);
-    let peeked = ask(api.service.peek_messages(call(
-        &caller,
-        m::PeekMessagesRequest {
-            vhost,
-            queue: name,
-            count: count as u32,
-        },
-    )))
-    .await?;
+    let peeked = match take {
+        None => {
+            let request = m::PeekMessagesRequest {
+                vhost,
+                queue: name,
+                count: count as u32,
+            };
+            ask(api.service.peek_messages(call(&caller, request))).await?
+        }
+        Some(reject) => {
+            let request = m::GetMessagesRequest {
+                vhost,
+                queue: name,
+                count: count as u32,
+                reject,
+            };
+            ask(api.service.get_messages(call(&caller, request))).await?
+        }
+    };
     let total = peeked.messages.len();
     let items: Vec<Value> = peeked
         .messages

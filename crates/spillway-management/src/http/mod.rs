@@ -40,6 +40,7 @@ use tower::ServiceExt;
 use crate::auth::{Authenticator, Caller};
 use crate::ManagementService;
 
+pub mod definitions;
 mod handlers;
 pub mod pages;
 pub mod rates;
