@@ -8,6 +8,7 @@
 //! (`crates/spillway-management/tests/fuzz_regressions.rs`).
 
 use serde_json::{json, Value};
+use spillway_management::http::definitions;
 use spillway_management::http::pages::{self, ListQuery, MAX_PAGE_SIZE};
 use spillway_management::http::shapes;
 
@@ -35,12 +36,27 @@ pub fn check_http_api(data: &[u8]) {
         let key = shapes::properties_key("k", &table);
         assert_eq!(key, shapes::properties_key("k", &table));
     }
+    check_definitions(&value);
     if let Some(object) = value.as_object() {
         let _ = shapes::message_properties(object.get("properties"));
         if let Some(Value::String(routing_key)) = object.get("routing_key") {
             let key = shapes::properties_key(routing_key, &Default::default());
             assert!(key.is_ascii(), "{key:?}");
         }
+    }
+}
+
+/// A definitions file the API accepts is written back as one it accepts
+/// again, the same.
+fn check_definitions(value: &Value) {
+    for vhost in [None, Some("v")] {
+        let Ok(read) = definitions::from_json(value, vhost) else {
+            continue;
+        };
+        let whole = vhost.is_none();
+        let written = definitions::to_json(&read, whole);
+        let again = definitions::from_json(&written, vhost);
+        assert_eq!(again.as_ref().ok(), Some(&read), "{written}");
     }
 }
 
@@ -93,5 +109,12 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
             ),
         ),
         ("connection", with("127.0.0.1:5000 -> spillway #17", "[]")),
+        (
+            "definitions",
+            with(
+                "",
+                r#"{"vhosts": [{"name": "v"}], "users": [{"name": "u", "password_hash": "", "tags": "a,b"}], "permissions": [{"user": "u", "vhost": "v", "configure": ".*", "write": "", "read": "^q$"}], "policies": [{"vhost": "v", "name": "p", "pattern": "^q", "apply-to": "queues", "definition": {"max-length": 1}, "priority": 2}], "parameters": [{"vhost": "v", "component": "operator_policy", "name": "o", "value": {"pattern": ".*", "definition": {"max-length": 9}}}], "queues": [{"name": "q", "vhost": "v", "durable": true, "type": "quorum", "arguments": {}}], "exchanges": [{"name": "x", "vhost": "v", "type": "topic"}], "bindings": [{"source": "x", "vhost": "v", "destination": "q", "destination_type": "queue", "routing_key": "k", "arguments": {"a": 1}}]}"#,
+            ),
+        ),
     ]
 }

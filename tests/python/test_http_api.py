@@ -482,3 +482,43 @@ def test_operator_policies_over_http(http, made):
     assert any(p["name"] == name for p in http.get("/api/operator-policies/%2F"))
     assert http.call("DELETE", path).status_code == 204
     assert http.call("GET", path).status_code == 404
+
+
+def test_gets_that_take_messages_acknowledge_or_dead_letter_them(http, broker, made):
+    """``ack_requeue_false`` takes messages away; ``reject_requeue_false`` takes them and
+    rejects them, so they are dead-lettered as the queue says."""
+    name, dead = uniq("http.take"), uniq("http.dead")
+    for queue, arguments in ((dead, {}), (name, {"x-dead-letter-exchange": "",
+                                                 "x-dead-letter-routing-key": dead})):
+        path = f"/api/queues/%2F/{q(queue)}"
+        body = {"durable": True, "arguments": arguments}
+        assert http.call("PUT", path, json=body).status_code == 201
+        made.append(path)
+    with broker.connect() as conn:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for i in range(4):
+            ch.basic_publish("", name, f"m{i}".encode(),
+                             pika.BasicProperties(content_type="text/plain", delivery_mode=2))
+        path = f"/api/queues/%2F/{q(name)}"
+        taken = http.call("POST", path + "/get", json={
+            "count": 2, "ackmode": "ack_requeue_false", "encoding": "auto"})
+        assert taken.status_code == 200, taken.text
+        assert [m["payload"] for m in taken.json()] == ["m0", "m1"]
+        assert taken.json()[0]["properties"]["content_type"] == "text/plain"
+        rejected = http.call("POST", path + "/get", json={
+            "count": 1, "ackmode": "reject_requeue_false", "encoding": "auto"})
+        assert rejected.status_code == 200, rejected.text
+        assert [m["payload"] for m in rejected.json()] == ["m2"]
+        # What is left is in the queue; the rejected one went to the dead-letter queue.
+        assert ch.queue_declare(name, passive=True).method.message_count == 1
+        assert wait_until(lambda: ch.queue_declare(dead, passive=True).method.message_count == 1,
+                          FIGURES)
+        method, _, body = ch.basic_get(dead, auto_ack=True)
+        assert body == b"m2"
+        method, _, body = ch.basic_get(name, auto_ack=True)
+        assert body == b"m3"
+        # An empty queue answers an empty list.
+        empty = http.call("POST", path + "/get", json={"count": 5, "ackmode": "ack_requeue_false",
+                                                       "encoding": "auto"})
+        assert empty.status_code == 200 and empty.json() == []

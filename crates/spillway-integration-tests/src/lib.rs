@@ -286,6 +286,23 @@ impl Sandbox {
         )
     }
 
+    /// Runs spillctl against the management API as the operator; its
+    /// stdout, or its stderr as the error.
+    pub fn spillctl(&self, args: &[&str]) -> anyhow::Result<String> {
+        let output = std::process::Command::new(spillctl_bin()?)
+            .arg("--addr")
+            .arg(self.management_addr().to_string())
+            .args(args)
+            .env("SPILLCTL_TOKEN", MANAGEMENT_TOKEN)
+            .output()?;
+        anyhow::ensure!(
+            output.status.success(),
+            "spillctl {args:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(String::from_utf8(output.stdout)?)
+    }
+
     /// The management gRPC API (bearer token [`MANAGEMENT_TOKEN`]).
     pub fn management_addr(&self) -> SocketAddr {
         self.management

@@ -20,8 +20,7 @@ use lapin::options::{BasicConsumeOptions, QueueDeclareOptions, QueueDeleteOption
 use lapin::types::FieldTable;
 use spillway_integration_tests::raw;
 use spillway_integration_tests::{
-    both_wirings, eventually, http_get, metric_value, spillctl_bin, Component, Sandbox, Wiring,
-    MANAGEMENT_TOKEN,
+    both_wirings, eventually, http_get, metric_value, Component, Sandbox, Wiring,
 };
 
 both_wirings!(
@@ -33,23 +32,6 @@ both_wirings!(
     exchange_and_binding_limits,
     vhost_and_user_consumer_limits,
 );
-
-/// Runs spillctl against the sandbox; its stdout, or its stderr as the error.
-fn spillctl(sandbox: &Sandbox, args: &[&str]) -> anyhow::Result<String> {
-    let output = std::process::Command::new(spillctl_bin()?)
-        .arg("--addr")
-        .arg(sandbox.management_addr().to_string())
-        .args(args)
-        .env("SPILLCTL_TOKEN", MANAGEMENT_TOKEN)
-        .output()?;
-    let stdout = String::from_utf8(output.stdout)?;
-    anyhow::ensure!(
-        output.status.success(),
-        "spillctl {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(stdout)
-}
 
 /// `spillway_limit_refusals_total{limit="…"}` of the process running
 /// `component`.
@@ -63,7 +45,7 @@ async fn refusals(sandbox: &Sandbox, component: Component, limit: &str) -> anyho
 /// One entry of `spillctl limits list --output json`.
 fn limits_of(sandbox: &Sandbox, kind: &str, name: &str) -> anyhow::Result<serde_json::Value> {
     let list: serde_json::Value =
-        serde_json::from_str(&spillctl(sandbox, &["--output", "json", "limits", "list"])?)?;
+        serde_json::from_str(&sandbox.spillctl(&["--output", "json", "limits", "list"])?)?;
     list["limits"]
         .as_array()
         .and_then(|limits| {
@@ -122,18 +104,15 @@ async fn vhost_and_user_connection_limits(wiring: Wiring) -> anyhow::Result<()> 
     let third = eventually(Duration::from_secs(10), || sandbox.connect()).await?;
 
     // Runtime: lift the vhost's limit, limit the user to 3 connections.
-    spillctl(&sandbox, &["limits", "set", "--max-connections", "-1"])?;
-    spillctl(
-        &sandbox,
-        &[
-            "limits",
-            "set",
-            "--for-user",
-            "guest",
-            "--max-connections",
-            "3",
-        ],
-    )?;
+    sandbox.spillctl(&["limits", "set", "--max-connections", "-1"])?;
+    sandbox.spillctl(&[
+        "limits",
+        "set",
+        "--for-user",
+        "guest",
+        "--max-connections",
+        "3",
+    ])?;
     let guest = limits_of(&sandbox, "user", "guest")?;
     anyhow::ensure!(
         guest["max_connections"] == 3
@@ -157,7 +136,7 @@ async fn vhost_and_user_connection_limits(wiring: Wiring) -> anyhow::Result<()> 
     let after = refusals(&sandbox, Component::Engine, "user_max_connections").await?;
     anyhow::ensure!(after == before + 1.0, "user refusals {before} → {after}");
 
-    spillctl(&sandbox, &["limits", "clear", "--for-user", "guest"])?;
+    sandbox.spillctl(&["limits", "clear", "--for-user", "guest"])?;
     let fifth = sandbox.connect().await?;
     for connection in [second, third, fourth, fifth] {
         connection.close(200, "bye".into()).await?;
@@ -277,28 +256,22 @@ async fn queue_and_consumer_limits(wiring: Wiring) -> anyhow::Result<()> {
     let _n1 = consume(neighbour.create_channel().await?, "n1").await?;
 
     // A vhost made through management, limited at runtime.
-    spillctl(&sandbox, &["vhost", "create", "limited"])?;
+    sandbox.spillctl(&["vhost", "create", "limited"])?;
     // A new vhost has no permissions, as in RabbitMQ.
-    spillctl(
-        &sandbox,
-        &[
-            "--vhost",
-            "limited",
-            "permissions",
-            "set",
-            "guest",
-            "--configure",
-            ".*",
-            "--write",
-            ".*",
-            "--read",
-            ".*",
-        ],
-    )?;
-    spillctl(
-        &sandbox,
-        &["--vhost", "limited", "limits", "set", "--max-queues", "1"],
-    )?;
+    sandbox.spillctl(&[
+        "--vhost",
+        "limited",
+        "permissions",
+        "set",
+        "guest",
+        "--configure",
+        ".*",
+        "--write",
+        ".*",
+        "--read",
+        ".*",
+    ])?;
+    sandbox.spillctl(&["--vhost", "limited", "limits", "set", "--max-queues", "1"])?;
     let limited = connect_to(&sandbox, "limited").await?;
     let channel = limited.create_channel().await?;
     declare(channel.clone(), "a").await?;
@@ -308,17 +281,14 @@ async fn queue_and_consumer_limits(wiring: Wiring) -> anyhow::Result<()> {
         "PRECONDITION_FAILED",
         "cannot declare queue 'b': queue limit in vhost 'limited' (1) is reached",
     )?;
-    spillctl(
-        &sandbox,
-        &[
-            "--vhost",
-            "limited",
-            "limits",
-            "set",
-            "--max-connections",
-            "0",
-        ],
-    )?;
+    sandbox.spillctl(&[
+        "--vhost",
+        "limited",
+        "limits",
+        "set",
+        "--max-connections",
+        "0",
+    ])?;
     let error = refused(
         connect_to(&sandbox, "limited").await,
         "a connection to 'limited'",
@@ -351,17 +321,14 @@ async fn queue_and_consumer_limits(wiring: Wiring) -> anyhow::Result<()> {
 /// asks for one more with 530.
 async fn channel_limits(wiring: Wiring) -> anyhow::Result<()> {
     let sandbox = Sandbox::start_with_config(wiring, "[gateway]\nchannel_max = 2\n").await?;
-    spillctl(
-        &sandbox,
-        &[
-            "limits",
-            "set",
-            "--for-user",
-            "guest",
-            "--max-channels",
-            "3",
-        ],
-    )?;
+    sandbox.spillctl(&[
+        "limits",
+        "set",
+        "--for-user",
+        "guest",
+        "--max-channels",
+        "3",
+    ])?;
     let first = sandbox.connect().await?;
     let second = sandbox.connect().await?;
     let _a = first.create_channel().await?;
@@ -393,7 +360,7 @@ async fn channel_limits(wiring: Wiring) -> anyhow::Result<()> {
     .await?;
     let third = sandbox.connect().await?;
     let _d = third.create_channel().await?;
-    spillctl(&sandbox, &["limits", "clear", "--for-user", "guest"])?;
+    sandbox.spillctl(&["limits", "clear", "--for-user", "guest"])?;
     first.close(200, "bye".into()).await?;
     third.close(200, "bye".into()).await?;
 
@@ -432,17 +399,14 @@ async fn exchange_and_binding_limits(wiring: Wiring) -> anyhow::Result<()> {
     use lapin::options::{ExchangeDeclareOptions, QueueBindOptions};
     use lapin::ExchangeKind;
     let sandbox = Sandbox::start(wiring).await?;
-    spillctl(
-        &sandbox,
-        &[
-            "limits",
-            "set",
-            "--max-exchanges",
-            "2",
-            "--max-bindings",
-            "2",
-        ],
-    )?;
+    sandbox.spillctl(&[
+        "limits",
+        "set",
+        "--max-exchanges",
+        "2",
+        "--max-bindings",
+        "2",
+    ])?;
     let connection = sandbox.connect().await?;
     let exchange = |channel: lapin::Channel, name: &'static str| async move {
         channel
@@ -523,17 +487,14 @@ async fn exchange_and_binding_limits(wiring: Wiring) -> anyhow::Result<()> {
         let counted = refusals(&sandbox, Component::Engine, limit).await?;
         anyhow::ensure!(counted == expected, "{limit}: {counted} refusals");
     }
-    spillctl(
-        &sandbox,
-        &[
-            "limits",
-            "set",
-            "--max-exchanges",
-            "-1",
-            "--max-bindings",
-            "-1",
-        ],
-    )?;
+    sandbox.spillctl(&[
+        "limits",
+        "set",
+        "--max-exchanges",
+        "-1",
+        "--max-bindings",
+        "-1",
+    ])?;
     let channel = connection.create_channel().await.context("channel 3")?;
     exchange(channel.clone(), "x3").await.context("x3 lifted")?;
     // Kept until the connection closes: lapin closes a channel whose last
@@ -551,7 +512,7 @@ async fn exchange_and_binding_limits(wiring: Wiring) -> anyhow::Result<()> {
 /// what is counted.
 async fn vhost_and_user_consumer_limits(wiring: Wiring) -> anyhow::Result<()> {
     let sandbox = Sandbox::start(wiring).await?;
-    spillctl(&sandbox, &["limits", "set", "--max-consumers", "2"])?;
+    sandbox.spillctl(&["limits", "set", "--max-consumers", "2"])?;
     let first = sandbox.connect().await?;
     let second = sandbox.connect().await?;
     let setup = first.create_channel().await?;
@@ -594,18 +555,15 @@ async fn vhost_and_user_consumer_limits(wiring: Wiring) -> anyhow::Result<()> {
         "limits list shows for '/': {root}"
     );
 
-    spillctl(&sandbox, &["limits", "set", "--max-consumers", "-1"])?;
-    spillctl(
-        &sandbox,
-        &[
-            "limits",
-            "set",
-            "--for-user",
-            "guest",
-            "--max-consumers",
-            "3",
-        ],
-    )?;
+    sandbox.spillctl(&["limits", "set", "--max-consumers", "-1"])?;
+    sandbox.spillctl(&[
+        "limits",
+        "set",
+        "--for-user",
+        "guest",
+        "--max-consumers",
+        "3",
+    ])?;
     consumers.push(consume(first_channel.clone(), "c").await?);
     let error = refused(
         consume(second.create_channel().await?, "d").await,

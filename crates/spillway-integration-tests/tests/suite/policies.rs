@@ -760,60 +760,38 @@ async fn policies_are_checked_and_need_the_right_tags(sb: &mut Sandbox) -> anyho
     Ok(())
 }
 
-/// Runs spillctl against the sandbox; its stdout, or its stderr as the error.
-fn spillctl(sb: &Sandbox, args: &[&str]) -> anyhow::Result<String> {
-    let output = std::process::Command::new(spillctl_bin()?)
-        .arg("--addr")
-        .arg(sb.management_addr().to_string())
-        .args(args)
-        .env("SPILLCTL_TOKEN", MANAGEMENT_TOKEN)
-        .output()?;
-    anyhow::ensure!(
-        output.status.success(),
-        "spillctl {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(String::from_utf8(output.stdout)?)
-}
-
 async fn spillctl_sets_lists_shows_and_clears_policies(sb: &mut Sandbox) -> anyhow::Result<()> {
     let (_conn, ch) = confirm_channel(sb).await?;
     declare(&ch, "ctl.q", false, FieldTable::default()).await?;
-    spillctl(
-        sb,
-        &[
-            "policy",
-            "set",
-            "ctl-limit",
-            "^ctl\\.",
-            r#"{"max-length": 7, "overflow": "reject-publish"}"#,
-            "--priority",
-            "2",
-            "--apply-to",
-            "queues",
-        ],
-    )?;
-    spillctl(
-        sb,
-        &[
-            "operator-policy",
-            "set",
-            "ctl-ops",
-            ".*",
-            r#"{"max-length-bytes": 100000}"#,
-        ],
-    )?;
-    let listed = spillctl(sb, &["policy", "list"])?;
+    sb.spillctl(&[
+        "policy",
+        "set",
+        "ctl-limit",
+        "^ctl\\.",
+        r#"{"max-length": 7, "overflow": "reject-publish"}"#,
+        "--priority",
+        "2",
+        "--apply-to",
+        "queues",
+    ])?;
+    sb.spillctl(&[
+        "operator-policy",
+        "set",
+        "ctl-ops",
+        ".*",
+        r#"{"max-length-bytes": 100000}"#,
+    ])?;
+    let listed = sb.spillctl(&["policy", "list"])?;
     assert!(
         listed.contains("ctl-limit") && listed.contains("queues"),
         "{listed}"
     );
-    let shown = spillctl(sb, &["queue", "show", "ctl.q"])?;
+    let shown = sb.spillctl(&["queue", "show", "ctl.q"])?;
     assert!(shown.contains("policy: ctl-limit"), "{shown}");
     assert!(shown.contains("operator policy: ctl-ops"), "{shown}");
     assert!(shown.contains("x-max-length=7"), "{shown}");
     assert!(shown.contains("x-max-length-bytes=100000"), "{shown}");
-    let json = spillctl(sb, &["--output", "json", "operator-policy", "list"])?;
+    let json = sb.spillctl(&["--output", "json", "operator-policy", "list"])?;
     let parsed: serde_json::Value = serde_json::from_str(&json)?;
     assert_eq!(parsed["policies"][0]["name"], "ctl-ops");
     let bad = std::process::Command::new(spillctl_bin()?)
@@ -824,9 +802,9 @@ async fn spillctl_sets_lists_shows_and_clears_policies(sb: &mut Sandbox) -> anyh
         .output()?;
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("not recognised"));
-    spillctl(sb, &["policy", "clear", "ctl-limit"])?;
-    spillctl(sb, &["operator-policy", "clear", "ctl-ops"])?;
-    let shown = spillctl(sb, &["queue", "show", "ctl.q"])?;
+    sb.spillctl(&["policy", "clear", "ctl-limit"])?;
+    sb.spillctl(&["operator-policy", "clear", "ctl-ops"])?;
+    let shown = sb.spillctl(&["queue", "show", "ctl.q"])?;
     assert!(shown.contains("policy: none"), "{shown}");
     Ok(())
 }
