@@ -5,9 +5,9 @@
 # make compose-test     the compose stack with its `test` profile (load, flow to disk, capacity)
 # make compose-faults   kill storage, engine, gateways and cut engine<->storage under traffic
 # make sim SEEDS=N      the storage group's deterministic simulation (SEED=S replays one)
-.PHONY: images run test test-stages build deps venv lint test-build test-rust test-python bench bench-delayed fmt clean \
+.PHONY: images run test test-stages build deps test-deps venv lint test-build test-rust test-python bench bench-delayed fmt clean \
 	test-fuzz fuzz sim \
-	bench-flow-to-disk \
+	bench-flow-to-disk bench-console \
 	docker-check images-from-build compose-test compose-faults
 
 CARGO := scripts/cargo.sh
@@ -61,7 +61,11 @@ sim: deps
 	$(CARGO) build --release --workspace --all-targets
 	./target/release/spillway-sim $(if $(SEED),--seed $(SEED),--seeds $(SEEDS) --first $(FIRST))
 
-test-python: test-build venv
+# The console's browser tests need Debian's chromium and chromium-driver.
+test-deps:
+	@$(TIMED) test-deps scripts/install-deps.sh --test
+
+test-python: test-build venv test-deps
 	$(TIMED) python-tests .venv/bin/pytest tests/python -q -p no:cacheprovider
 
 # The stages run in this order; a failed stage stops the run, and the times of
@@ -77,6 +81,13 @@ test-stages: lint test-rust test-fuzz test-python compose-test compose-faults
 bench: deps
 	@scripts/install-deps.sh --bench
 	scripts/bench.sh
+	$(MAKE) --no-print-directory bench-console
+
+# The web console with 10,000 queues in headless Chromium: how long the overview and the
+# queues page take to show (BENCH_CONSOLE_QUEUES / BENCH_CONSOLE_ROUNDS: see the script).
+# Uses the broker the last build made (target/release/spillway, or SPILLWAY_BIN).
+bench-console: deps venv test-deps
+	.venv/bin/python scripts/bench-console.py
 
 # Backlogs of 2 GiB (1 KiB and 64 KiB messages) built with no consumer, then drained: Spillway
 # spilling past a 256 MiB threshold, Spillway all in memory, RabbitMQ with a 256 MiB watermark.

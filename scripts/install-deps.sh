@@ -9,6 +9,10 @@
 #   python3-venv      the pika/kombu interop tests run in a venv
 #   sccache           optional compiler cache (C++ and Rust); builds work without it
 #
+# With `--test` it also installs chromium and chromium-driver: the web
+# console's tests drive a headless Chromium (tests/python/test_console.py,
+# scripts/bench-console.py); `make run` does not need them.
+#
 # With `--bench` it also installs rabbitmq-server, which `make bench` runs
 # beside Spillway for comparison (on its own port, started and stopped there).
 set -euo pipefail
@@ -19,6 +23,10 @@ command -v g++ >/dev/null 2>&1 || wanted+=(g++)
 command -v protoc >/dev/null 2>&1 || wanted+=(protobuf-compiler)
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || wanted+=(python3-venv)
 command -v sccache >/dev/null 2>&1 || wanted+=(sccache)
+if [[ "${1:-}" == "--test" || "${1:-}" == "--bench" ]]; then
+    command -v chromium >/dev/null 2>&1 || wanted+=(chromium)
+    command -v chromedriver >/dev/null 2>&1 || wanted+=(chromium-driver)
+fi
 if [[ "${1:-}" == "--bench" ]]; then
     [[ -x /usr/sbin/rabbitmq-server || -x /usr/lib/rabbitmq/bin/rabbitmq-server ]] || wanted+=(rabbitmq-server)
 fi

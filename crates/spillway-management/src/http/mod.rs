@@ -40,6 +40,7 @@ use tower::ServiceExt;
 use crate::auth::{Authenticator, Caller};
 use crate::ManagementService;
 
+mod console;
 pub mod definitions;
 mod handlers;
 pub mod pages;
@@ -94,7 +95,8 @@ impl HttpApi {
 
     /// The router of every endpoint.
     fn router(api: Arc<Self>) -> Router {
-        handlers::router(api)
+        handlers::router(api.clone())
+            .merge(console::router(api))
             .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
             .fallback(|| async { ApiError::not_found() })
     }
