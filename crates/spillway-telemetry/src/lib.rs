@@ -147,12 +147,103 @@ impl Metrics {
         self.encode_view(&self.per_object)
     }
 
+    /// What `/metrics/detailed?family=F&vhost=V` serves, as RabbitMQ's
+    /// plugin: only the asked families of the per-object view (none when
+    /// none is asked), named `rabbitmq_detailed_*`, only the asked vhosts'
+    /// samples when some are asked.
+    pub fn encode_detailed(
+        &self,
+        families: &[String],
+        vhosts: &[String],
+    ) -> Result<String, std::fmt::Error> {
+        let mut per_object = String::new();
+        prometheus_text::encode(&mut per_object, &self.per_object.read())?;
+        Ok(detailed(&per_object, families, vhosts))
+    }
+
     fn encode_view(&self, view: &RwLock<Registry>) -> Result<String, std::fmt::Error> {
         let mut text = String::new();
         prometheus_text::encode(&mut text, &self.registry.read())?;
         prometheus_text::encode(&mut text, &view.read())?;
         Ok(text)
     }
+}
+
+/// RabbitMQ's `/metrics/detailed` families, each with the per-object
+/// families Spillway has of it.
+const DETAILED_FAMILIES: [(&str, &[&str]); 3] = [
+    (
+        "queue_coarse_metrics",
+        &[
+            "rabbitmq_queue_messages_ready",
+            "rabbitmq_queue_messages_unacked",
+            "rabbitmq_queue_messages",
+        ],
+    ),
+    ("queue_consumer_count", &["rabbitmq_queue_consumers"]),
+    ("queue_metrics", &["rabbitmq_queue_messages_ready_bytes"]),
+];
+
+/// The lines of the per-object text that `/metrics/detailed` serves for
+/// these families and vhosts, renamed as RabbitMQ names them there.
+fn detailed(per_object: &str, families: &[String], vhosts: &[String]) -> String {
+    let wanted: Vec<&str> = DETAILED_FAMILIES
+        .iter()
+        .filter(|(family, _)| families.iter().any(|f| f == family))
+        .flat_map(|(_, names)| names.iter().copied())
+        .collect();
+    // A sample's labels start with its vhost (`{vhost="..."`), escaped as
+    // the text format escapes label values.
+    let vhost_labels: Vec<String> = vhosts
+        .iter()
+        .map(|vhost| {
+            let escaped = vhost
+                .replace('\\', "\\\\")
+                .replace('"', "\\\"")
+                .replace('\n', "\\n");
+            format!("{{vhost=\"{escaped}\"")
+        })
+        .collect();
+    let mut text = String::new();
+    for line in per_object.lines() {
+        let (name, sample) = match line
+            .strip_prefix("# HELP ")
+            .or_else(|| line.strip_prefix("# TYPE "))
+        {
+            Some(rest) => (rest.split(' ').next().unwrap_or_default(), false),
+            None if line.starts_with('#') => continue,
+            None => (line.split(['{', ' ']).next().unwrap_or_default(), true),
+        };
+        if !wanted.contains(&name) {
+            continue;
+        }
+        if sample
+            && !vhost_labels.is_empty()
+            && !vhost_labels
+                .iter()
+                .any(|label| line.contains(label.as_str()))
+        {
+            continue;
+        }
+        text.push_str(&line.replacen("rabbitmq_", "rabbitmq_detailed_", 1));
+        text.push('\n');
+    }
+    text
+}
+
+/// The values of `key` in a query string, percent-decoded.
+fn query_values(query: Option<&str>, key: &str) -> Vec<String> {
+    query
+        .unwrap_or_default()
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .filter(|(k, _)| *k == key)
+        .map(|(_, value)| {
+            percent_encoding::percent_decode_str(&value.replace('+', " "))
+                .decode_utf8_lossy()
+                .into_owned()
+        })
+        .collect()
 }
 
 /// Whether the process is ready: `/healthz` answers 200 `ok` while it is,
@@ -293,7 +384,10 @@ fn respond(
     health: &Health,
 ) -> Response<Full<Bytes>> {
     let path = request.uri().path();
-    if !matches!(path, "/metrics" | "/metrics/per-object" | "/healthz") {
+    if !matches!(
+        path,
+        "/metrics" | "/metrics/per-object" | "/metrics/detailed" | "/healthz"
+    ) {
         return plain(StatusCode::NOT_FOUND, "not found\n");
     }
     if request.method() != Method::GET && request.method() != Method::HEAD {
@@ -312,10 +406,16 @@ fn respond(
             plain(StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
         };
     }
-    let encoded = if path == "/metrics/per-object" {
-        metrics.encode_per_object()
-    } else {
-        metrics.encode()
+    let encoded = match path {
+        "/metrics/per-object" => metrics.encode_per_object(),
+        "/metrics/detailed" => {
+            let query = request.uri().query();
+            metrics.encode_detailed(
+                &query_values(query, "family"),
+                &query_values(query, "vhost"),
+            )
+        }
+        _ => metrics.encode(),
     };
     match encoded {
         Ok(text) => {
@@ -362,6 +462,45 @@ mod tests {
         let (head, body) = response.split_once("\r\n\r\n").unwrap();
         let status = head.split(' ').nth(1).unwrap().parse().unwrap();
         (status, head.to_string(), body.to_string())
+    }
+
+    #[test]
+    fn detailed_serves_the_asked_families_and_vhosts_renamed() {
+        let per_object = "\
+# HELP rabbitmq_queue_messages_ready Messages ready to be delivered to consumers.
+# TYPE rabbitmq_queue_messages_ready gauge
+rabbitmq_queue_messages_ready{vhost=\"/\",queue=\"a\"} 3
+rabbitmq_queue_messages_ready{vhost=\"shop\",queue=\"rabbitmq_b\"} 4
+# HELP rabbitmq_queue_consumers Consumers on a queue.
+# TYPE rabbitmq_queue_consumers gauge
+rabbitmq_queue_consumers{vhost=\"/\",queue=\"a\"} 1
+# EOF
+";
+        let families = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        assert_eq!(detailed(per_object, &[], &[]), "");
+        let coarse = detailed(per_object, &families(&["queue_coarse_metrics"]), &[]);
+        assert_eq!(
+            coarse,
+            "# HELP rabbitmq_detailed_queue_messages_ready Messages ready to be delivered to consumers.\n\
+             # TYPE rabbitmq_detailed_queue_messages_ready gauge\n\
+             rabbitmq_detailed_queue_messages_ready{vhost=\"/\",queue=\"a\"} 3\n\
+             rabbitmq_detailed_queue_messages_ready{vhost=\"shop\",queue=\"rabbitmq_b\"} 4\n"
+        );
+        let shop = detailed(
+            per_object,
+            &families(&["queue_coarse_metrics", "queue_consumer_count"]),
+            &families(&["shop"]),
+        );
+        assert!(shop.contains("queue=\"rabbitmq_b\"} 4"), "{shop}");
+        assert!(!shop.contains("vhost=\"/\""), "{shop}");
+        assert!(
+            shop.contains("# TYPE rabbitmq_detailed_queue_consumers gauge"),
+            "{shop}"
+        );
+        assert_eq!(
+            query_values(Some("family=queue_coarse_metrics&vhost=%2F&x=1"), "vhost"),
+            ["/"]
+        );
     }
 
     #[tokio::test]

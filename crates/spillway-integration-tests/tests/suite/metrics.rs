@@ -369,6 +369,28 @@ async fn rabbitmq_names_are_served_summed_and_per_object(
             == 1
     );
 
+    // /metrics/detailed: the asked families only, renamed as RabbitMQ's plugin.
+    let detailed = scrape_path(
+        sandbox,
+        Component::Engine,
+        "/metrics/detailed?vhost=%2F&family=queue_coarse_metrics",
+    )
+    .await?;
+    let ready = value(
+        &detailed,
+        "rabbitmq_detailed_queue_messages_ready",
+        &[("vhost", "/"), ("queue", "rabbit-b")],
+    );
+    anyhow::ensure!(ready == Some(4.0), "detailed: {ready:?}");
+    anyhow::ensure!(
+        detailed
+            .iter()
+            .all(|s| s.name.starts_with("rabbitmq_detailed_queue_messages")),
+        "detailed serves only the asked family"
+    );
+    let none = scrape_path(sandbox, Component::Engine, "/metrics/detailed").await?;
+    anyhow::ensure!(none.is_empty(), "no family asked, none served");
+
     let gateway = scrape(sandbox, Component::Gateway).await?;
     let received = value(&gateway, "rabbitmq_global_messages_received_total", &[]);
     anyhow::ensure!(received == Some(7.0), "received: {received:?}");
