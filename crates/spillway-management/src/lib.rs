@@ -82,6 +82,7 @@ impl ManagementService {
             listeners: Vec::new(),
             rates: http::rates::Rates::default(),
             sample_every: http::DEFAULT_SAMPLE_INTERVAL,
+            list_slots: tokio::sync::Semaphore::new(http::LIST_SLOTS),
         };
         Ok(Served { grpc, http })
     }

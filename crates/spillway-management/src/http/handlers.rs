@@ -997,12 +997,23 @@ async fn all_queues(
     Who(caller): Who,
     Query(query): Query<ListQuery>,
 ) -> Answer {
-    let mut items = Vec::new();
+    let _slot = api.list_slot().await?;
+    let mut queues = Vec::new();
     for vhost in visible_vhosts(&api, &caller).await? {
-        let queues = queues_of(&api, &caller, &vhost.name).await?;
-        items.extend(queues.iter().map(|queue| queue_json(&api, queue)));
+        queues.extend(queues_of(&api, &caller, &vhost.name).await?);
     }
-    list(items, &query)
+    queue_list(&api, queues, &query)
+}
+
+/// Queues as a list, each written as JSON only if it is on the page.
+fn queue_list(api: &HttpApi, queues: Vec<m::Queue>, query: &ListQuery) -> Answer {
+    let answer = pages::answer_lazily(
+        queues,
+        |queue| queue.name.as_str(),
+        |queue| queue_json(api, queue),
+        query,
+    )?;
+    json(answer)
 }
 
 async fn vhost_queues(
@@ -1011,9 +1022,9 @@ async fn vhost_queues(
     Path(vhost): Path<String>,
     Query(query): Query<ListQuery>,
 ) -> Answer {
+    let _slot = api.list_slot().await?;
     let queues = queues_of(&api, &caller, &vhost).await?;
-    let items = queues.iter().map(|queue| queue_json(&api, queue)).collect();
-    list(items, &query)
+    queue_list(&api, queues, &query)
 }
 
 async fn get_queue(

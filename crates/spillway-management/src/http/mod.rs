@@ -74,7 +74,14 @@ pub struct HttpApi {
     /// Message rates and recent history, sampled every `sample_every`.
     pub(crate) rates: rates::Rates,
     pub(crate) sample_every: Duration,
+    /// Requests that read every queue of the broker at once (queue lists)
+    /// take a slot: what they hold in passing (about 1 KB a queue) is so
+    /// bounded by the slots, not by the connections.
+    pub(crate) list_slots: Semaphore,
 }
+
+/// Queue lists built at once ([`HttpApi::list_slots`]).
+pub const LIST_SLOTS: usize = 2;
 
 /// How often message rates are sampled unless configured: RabbitMQ's
 /// `collect_statistics_interval`.
@@ -91,6 +98,15 @@ impl HttpApi {
     pub fn with_sample_interval(mut self, every: Duration) -> Self {
         self.sample_every = every.max(Duration::from_millis(100));
         self
+    }
+
+    /// A slot for a request that reads every queue; waits for one.
+    pub(crate) async fn list_slot(&self) -> Result<tokio::sync::SemaphorePermit<'_>, ApiError> {
+        self.list_slots.acquire().await.map_err(|_| ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            error: "service_unavailable",
+            reason: "the HTTP API is stopping".into(),
+        })
     }
 
     /// The router of every endpoint.

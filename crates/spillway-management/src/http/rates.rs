@@ -301,6 +301,10 @@ async fn sample_all(api: &Arc<HttpApi>, sampler: &Caller) -> Result<(), tonic::S
         .vhosts;
     let names: Vec<String> = vhosts.into_iter().map(|vhost| vhost.name).collect();
     for vhost in &names {
+        // A vhost's queues read at once, as a queue list does.
+        let Ok(_slot) = api.list_slot().await else {
+            return Ok(());
+        };
         let request = m::ListQueuesRequest {
             vhost: vhost.clone(),
         };
