@@ -32,42 +32,20 @@ pub struct ListQuery {
 
 /// `items` sorted and, when asked, filtered and paged.
 pub fn answer(mut items: Vec<Value>, query: &ListQuery) -> Result<Value, ApiError> {
+    if query.page.is_some() {
+        return answer_lazily(items, json_name, Value::clone, query);
+    }
     if let Some(key) = query.sort.as_deref().filter(|key| !key.is_empty()) {
         items.sort_by(|a, b| compare(lookup(a, key), lookup(b, key)));
     }
     if query.sort_reverse.as_deref() == Some("true") {
         items.reverse();
     }
-    if query.page.is_none() {
-        return Ok(Value::Array(items));
-    }
-    let (page, page_size) = page_of(query)?;
-    let total_count = items.len() as u64;
-    let filter = NameFilter::new(query)?;
-    items.retain(|item| {
-        let name = item.get("name").and_then(Value::as_str).unwrap_or("");
-        filter.matches(name)
-    });
-    let filtered_count = items.len() as u64;
-    let page_count = filtered_count.div_ceil(page_size);
-    if page > page_count.max(1) {
-        return Err(ApiError::bad_request("Page out of range"));
-    }
-    let start = ((page - 1) * page_size) as usize;
-    let page_items: Vec<Value> = items
-        .into_iter()
-        .skip(start)
-        .take(page_size as usize)
-        .collect();
-    Ok(json!({
-        "filtered_count": filtered_count,
-        "item_count": page_items.len(),
-        "items": page_items,
-        "page": page,
-        "page_count": page_count,
-        "page_size": page_size,
-        "total_count": total_count,
-    }))
+    Ok(Value::Array(items))
+}
+
+fn json_name(item: &Value) -> &str {
+    item.get("name").and_then(Value::as_str).unwrap_or("")
 }
 
 /// As [`answer`], for lists whose items are costly to write as JSON (a
