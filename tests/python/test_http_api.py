@@ -522,3 +522,31 @@ def test_gets_that_take_messages_acknowledge_or_dead_letter_them(http, broker, m
         empty = http.call("POST", path + "/get", json={"count": 5, "ackmode": "ack_requeue_false",
                                                        "encoding": "auto"})
         assert empty.status_code == 200 and empty.json() == []
+
+
+def test_consumers_are_listed_with_their_queue_channel_and_settings(http, broker, made):
+    name = uniq("http.consumed")
+    path = f"/api/queues/%2F/{q(name)}"
+    assert http.call("PUT", path, json={"durable": False}).status_code == 201
+    made.append(path)
+    with broker.connect() as conn:
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=7)
+        tag = ch.basic_consume(name, lambda *args: None, arguments={"x-priority": 5})
+
+        def listed():
+            return [c for c in http.get("/api/consumers/%2F") if c["consumer_tag"] == tag]
+
+        assert wait_until(lambda: len(listed()) == 1, FIGURES), http.get("/api/consumers")
+        consumer = listed()[0]
+        assert consumer["queue"] == {"name": name, "vhost": "/"}
+        assert consumer["ack_required"] is True and consumer["exclusive"] is False
+        assert consumer["prefetch_count"] == 7
+        assert consumer["arguments"] == {"x-priority": 5}
+        assert consumer["active"] is True
+        details = consumer["channel_details"]
+        assert details["user"] == "guest" and details["number"] == 1
+        assert details["connection_name"] in [c["name"] for c in http.get("/api/connections")]
+        assert any(c["consumer_tag"] == tag for c in http.get("/api/consumers"))
+        ch.basic_cancel(tag)
+        assert wait_until(lambda: not listed(), FIGURES)

@@ -872,6 +872,55 @@ impl EngineAdminApi for Engine {
         Ok(m::ListChannelsResponse { channels })
     }
 
+    async fn list_consumers(
+        &self,
+        request: m::ListConsumersRequest,
+    ) -> Result<m::ListConsumersResponse, ServiceError> {
+        let broker = self.shared.broker.lock();
+        if !request.vhost.is_empty() {
+            vhost(&broker, &request.vhost)?;
+        }
+        let mut consumers = Vec::new();
+        for (vhost_name, vhost) in broker
+            .vhosts
+            .iter()
+            .filter(|(name, _)| request.vhost.is_empty() || **name == request.vhost)
+        {
+            for queue in vhost.queues.values() {
+                for (position, consumer) in queue.consumers.iter().enumerate() {
+                    let Some(session) = broker.sessions.get(&consumer.session) else {
+                        continue;
+                    };
+                    let Some(on_channel) = session
+                        .channels
+                        .get(&consumer.channel)
+                        .and_then(|channel| channel.consumers.get(&consumer.tag))
+                    else {
+                        continue;
+                    };
+                    consumers.push(m::Consumer {
+                        vhost: vhost_name.clone(),
+                        queue: queue.name.clone(),
+                        consumer_tag: consumer.tag.clone(),
+                        connection_id: consumer.session,
+                        channel: consumer.channel,
+                        client_address: session.client_address.clone(),
+                        user: session.user.clone(),
+                        ack_required: !on_channel.no_ack,
+                        prefetch_count: on_channel.prefetch,
+                        unacked: on_channel.unacked,
+                        priority: consumer.priority,
+                        // A single-active-consumer queue delivers to its first.
+                        active: !queue.single_active_consumer || position == 0,
+                        exclusive: queue.exclusive_consumer,
+                    });
+                }
+            }
+        }
+        consumers.sort_by(|a, b| (&a.vhost, &a.queue).cmp(&(&b.vhost, &b.queue)));
+        Ok(m::ListConsumersResponse { consumers })
+    }
+
     async fn close_connection(
         &self,
         request: m::CloseConnectionRequest,

@@ -291,6 +291,24 @@ macro_rules! management_impl {
                 Ok(Response::new(list))
             }
 
+            /// Consumers of the vhosts the caller sees.
+            async fn list_consumers(
+                &self,
+                request: Request<m::ListConsumersRequest>,
+            ) -> Result<Response<m::ListConsumersResponse>, Status> {
+                let caller = caller_of(&request)?;
+                let request = request.into_inner();
+                if request.vhost.is_empty() {
+                    authorize(&caller, &[Need::Overview])?;
+                } else {
+                    authorize(&caller, &[Need::See { vhost: &request.vhost }])?;
+                }
+                let mut list = self.engine.list_consumers(request).await?;
+                list.consumers
+                    .retain(|c| authorize::sees_vhost(&caller, &c.vhost));
+                Ok(Response::new(list))
+            }
+
             async fn close_connection(
                 &self,
                 request: Request<m::CloseConnectionRequest>,

@@ -41,6 +41,7 @@ macro_rules! for_each_engine_admin_call {
             get_broker_status(m::GetBrokerStatusRequest) -> m::BrokerStatus;
             list_connections(m::ListConnectionsRequest) -> m::ListConnectionsResponse;
             list_channels(m::ListChannelsRequest) -> m::ListChannelsResponse;
+            list_consumers(m::ListConsumersRequest) -> m::ListConsumersResponse;
             close_connection(m::CloseConnectionRequest) -> m::CloseConnectionResponse;
             set_broker_settings(m::SetBrokerSettingsRequest) -> m::SetBrokerSettingsResponse;
             update_queue(m::UpdateQueueRequest) -> m::UpdateQueueResponse;
@@ -143,6 +144,10 @@ pub trait EngineAdminApi: Send + Sync + 'static {
         &self,
         request: m::ListChannelsRequest,
     ) -> Result<m::ListChannelsResponse, ServiceError>;
+    async fn list_consumers(
+        &self,
+        request: m::ListConsumersRequest,
+    ) -> Result<m::ListConsumersResponse, ServiceError>;
     async fn close_connection(
         &self,
         request: m::CloseConnectionRequest,

@@ -196,6 +196,23 @@ async fn connections_close_over_http(sb: &mut Sandbox) -> anyhow::Result<()> {
     .await?;
     assert_eq!(connection["user"], "guest");
     assert_eq!(connection["channels"], 1);
+    // Its consumer, on its channel.
+    let consumers = get_json(sb, "/api/consumers/%2F").await?;
+    let worker = consumers
+        .as_array()
+        .and_then(|list| list.iter().find(|c| c["consumer_tag"] == "worker"))
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("no consumer 'worker' in {consumers}"))?;
+    assert_eq!(
+        worker["queue"],
+        json!({"name": "http-billing", "vhost": "/"})
+    );
+    assert_eq!(worker["ack_required"], true);
+    assert_eq!(worker["active"], true);
+    assert_eq!(
+        worker["channel_details"]["connection_name"],
+        connection["name"]
+    );
     let name = connection["name"].as_str().unwrap().to_string();
     let encoded: String = name
         .bytes()

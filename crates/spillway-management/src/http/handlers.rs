@@ -146,6 +146,8 @@ pub(super) fn router(api: Api) -> Router {
         )
         .route("/api/connections/{name}/channels", get(connection_channels))
         .route("/api/channels", get(all_channels))
+        .route("/api/consumers", get(all_consumers))
+        .route("/api/consumers/{vhost}", get(vhost_consumers))
         .with_state(api)
 }
 
@@ -1523,4 +1525,36 @@ async fn connection_channels(
     json(Value::Array(
         channels(&api, &caller, String::new(), connection.id).await?,
     ))
+}
+
+// --------------------------------------------------------------- consumers
+
+async fn all_consumers(
+    State(api): State<Api>,
+    Who(caller): Who,
+    Query(query): Query<ListQuery>,
+) -> Answer {
+    consumer_list(&api, &caller, String::new(), &query).await
+}
+
+async fn vhost_consumers(
+    State(api): State<Api>,
+    Who(caller): Who,
+    Path(vhost): Path<String>,
+    Query(query): Query<ListQuery>,
+) -> Answer {
+    consumer_list(&api, &caller, vhost, &query).await
+}
+
+async fn consumer_list(api: &HttpApi, caller: &Caller, vhost: String, query: &ListQuery) -> Answer {
+    let listed = ask(api
+        .service
+        .list_consumers(call(caller, m::ListConsumersRequest { vhost })))
+    .await?;
+    let items = listed
+        .consumers
+        .iter()
+        .map(|consumer| shapes::consumer(consumer, &api.node))
+        .collect();
+    list(items, query)
 }

@@ -307,6 +307,36 @@ pub fn channel(channel: &m::Channel, node: &str) -> Value {
     object
 }
 
+/// A consumer as `/api/consumers` lists it.
+pub fn consumer(consumer: &m::Consumer, node: &str) -> Value {
+    let connection = connection_name(consumer.connection_id, &consumer.client_address);
+    let (peer_host, peer_port) = peer(&consumer.client_address);
+    let mut arguments = json!({});
+    if consumer.priority != 0 {
+        arguments["x-priority"] = json!(consumer.priority);
+    }
+    json!({
+        "consumer_tag": consumer.consumer_tag,
+        "queue": {"name": consumer.queue, "vhost": consumer.vhost},
+        "channel_details": {
+            "name": format!("{connection} ({})", consumer.channel),
+            "number": consumer.channel,
+            "node": node,
+            "user": consumer.user,
+            "connection_name": connection,
+            "peer_host": peer_host,
+            "peer_port": peer_port,
+        },
+        "ack_required": consumer.ack_required,
+        "prefetch_count": consumer.prefetch_count,
+        "exclusive": consumer.exclusive,
+        "arguments": arguments,
+        "active": consumer.active,
+        "activity_status": if consumer.active { "up" } else { "waiting" },
+        "messages_unacknowledged": consumer.unacked,
+    })
+}
+
 pub fn user(user: &m::User) -> Value {
     json!({
         "name": user.name,

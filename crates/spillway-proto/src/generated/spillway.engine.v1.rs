@@ -1739,6 +1739,32 @@ pub mod engine_admin_client {
                 );
             self.inner.unary(req, path, codec).await
         }
+        pub async fn list_consumers(
+            &mut self,
+            request: impl tonic::IntoRequest<crate::management::ListConsumersRequest>,
+        ) -> std::result::Result<
+            tonic::Response<crate::management::ListConsumersResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = crate::lean_codec::LeanCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.engine.v1.EngineAdmin/ListConsumers",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new("spillway.engine.v1.EngineAdmin", "ListConsumers"),
+                );
+            self.inner.unary(req, path, codec).await
+        }
         pub async fn close_connection(
             &mut self,
             request: impl tonic::IntoRequest<crate::management::CloseConnectionRequest>,
@@ -2392,6 +2418,13 @@ pub mod engine_admin_server {
             request: tonic::Request<crate::management::ListChannelsRequest>,
         ) -> std::result::Result<
             tonic::Response<crate::management::ListChannelsResponse>,
+            tonic::Status,
+        >;
+        async fn list_consumers(
+            &self,
+            request: tonic::Request<crate::management::ListConsumersRequest>,
+        ) -> std::result::Result<
+            tonic::Response<crate::management::ListConsumersResponse>,
             tonic::Status,
         >;
         async fn close_connection(
@@ -3534,6 +3567,54 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListChannelsSvc(inner);
+                        let codec = crate::lean_codec::LeanCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.engine.v1.EngineAdmin/ListConsumers" => {
+                    #[allow(non_camel_case_types)]
+                    struct ListConsumersSvc<T: EngineAdmin>(pub Arc<T>);
+                    impl<
+                        T: EngineAdmin,
+                    > tonic::server::UnaryService<
+                        crate::management::ListConsumersRequest,
+                    > for ListConsumersSvc<T> {
+                        type Response = crate::management::ListConsumersResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                crate::management::ListConsumersRequest,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as EngineAdmin>::list_consumers(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ListConsumersSvc(inner);
                         let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

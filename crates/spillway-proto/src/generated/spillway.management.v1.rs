@@ -696,6 +696,58 @@ pub struct Channel {
 #[allow(clippy::all)]
 #[derive(serde::Serialize)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ListConsumersRequest {
+    /// Optional filter.
+    #[prost(string, tag = "1")]
+    pub vhost: ::prost::alloc::string::String,
+}
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Consumer {
+    #[prost(string, tag = "1")]
+    pub vhost: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub queue: ::prost::alloc::string::String,
+    #[prost(string, tag = "3")]
+    pub consumer_tag: ::prost::alloc::string::String,
+    /// The connection and channel it consumes on.
+    #[prost(uint64, tag = "4")]
+    pub connection_id: u64,
+    #[prost(uint32, tag = "5")]
+    pub channel: u32,
+    #[prost(string, tag = "6")]
+    pub client_address: ::prost::alloc::string::String,
+    #[prost(string, tag = "7")]
+    pub user: ::prost::alloc::string::String,
+    /// Deliveries wait for an ack (not no-ack).
+    #[prost(bool, tag = "8")]
+    pub ack_required: bool,
+    /// Its prefetch limit (0 = none) and deliveries it has not acked.
+    #[prost(uint32, tag = "9")]
+    pub prefetch_count: u32,
+    #[prost(uint32, tag = "10")]
+    pub unacked: u32,
+    /// Its `x-priority`.
+    #[prost(int32, tag = "11")]
+    pub priority: i32,
+    /// False for a waiting consumer of a single-active-consumer queue.
+    #[prost(bool, tag = "12")]
+    pub active: bool,
+    /// Consumes with basic.consume's exclusive flag: the queue's only one.
+    #[prost(bool, tag = "13")]
+    pub exclusive: bool,
+}
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ListConsumersResponse {
+    #[prost(message, repeated, tag = "1")]
+    pub consumers: ::prost::alloc::vec::Vec<Consumer>,
+}
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ListConnectionsRequest {
     /// Optional filter.
     #[prost(string, tag = "1")]
@@ -1963,6 +2015,34 @@ pub mod management_client {
                 );
             self.inner.unary(req, path, codec).await
         }
+        /// The consumers of a vhost's queues (every vhost the caller sees when
+        /// empty), in each queue's delivery order.
+        pub async fn list_consumers(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ListConsumersRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ListConsumersResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.management.v1.Management/ListConsumers",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new("spillway.management.v1.Management", "ListConsumers"),
+                );
+            self.inner.unary(req, path, codec).await
+        }
         /// The client receives connection.close 320 CONNECTION_FORCED with `reason`.
         pub async fn close_connection(
             &mut self,
@@ -2768,6 +2848,15 @@ pub mod management_server {
             request: tonic::Request<super::ListChannelsRequest>,
         ) -> std::result::Result<
             tonic::Response<super::ListChannelsResponse>,
+            tonic::Status,
+        >;
+        /// The consumers of a vhost's queues (every vhost the caller sees when
+        /// empty), in each queue's delivery order.
+        async fn list_consumers(
+            &self,
+            request: tonic::Request<super::ListConsumersRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ListConsumersResponse>,
             tonic::Status,
         >;
         /// The client receives connection.close 320 CONNECTION_FORCED with `reason`.
@@ -4090,6 +4179,51 @@ pub mod management_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListChannelsSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.management.v1.Management/ListConsumers" => {
+                    #[allow(non_camel_case_types)]
+                    struct ListConsumersSvc<T: Management>(pub Arc<T>);
+                    impl<
+                        T: Management,
+                    > tonic::server::UnaryService<super::ListConsumersRequest>
+                    for ListConsumersSvc<T> {
+                        type Response = super::ListConsumersResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::ListConsumersRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Management>::list_consumers(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ListConsumersSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
