@@ -72,6 +72,30 @@ thread_local! {
     static CAPTURE: std::cell::RefCell<Option<Capture>> = const { std::cell::RefCell::new(None) };
 }
 
+/// Restores the thread's capture slot to what it held before a capture,
+/// on the normal path (`restore`) or when unwinding (`Drop`).
+struct CaptureGuard {
+    outer: Option<Option<Capture>>,
+}
+
+impl CaptureGuard {
+    /// Puts the outer slot back and answers what the capture held.
+    fn restore(&mut self) -> Option<Capture> {
+        let outer = self.outer.take().flatten();
+        CAPTURE.with_borrow_mut(|capture| std::mem::replace(capture, outer))
+    }
+}
+
+impl Drop for CaptureGuard {
+    fn drop(&mut self) {
+        if self.outer.is_some() {
+            // Unwinding out of `apply`: what it captured is dropped, so its
+            // waiters hear the sender is gone.
+            drop(self.restore());
+        }
+    }
+}
+
 /// What a capture held back, to submit as one request, or to drop.
 pub struct CapturedWrite {
     ops: Vec<WriteOp>,
@@ -310,10 +334,11 @@ impl StoreWriter {
     ) -> Result<(T, CapturedWrite), E> {
         let outer = CAPTURE.with_borrow_mut(|capture| capture.replace(Capture::default()));
         debug_assert!(outer.is_none(), "captures do not nest");
+        // Puts the outer slot back however `apply` ends: a panic in it must
+        // not leave this worker thread holding back every later write.
+        let mut guard = CaptureGuard { outer: Some(outer) };
         let result = apply();
-        let captured = CAPTURE
-            .with_borrow_mut(|capture| std::mem::replace(capture, outer))
-            .unwrap_or_default();
+        let captured = guard.restore().unwrap_or_default();
         let answer = result?;
         let mut waiters = captured.done;
         waiters.push(done);
@@ -786,6 +811,32 @@ mod tests {
         let budget = Arc::new(MemoryBudget::new(1 << 30));
         let writer = StoreWriter::start(store.clone(), budget, 7, WriterLimits::default());
         (store, writer)
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_capture_that_panics_leaves_later_writes_of_its_thread_alone() {
+        let (store, writer) = writer(None);
+        let (done, _unanswered) = oneshot::channel();
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _ = writer.capture(
+                || -> Result<(), ()> {
+                    writer.submit(delete(1), Durability::Synced, None);
+                    panic!("an import's declaration failed");
+                },
+                done,
+            );
+        }));
+        assert!(panicked.is_err());
+        assert!(CAPTURE.with_borrow(Option::is_none), "the slot is restored");
+        // A write on the same thread goes to the store, not to a dead capture.
+        let later = writer.submit(delete(2), Durability::Synced, None);
+        tokio::time::timeout(Duration::from_secs(5), writer.wait_written(later))
+            .await
+            .expect("written, not held back")
+            .expect("landed");
+        let written = store.written.lock().clone();
+        let ops: Vec<_> = written.iter().flat_map(|batch| batch.ops.clone()).collect();
+        assert_eq!(ops, delete(2), "the panicked capture's write was dropped");
     }
 
     #[tokio::test]
