@@ -87,6 +87,9 @@ pub struct SessionState {
     pub credit_waiters: Vec<oneshot::Sender<()>>,
     /// What the gateway was last told: blocked (and why), or not.
     pub flow_blocked: Option<String>,
+    /// What the gateway was last told of which channels are held, and
+    /// whether all are (see `FlowControl.blocked_channels`).
+    pub flow_channels: (Vec<ChannelId>, bool),
     /// Has published: the store quota blocks producers only, so consumers
     /// can go on freeing space.
     pub has_published: bool,

@@ -229,6 +229,7 @@ impl Broker {
                 ),
                 credit_waiters: Vec::new(),
                 flow_blocked: None,
+                flow_channels: (Vec::new(), false),
                 has_published: false,
                 has_published_persistent: false,
                 paced_on: None,

@@ -289,6 +289,9 @@ impl Broker {
         let Some(state) = self.sessions.get_mut(&session) else {
             return;
         };
+        // Held whatever they publish to: the store or the memory ceiling.
+        let all = (store_overfull || memory_alarm.is_some()) && state.has_published
+            || store_failure.is_some() && state.has_published_persistent;
         let queues: Vec<&String> = state
             .channels
             .values()
@@ -305,18 +308,30 @@ impl Broker {
                 .filter(|_| state.has_published_persistent)
                 .map(|failure| format!("store failure: {failure}"))
         };
-        if reason == state.flow_blocked {
+        let mut channels: Vec<ChannelId> = state
+            .channels
+            .iter()
+            .filter(|(_, channel)| !channel.blocked_on.is_empty())
+            .map(|(id, _)| *id)
+            .collect();
+        channels.sort_unstable();
+        let held = (channels, all);
+        if reason == state.flow_blocked && held == state.flow_channels {
             return;
         }
         let blocked = reason.is_some();
-        // Only the change from free to blocked and back is news to the
-        // client; a different reason while blocked is not.
-        let news = state.flow_blocked.is_some() != blocked;
+        // The change from free to blocked and back is news to a 0-9-1
+        // client (which ignores a repeat); which channels are held is news
+        // to a 1.0 client, whose links are held one by one.
+        let news = state.flow_blocked.is_some() != blocked || held != state.flow_channels;
         state.flow_blocked = reason.clone();
+        state.flow_channels = held.clone();
         if news {
             let _ = state.events.send(event(Event::FlowControl(pb::FlowControl {
                 blocked,
                 reason: reason.unwrap_or_default(),
+                blocked_channels: held.0.clone(),
+                all_channels: held.1,
             })));
         }
     }

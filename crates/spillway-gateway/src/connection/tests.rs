@@ -638,6 +638,7 @@ fn flow_control(blocked: bool, reason: &str) -> SessionEvent {
         event: Some(Event::FlowControl(pb::FlowControl {
             blocked,
             reason: reason.into(),
+            ..Default::default()
         })),
     }
 }

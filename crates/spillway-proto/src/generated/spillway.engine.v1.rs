@@ -456,6 +456,15 @@ pub struct FlowControl {
     /// What blocks it, e.g. "queue 'orders' is overfull", "store overfull".
     #[prost(string, tag = "2")]
     pub reason: ::prost::alloc::string::String,
+    /// The channels that published to an overfull queue, in order. AMQP 1.0
+    /// holds back only their links' credit; 0-9-1 blocks the connection.
+    /// Also sent when only this list changes.
+    #[prost(uint32, repeated, tag = "3")]
+    pub blocked_channels: ::prost::alloc::vec::Vec<u32>,
+    /// Every channel is held (the store's quota or failure, the memory
+    /// ceiling), not only those listed.
+    #[prost(bool, tag = "4")]
+    pub all_channels: bool,
 }
 /// A method without a reply (publish, ack, nack) failed: the channel closes.
 #[allow(clippy::all)]
