@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 
 CARGO_FUZZ_VERSION=0.13.2
 seconds="${FUZZ_SECONDS:-25}"
-all_targets=(frame_decoder handshake connection tables bodies http_api)
+all_targets=(frame_decoder handshake connection tables bodies http_api amqp1)
 targets=("$@")
 [[ ${#targets[@]} -gt 0 ]] || targets=("${all_targets[@]}")
 

@@ -21,9 +21,13 @@
 //! - [`metrics`]: the connection, channel and message counts the I/O loop
 //!   keeps for `/metrics`.
 //!
+//! - [`amqp1`]: AMQP 1.0 on the same listeners, chosen by the protocol
+//!   header, over the same engine (`fe2o3-amqp`'s state machines).
+//!
 //! The engine is reached through [`spillway_proto::EngineApi`]: in-process
 //! in the all-in-one broker, over gRPC when the gateway runs alone.
 
+pub mod amqp1;
 pub mod auth;
 pub mod body_loans;
 pub mod connection;
@@ -76,6 +80,9 @@ pub struct GatewayConfig {
     /// they are published when that makes them at least an eighth smaller,
     /// and decoded as they are delivered. None: off.
     pub compress_above: Option<u64>,
+    /// The user an AMQP 1.0 client logs in as with SASL ANONYMOUS (or
+    /// without SASL); None, the default: ANONYMOUS is not offered.
+    pub amqp1_anonymous_user: Option<String>,
     /// Time as the gateway reads it (when a connection was blocked, login
     /// throttling and the rate of refusal log lines); the wiring hands it
     /// the process's clock. Socket deadlines and heartbeats run on tokio's
@@ -125,6 +132,7 @@ impl Default for GatewayConfig {
             write_timeout: std::time::Duration::from_secs(15),
             max_unfinished_content: 128 * 1024 * 1024,
             compress_above: None,
+            amqp1_anonymous_user: None,
             clock: spillway_proto::clock::SystemClock::shared(),
         }
     }

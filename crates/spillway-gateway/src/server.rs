@@ -247,7 +247,7 @@ impl Server for AmqpServer {
 
 /// A client's socket, plain or TLS: what the I/O loop reads and writes.
 /// Split in two halves, one for the loop and one for the writer task.
-pub trait ClientStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+pub trait ClientStream: AsyncRead + AsyncWrite + Unpin + Send + std::fmt::Debug + 'static {
     type Reader: AsyncRead + Unpin + Send + 'static;
     type Writer: AsyncWrite + Unpin + Send + 'static;
     fn into_halves(self) -> (Self::Reader, Self::Writer);
@@ -281,15 +281,15 @@ impl ClientStream for TlsStream {
 
 /// What every connection of one gateway shares.
 #[derive(Clone)]
-struct ConnectionContext {
-    engine: Arc<dyn EngineApi>,
-    config: Arc<GatewayConfig>,
-    metrics: GatewayMetrics,
+pub(crate) struct ConnectionContext {
+    pub(crate) engine: Arc<dyn EngineApi>,
+    pub(crate) config: Arc<GatewayConfig>,
+    pub(crate) metrics: GatewayMetrics,
     slots: ConnectionSlots,
     /// Rate-limits the log lines of refused logins.
     login_refusals: Arc<RefusalLog>,
     /// Slows login attempts from an address that keeps failing.
-    login_throttle: Arc<LoginThrottle>,
+    pub(crate) login_throttle: Arc<LoginThrottle>,
     /// Read-buffer bytes lent as message bodies, over every connection.
     body_loans: Arc<BodyLoans>,
     /// Sockets past `max_connections` being refused in AMQP right now.
@@ -412,7 +412,11 @@ async fn accept_loop(
 /// Counts a refused login, and logs it with the peer, the user and the
 /// reason (never the password) unless the pair was logged less than
 /// [`spillway_telemetry::REFUSAL_LOG_INTERVAL`] ago.
-fn log_login_refusal(context: &ConnectionContext, peer: SocketAddr, refusal: &AuthError) {
+pub(crate) fn log_login_refusal(
+    context: &ConnectionContext,
+    peer: SocketAddr,
+    refusal: &AuthError,
+) {
     context.metrics.count_login_refusal(refusal.reason());
     let user = refusal.user().unwrap_or("");
     let now = context.config.clock.now();
@@ -479,8 +483,29 @@ async fn serve_connection<S: ClientStream>(
     context: ConnectionContext,
     stopped: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
+    // One deadline from accept to open, whichever protocol the client
+    // speaks (RabbitMQ's handshake_timeout).
+    let deadline = accepted_at + context.config.handshake_timeout;
+    let mut stream = stream;
+    let mut header = [0u8; 8];
+    match tokio::time::timeout_at(deadline, stream.read_exact(&mut header)).await {
+        Err(_) => {
+            tracing::debug!(%peer, "no protocol header before the handshake timeout");
+            return Ok(());
+        }
+        Ok(read) => {
+            read?;
+        }
+    }
+    if crate::amqp1::is_amqp1_header(&header) {
+        let refusal =
+            refusal_at_open(&admission, &context, peer).map(|error| error.text().to_string());
+        return crate::amqp1::serve(stream, header, peer, deadline, refusal, context, stopped)
+            .await;
+    }
     let mut read_buffer = CountedBytes::new(context.read_buffers.clone());
-    let Some(opened) = handshake(stream, peer, accepted_at, &context, &mut read_buffer).await?
+    let Some(opened) =
+        handshake(stream, header, peer, deadline, &context, &mut read_buffer).await?
     else {
         return Ok(());
     };
@@ -581,8 +606,9 @@ struct Opened<R, W> {
 /// slow, or was refused (and told so).
 async fn handshake<S: ClientStream>(
     mut stream: S,
+    header: [u8; 8],
     peer: SocketAddr,
-    accepted_at: Instant,
+    deadline: Instant,
     context: &ConnectionContext,
     read_buffer: &mut CountedBytes,
 ) -> std::io::Result<Option<Opened<S::Reader, S::Writer>>> {
@@ -591,16 +617,8 @@ async fn handshake<S: ClientStream>(
     let engine = &context.engine;
     // One deadline from accept to open-ok, whatever the client does or
     // fails to do meanwhile (RabbitMQ's handshake_timeout).
-    let deadline = tokio::time::sleep_until(accepted_at + config.handshake_timeout);
+    let deadline = tokio::time::sleep_until(deadline);
     tokio::pin!(deadline);
-    let mut header = [0u8; 8];
-    tokio::select! {
-        _ = &mut deadline => {
-            tracing::debug!(%peer, "no protocol header before the handshake timeout");
-            return Ok(None);
-        }
-        read = stream.read_exact(&mut header) => { read?; }
-    }
     if &header != PROTOCOL_HEADER {
         // Spec 4.2.2: answer with the protocol we speak, then close.
         tracing::debug!(%peer, ?header, "wrong protocol header");

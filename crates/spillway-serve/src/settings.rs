@@ -346,6 +346,10 @@ pub struct GatewaySettings {
     /// Partly received message bodies one connection may hold: a size.
     #[serde(deserialize_with = "sizes::required")]
     pub max_unfinished_content: u64,
+    /// The user an AMQP 1.0 client logs in as with SASL ANONYMOUS (RabbitMQ
+    /// 4's `anonymous_login_user`). Unset, the default: ANONYMOUS is not
+    /// offered and a 1.0 client must log in.
+    pub amqp1_anonymous_user: Option<String>,
 }
 
 impl Default for GatewaySettings {
@@ -370,6 +374,7 @@ impl Default for GatewaySettings {
             max_connections: protocol.max_connections,
             write_timeout: protocol.write_timeout,
             max_unfinished_content: protocol.max_unfinished_content,
+            amqp1_anonymous_user: None,
         }
     }
 }
@@ -404,6 +409,10 @@ impl GatewaySettings {
             compress_above: self
                 .message_compression_enabled
                 .then_some(self.message_compression_threshold_size),
+            amqp1_anonymous_user: self
+                .amqp1_anonymous_user
+                .clone()
+                .filter(|user| !user.is_empty()),
             // The wiring hands the process's own clock.
             clock: spillway_proto::clock::SystemClock::shared(),
         }

@@ -8,6 +8,7 @@
 //! in-process broker.
 
 mod alternate_exchanges;
+mod amqp1;
 mod amqp_methods;
 mod amqps;
 mod background_recovery;

@@ -261,6 +261,24 @@ fn peer(address: &str) -> (String, u16) {
     }
 }
 
+/// "AMQP 1.0" for connections the gateway opened for a 1.0 client (it
+/// says so in the client properties it passes on), else "AMQP 0-9-1".
+fn protocol(connection: &m::Connection) -> &'static str {
+    let amqp1 = connection
+        .client_properties
+        .get("protocol")
+        .and_then(|value| match &value.value {
+            Some(Arg::StringValue(text)) | Some(Arg::Text(text)) => Some(text.as_str()),
+            _ => None,
+        })
+        == Some("AMQP 1.0");
+    if amqp1 {
+        "AMQP 1.0"
+    } else {
+        "AMQP 0-9-1"
+    }
+}
+
 pub fn connection(connection: &m::Connection, node: &str) -> Value {
     let (peer_host, peer_port) = peer(&connection.client_address);
     json!({
@@ -273,7 +291,7 @@ pub fn connection(connection: &m::Connection, node: &str) -> Value {
         "channels": connection.channels,
         "state": "running",
         "type": "network",
-        "protocol": "AMQP 0-9-1",
+        "protocol": protocol(connection),
         "client_properties": arguments(&connection.client_properties),
         "messages_published": connection.messages_published,
         "messages_delivered": connection.messages_delivered,

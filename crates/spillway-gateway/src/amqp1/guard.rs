@@ -1,0 +1,1060 @@
+//! What a 1.0 client sends, checked before `fe2o3-amqp` decodes it.
+//!
+//! The library's decoder (`serde_amqp`) recurses once per level of nested
+//! lists, maps and described values, with no limit: a frame of a few
+//! kilobytes nested a thousand levels deep would overflow a worker thread's
+//! stack and abort the whole broker. Its frame decoder also panics on a
+//! frame shorter than its 8-byte header. [`FrameGuard`] sits between the
+//! socket and the library: it passes on only whole frames whose header is
+//! sound and whose encoded values nest at most [`MAX_NESTING`] deep, and
+//! fails the connection otherwise. A message split over several transfer
+//! frames is scanned as one stream per link ([`Scanner`] keeps its place),
+//! so splitting does not hide depth.
+//!
+//! The guard also works around one limit of the library: it keys a
+//! session's links by name alone, while the spec lets a sending and a
+//! receiving link share a name (Qpid Proton's blocking client names both
+//! links to one address alike). Attaches of links the client receives on
+//! get [`RECEIVING_SUFFIX`] added to their name on the way in, and taken
+//! off again in the broker's attaches on the way out.
+//!
+//! [`Scanner`] reads AMQP 1.0's type encoding (spec part 1) only far enough
+//! to know where each value starts and ends; it decodes nothing. Arrays of
+//! lists, maps, arrays or described values are refused outright: clients
+//! send arrays of symbols, and an array element has no constructor of its
+//! own to scan. Written here because no maintained crate checks AMQP 1.0
+//! encodings without decoding them.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, BytesMut};
+use fe2o3_amqp_types::definitions::Role;
+use fe2o3_amqp_types::performatives::{Attach, Flow, Transfer};
+use foldhash::HashMap;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// Deepest nesting of lists, maps, arrays and described values accepted.
+/// A performative is 2–4 deep; a message's sections a few more.
+pub const MAX_NESTING: usize = 32;
+
+/// Added to the names of links the client receives on, for the library
+/// (see the module docs); never seen by the client.
+pub const RECEIVING_SUFFIX: &str = "\u{0}spillway-receiving";
+
+/// Bytes waiting to be written to the client before the library is made
+/// to wait.
+const MAX_OUTBOUND: usize = 256 * 1024;
+
+/// An attach's descriptor: the small ulong 0x12; a flow's 0x13.
+const ATTACH: [u8; 3] = [0x00, 0x53, 0x12];
+const FLOW: [u8; 3] = [0x00, 0x53, 0x13];
+
+type CreditByLink = HashMap<(u16, u32), tokio::sync::watch::Sender<u32>>;
+
+/// The link credit clients grant, as their flow frames say, for the links
+/// the broker sends on: keyed by the client's channel and link handle.
+/// The library keeps credit to itself; the link tasks need it to take no
+/// more from a queue than the client asked for.
+#[derive(Clone, Debug, Default)]
+pub struct CreditBoard {
+    links: std::sync::Arc<parking_lot::Mutex<CreditByLink>>,
+}
+
+impl CreditBoard {
+    /// Watches the credit of the client's link `handle` on `channel`
+    /// (0 until its first flow).
+    pub fn watch(&self, channel: u16, handle: u32) -> tokio::sync::watch::Receiver<u32> {
+        let (credit, watched) = tokio::sync::watch::channel(0);
+        self.links.lock().insert((channel, handle), credit);
+        watched
+    }
+
+    /// Forgets a link that ended.
+    pub fn forget(&self, channel: u16, handle: u32) {
+        self.links.lock().remove(&(channel, handle));
+    }
+
+    fn granted(&self, channel: u16, handle: u32, credit: u32) {
+        if let Some(link) = self.links.lock().get(&(channel, handle)) {
+            link.send_replace(credit);
+        }
+    }
+}
+
+/// Most messages being received in several frames at once, per connection
+/// (one per link: 64 sessions of 256 links).
+const MAX_PARTIAL_DELIVERIES: usize = 64 * 256;
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GuardError {
+    #[error("values nest deeper than {MAX_NESTING} levels")]
+    TooDeep,
+    #[error("malformed encoding: {0}")]
+    Malformed(&'static str),
+    #[error("{0} are not accepted")]
+    Unsupported(&'static str),
+    #[error("frame of {0} bytes: {1}")]
+    Frame(usize, &'static str),
+}
+
+impl From<GuardError> for io::Error {
+    fn from(error: GuardError) -> Self {
+        io::Error::new(io::ErrorKind::InvalidData, error)
+    }
+}
+
+/// The innermost open value: a list, map or array (until a byte offset;
+/// a list or map also until its count of elements), or a described value
+/// (until two more values).
+#[derive(Clone, Copy, Debug)]
+enum Level {
+    Compound {
+        end: u64,
+        /// Elements still to come (None until the count is read).
+        left: Option<u64>,
+        /// An array's element constructor, which its elements share.
+        implied: Option<u8>,
+    },
+    Described {
+        left: u8,
+    },
+}
+
+/// What comes after a value's size field.
+#[derive(Clone, Copy, Debug)]
+enum Sized {
+    Variable,
+    Compound { count_width: u8, map: bool },
+    Array { count_width: u8 },
+}
+
+/// What follows bytes being skipped.
+#[derive(Clone, Copy, Debug)]
+enum Then {
+    /// They were a value's data: the value is complete.
+    Complete,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+enum State {
+    #[default]
+    Constructor,
+    Size {
+        width: u8,
+        read: u8,
+        value: u64,
+        then: Sized,
+    },
+    Skip {
+        left: u64,
+        then: Then,
+    },
+    /// A list's, map's or array's count of elements.
+    Count {
+        width: u8,
+        read: u8,
+        value: u64,
+        map: bool,
+        array: bool,
+    },
+    ArrayConstructor,
+}
+
+/// A streaming scanner of encoded AMQP 1.0 values (see the module docs).
+#[derive(Clone, Debug, Default)]
+pub struct Scanner {
+    offset: u64,
+    stack: Vec<Level>,
+    state: State,
+    /// Top-level values completed so far.
+    values: u64,
+    deepest: usize,
+}
+
+impl Scanner {
+    /// Whether the bytes so far end exactly after a whole value.
+    pub fn at_boundary(&self) -> bool {
+        self.stack.is_empty() && matches!(self.state, State::Constructor)
+    }
+
+    /// The deepest nesting seen.
+    pub fn deepest(&self) -> usize {
+        self.deepest
+    }
+
+    /// Scans `bytes`; answers how many were read, which is fewer than all
+    /// only when `stop_after` top-level values completed first.
+    pub fn feed(&mut self, bytes: &[u8], stop_after: Option<u64>) -> Result<usize, GuardError> {
+        let mut at = 0;
+        while at < bytes.len() {
+            if stop_after.is_some_and(|values| self.values >= values) {
+                break;
+            }
+            match self.state {
+                State::Skip { left, then } => {
+                    let n = left.min((bytes.len() - at) as u64);
+                    at += n as usize;
+                    self.offset += n;
+                    if n < left {
+                        self.state = State::Skip {
+                            left: left - n,
+                            then,
+                        };
+                        continue;
+                    }
+                    self.state = State::Constructor;
+                    match then {
+                        Then::Complete => self.complete()?,
+                    }
+                }
+                State::Count {
+                    width,
+                    read,
+                    value,
+                    map,
+                    array,
+                } => {
+                    let value = (value << 8) | u64::from(bytes[at]);
+                    at += 1;
+                    self.offset += 1;
+                    if read + 1 < width {
+                        self.state = State::Count {
+                            width,
+                            read: read + 1,
+                            value,
+                            map,
+                            array,
+                        };
+                    } else {
+                        self.state = State::Constructor;
+                        self.counted(value, map, array)?;
+                    }
+                }
+                State::Size {
+                    width,
+                    read,
+                    value,
+                    then,
+                } => {
+                    let value = (value << 8) | u64::from(bytes[at]);
+                    at += 1;
+                    self.offset += 1;
+                    if read + 1 < width {
+                        self.state = State::Size {
+                            width,
+                            read: read + 1,
+                            value,
+                            then,
+                        };
+                    } else {
+                        self.state = State::Constructor;
+                        self.sized(value, then)?;
+                    }
+                }
+                State::Constructor => {
+                    // An array element: its constructor is the array's.
+                    if let Some(Level::Compound {
+                        implied: Some(code),
+                        ..
+                    }) = self.stack.last()
+                    {
+                        let code = *code;
+                        self.constructor(code)?;
+                        continue;
+                    }
+                    let code = bytes[at];
+                    at += 1;
+                    self.offset += 1;
+                    self.constructor(code)?;
+                }
+                State::ArrayConstructor => {
+                    let code = bytes[at];
+                    at += 1;
+                    self.offset += 1;
+                    self.state = State::Constructor;
+                    self.array_constructor(code)?;
+                }
+            }
+        }
+        Ok(at)
+    }
+
+    fn constructor(&mut self, code: u8) -> Result<(), GuardError> {
+        let fixed = |width: u64| State::Skip {
+            left: width,
+            then: Then::Complete,
+        };
+        let size = |width: u8, then: Sized| State::Size {
+            width,
+            read: 0,
+            value: 0,
+            then,
+        };
+        match code {
+            0x00 => self.push(Level::Described { left: 2 })?,
+            0x40..=0x45 => self.complete()?,
+            0x50..=0x56 => self.state = fixed(1),
+            0x60 | 0x61 => self.state = fixed(2),
+            0x70..=0x74 => self.state = fixed(4),
+            0x80..=0x84 => self.state = fixed(8),
+            0x94 | 0x98 => self.state = fixed(16),
+            0xa0..=0xa3 => self.state = size(1, Sized::Variable),
+            0xb0..=0xb3 => self.state = size(4, Sized::Variable),
+            0xc0 | 0xc1 => {
+                let map = code == 0xc1;
+                self.state = size(
+                    1,
+                    Sized::Compound {
+                        count_width: 1,
+                        map,
+                    },
+                );
+            }
+            0xd0 | 0xd1 => {
+                let map = code == 0xd1;
+                self.state = size(
+                    4,
+                    Sized::Compound {
+                        count_width: 4,
+                        map,
+                    },
+                );
+            }
+            0xe0 => self.state = size(1, Sized::Array { count_width: 1 }),
+            0xf0 => self.state = size(4, Sized::Array { count_width: 4 }),
+            _ => return Err(GuardError::Malformed("unknown type constructor")),
+        }
+        Ok(())
+    }
+
+    fn sized(&mut self, size: u64, then: Sized) -> Result<(), GuardError> {
+        let end = self.offset + size;
+        if self.enclosing_end().is_some_and(|outer| end > outer) {
+            return Err(GuardError::Malformed("a value runs past its list"));
+        }
+        match then {
+            Sized::Variable if size == 0 => self.complete(),
+            Sized::Variable => {
+                self.state = State::Skip {
+                    left: size,
+                    then: Then::Complete,
+                };
+                Ok(())
+            }
+            Sized::Compound { count_width, map } => self.open(end, size, count_width, map, false),
+            Sized::Array { count_width } => self.open(end, size, count_width, false, true),
+        }
+    }
+
+    /// A list, map or array of `size` bytes (its count included) begins.
+    fn open(
+        &mut self,
+        end: u64,
+        size: u64,
+        count_width: u8,
+        map: bool,
+        array: bool,
+    ) -> Result<(), GuardError> {
+        let least = u64::from(count_width) + u64::from(array);
+        if size < least {
+            return Err(GuardError::Malformed("a list shorter than its count"));
+        }
+        self.push(Level::Compound {
+            end,
+            left: None,
+            implied: None,
+        })?;
+        self.state = State::Count {
+            width: count_width,
+            read: 0,
+            value: 0,
+            map,
+            array,
+        };
+        Ok(())
+    }
+
+    /// The count of the list, map or array just opened.
+    fn counted(&mut self, count: u64, map: bool, array: bool) -> Result<(), GuardError> {
+        let Some(Level::Compound { end, left, .. }) = self.stack.last_mut() else {
+            return Err(GuardError::Malformed("a count outside a list"));
+        };
+        if map && !count.is_multiple_of(2) {
+            return Err(GuardError::Malformed("a map with a key and no value"));
+        }
+        // Every element takes at least one byte (an array's element
+        // constructor is read next, and zero-width elements are refused).
+        if count > *end - self.offset {
+            return Err(GuardError::Malformed("more elements than bytes"));
+        }
+        *left = Some(count);
+        if array {
+            self.state = State::ArrayConstructor;
+            return Ok(());
+        }
+        self.close_ended()
+    }
+
+    fn array_constructor(&mut self, code: u8) -> Result<(), GuardError> {
+        if matches!(
+            code,
+            0x00 | 0x40..=0x45 | 0xc0 | 0xc1 | 0xd0 | 0xd1 | 0xe0 | 0xf0
+        ) {
+            return Err(GuardError::Unsupported(
+                "arrays of lists, maps, arrays, described values or zero-width values",
+            ));
+        }
+        let Some(Level::Compound { implied, .. }) = self.stack.last_mut() else {
+            return Err(GuardError::Malformed("an array outside a list"));
+        };
+        // Each element is read as a value with this constructor, so that
+        // the elements must fill the array exactly, as a decoder reads it.
+        *implied = Some(code);
+        self.close_ended()
+    }
+
+    fn push(&mut self, level: Level) -> Result<(), GuardError> {
+        if self.stack.len() >= MAX_NESTING {
+            return Err(GuardError::TooDeep);
+        }
+        self.stack.push(level);
+        self.deepest = self.deepest.max(self.stack.len());
+        Ok(())
+    }
+
+    fn enclosing_end(&self) -> Option<u64> {
+        self.stack.iter().rev().find_map(|level| match level {
+            Level::Compound { end, .. } => Some(*end),
+            Level::Described { .. } => None,
+        })
+    }
+
+    /// A list whose elements may all be read: closed if it ends here.
+    fn close_ended(&mut self) -> Result<(), GuardError> {
+        match self.stack.last() {
+            Some(Level::Compound { end, left, .. }) if self.offset >= *end => {
+                if self.offset > *end {
+                    return Err(GuardError::Malformed("a value runs past its list"));
+                }
+                if left.is_some_and(|left| left > 0) {
+                    return Err(GuardError::Malformed("fewer elements than its count"));
+                }
+                self.stack.pop();
+                self.complete()
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A value just ended at `offset`: it may end the values around it.
+    fn complete(&mut self) -> Result<(), GuardError> {
+        loop {
+            match self.stack.last_mut() {
+                None => {
+                    self.values += 1;
+                    return Ok(());
+                }
+                Some(Level::Described { left }) => {
+                    *left -= 1;
+                    if *left > 0 {
+                        return Ok(());
+                    }
+                    self.stack.pop();
+                }
+                Some(Level::Compound { end, left, .. }) => {
+                    if let Some(left) = left.as_mut() {
+                        if *left == 0 {
+                            return Err(GuardError::Malformed("more elements than its count"));
+                        }
+                        *left -= 1;
+                    }
+                    let (end, left) = (*end, *left);
+                    if self.offset < end {
+                        return Ok(());
+                    }
+                    if self.offset > end {
+                        return Err(GuardError::Malformed("a value runs past its list"));
+                    }
+                    if left.is_some_and(|left| left > 0) {
+                        return Err(GuardError::Malformed("fewer elements than its count"));
+                    }
+                    self.stack.pop();
+                }
+            }
+        }
+    }
+}
+
+/// How deeply the values in `bytes` nest; an error past [`MAX_NESTING`],
+/// for an encoding the scanner refuses, or for bytes that end inside a
+/// value (as the guard refuses a frame or message cut short).
+pub fn nesting_depth(bytes: &[u8]) -> Result<usize, GuardError> {
+    let mut scanner = Scanner::default();
+    scanner.feed(bytes, None)?;
+    if !scanner.at_boundary() {
+        return Err(GuardError::Malformed("a value cut short"));
+    }
+    Ok(scanner.deepest())
+}
+
+/// The socket as the library reads it: the protocol header, then only
+/// whole frames that passed the checks above (see the module docs).
+#[derive(Debug)]
+pub struct FrameGuard<S> {
+    inner: S,
+    max_frame: usize,
+    /// Protocol header bytes still to pass through unchecked.
+    header_left: usize,
+    /// Bytes read but not yet a whole frame.
+    pending: BytesMut,
+    /// Checked frames, for the library.
+    ready: BytesMut,
+    /// Messages arriving in several transfers, by channel and link handle.
+    partial: HashMap<(u16, u32), Scanner>,
+    /// Where the credit of the client's flow frames goes.
+    credit: CreditBoard,
+    /// The library's bytes not yet a whole frame, and frames for the socket.
+    outbound_header_left: usize,
+    /// Bytes of the library's protocol header still to drop.
+    outbound_header_dropped: usize,
+    outbound_pending: BytesMut,
+    outbound_ready: BytesMut,
+}
+
+impl<S> FrameGuard<S> {
+    /// `max_frame`: the largest frame accepted (what the broker's `open`
+    /// offers).
+    pub fn new(inner: S, max_frame: usize) -> Self {
+        Self::with_credit(inner, max_frame, CreditBoard::default())
+    }
+
+    /// As [`new`](Self::new), reporting the credit of flow frames to `credit`.
+    pub fn with_credit(inner: S, max_frame: usize, credit: CreditBoard) -> Self {
+        Self {
+            credit,
+            inner,
+            max_frame,
+            header_left: 8,
+            pending: BytesMut::new(),
+            ready: BytesMut::new(),
+            partial: HashMap::default(),
+            outbound_header_left: 8,
+            outbound_header_dropped: 0,
+            outbound_pending: BytesMut::new(),
+            outbound_ready: BytesMut::new(),
+        }
+    }
+
+    /// The broker's protocol header went to the client already: the one
+    /// the library writes is dropped.
+    pub fn header_already_sent(mut self) -> Self {
+        self.outbound_header_dropped = 8;
+        self
+    }
+
+    /// Takes in bytes read from the socket; whole frames that pass go to
+    /// `ready`.
+    pub fn absorb(&mut self, mut bytes: &[u8]) -> Result<(), GuardError> {
+        if self.header_left > 0 {
+            let n = self.header_left.min(bytes.len());
+            self.ready.extend_from_slice(&bytes[..n]);
+            self.header_left -= n;
+            bytes = &bytes[n..];
+        }
+        self.pending.extend_from_slice(bytes);
+        while self.pending.len() >= 4 {
+            let size = u32::from_be_bytes([
+                self.pending[0],
+                self.pending[1],
+                self.pending[2],
+                self.pending[3],
+            ]) as usize;
+            if size < 8 {
+                return Err(GuardError::Frame(size, "shorter than a frame header"));
+            }
+            if size > self.max_frame {
+                return Err(GuardError::Frame(
+                    size,
+                    "larger than the max-frame-size offered",
+                ));
+            }
+            if self.pending.len() < size {
+                break;
+            }
+            let frame = self.pending.split_to(size);
+            self.check(&frame)?;
+            match renamed(&frame, Direction::Inbound) {
+                Some(frame) => self.ready.extend_from_slice(&frame),
+                None => self.ready.extend_from_slice(&frame),
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes in bytes the library writes; whole frames go to
+    /// `outbound_ready`, the broker's attaches with their names restored.
+    fn take_outbound(&mut self, mut bytes: &[u8]) {
+        if self.outbound_header_left > 0 {
+            let n = self.outbound_header_left.min(bytes.len());
+            let dropped = self.outbound_header_dropped.min(n);
+            self.outbound_header_dropped -= dropped;
+            self.outbound_ready.extend_from_slice(&bytes[dropped..n]);
+            self.outbound_header_left -= n;
+            bytes = &bytes[n..];
+        }
+        self.outbound_pending.extend_from_slice(bytes);
+        while self.outbound_pending.len() >= 4 {
+            let size = u32::from_be_bytes([
+                self.outbound_pending[0],
+                self.outbound_pending[1],
+                self.outbound_pending[2],
+                self.outbound_pending[3],
+            ]) as usize;
+            if self.outbound_pending.len() < size.max(8) {
+                break;
+            }
+            let frame = self.outbound_pending.split_to(size.max(8));
+            match renamed(&frame, Direction::Outbound) {
+                Some(frame) => self.outbound_ready.extend_from_slice(&frame),
+                None => self.outbound_ready.extend_from_slice(&frame),
+            }
+        }
+    }
+
+    fn check(&mut self, frame: &[u8]) -> Result<(), GuardError> {
+        let size = frame.len();
+        let doff = usize::from(frame[4]) * 4;
+        if doff < 8 || doff > size {
+            return Err(GuardError::Frame(size, "data offset outside the frame"));
+        }
+        if frame[5] != 0 {
+            return Err(GuardError::Frame(size, "not an AMQP frame"));
+        }
+        let channel = u16::from_be_bytes([frame[6], frame[7]]);
+        let body = &frame[doff..];
+        if body.is_empty() {
+            return Ok(()); // a heartbeat
+        }
+        let mut performative = Scanner::default();
+        let read = performative.feed(body, Some(1))?;
+        if !performative.at_boundary() {
+            return Err(GuardError::Malformed("a performative cut short"));
+        }
+        // A transfer's descriptor is the small ulong 0x14.
+        let transfer = body.starts_with(&[0x00, 0x53, 0x14]);
+        let payload = &body[read..];
+        if body.starts_with(&FLOW) {
+            if let Ok(flow) = serde_amqp::from_slice::<Flow>(&body[..read]) {
+                if let (Some(handle), Some(credit)) = (flow.handle, flow.link_credit) {
+                    self.credit.granted(channel, handle.0, credit);
+                }
+            }
+        }
+        if !transfer {
+            if !payload.is_empty() {
+                return Err(GuardError::Malformed("bytes after a performative"));
+            }
+            return Ok(());
+        }
+        let Ok(transfer) = serde_amqp::from_slice::<Transfer>(&body[..read]) else {
+            // The library refuses it in its own words.
+            return Ok(());
+        };
+        let key = (channel, transfer.handle.0);
+        if transfer.aborted {
+            self.partial.remove(&key);
+            return Ok(());
+        }
+        if !self.partial.contains_key(&key) && self.partial.len() >= MAX_PARTIAL_DELIVERIES {
+            return Err(GuardError::Unsupported(
+                "so many messages in pieces at once",
+            ));
+        }
+        let scanner = self.partial.entry(key).or_default();
+        scanner.feed(payload, None)?;
+        if !transfer.more {
+            let whole = scanner.at_boundary();
+            self.partial.remove(&key);
+            if !whole {
+                return Err(GuardError::Malformed("a message cut short"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    /// From the client: its receiving links' names get the suffix.
+    Inbound,
+    /// To the client: the suffix comes off again.
+    Outbound,
+}
+
+/// The frame with its attach renamed, when it is an attach to rename.
+fn renamed(frame: &[u8], direction: Direction) -> Option<Vec<u8>> {
+    let doff = usize::from(*frame.get(4)?) * 4;
+    let body = frame.get(doff..)?;
+    if !body.starts_with(&ATTACH) {
+        return None;
+    }
+    let mut attach: Attach = serde_amqp::from_slice(body).ok()?;
+    match direction {
+        // The client's role `receiver` is `true` on the wire.
+        Direction::Inbound if attach.role == Role::Receiver => {
+            attach.name.push_str(RECEIVING_SUFFIX);
+        }
+        Direction::Outbound => {
+            attach.name = attach.name.strip_suffix(RECEIVING_SUFFIX)?.to_string();
+        }
+        Direction::Inbound => return None,
+    }
+    let body = serde_amqp::to_vec(&attach).ok()?;
+    let size = u32::try_from(8 + body.len()).ok()?;
+    let mut out = Vec::with_capacity(8 + body.len());
+    out.extend_from_slice(&size.to_be_bytes());
+    out.extend_from_slice(&[2, 0]);
+    out.extend_from_slice(frame.get(6..8)?);
+    out.extend_from_slice(&body);
+    Some(out)
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for FrameGuard<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            if !self.ready.is_empty() {
+                let n = self.ready.len().min(buf.remaining());
+                buf.put_slice(&self.ready[..n]);
+                self.ready.advance(n);
+                return Poll::Ready(Ok(()));
+            }
+            let mut scratch = [0u8; 8192];
+            let mut read = ReadBuf::new(&mut scratch);
+            ready!(Pin::new(&mut self.inner).poll_read(cx, &mut read))?;
+            let filled = read.filled();
+            if filled.is_empty() {
+                return Poll::Ready(Ok(())); // end of stream
+            }
+            let filled = filled.to_vec();
+            if let Err(error) = self.absorb(&filled) {
+                tracing::info!(%error, "amqp 1.0 client sent a frame the broker refuses, closing");
+                return Poll::Ready(Err(error.into()));
+            }
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> FrameGuard<S> {
+    /// Writes what is ready to the socket, as far as it takes it.
+    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while !self.outbound_ready.is_empty() {
+            let n = ready!(Pin::new(&mut self.inner).poll_write(cx, &self.outbound_ready))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.outbound_ready.advance(n);
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for FrameGuard<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        if self.outbound_ready.len() >= MAX_OUTBOUND {
+            // The client reads slowly: the library waits with it.
+            ready!(self.poll_drain(cx))?;
+        }
+        self.take_outbound(buf);
+        // Written on as far as the socket takes it now; the rest at flush.
+        if let Poll::Ready(Err(error)) = self.poll_drain(cx) {
+            return Poll::Ready(Err(error));
+        }
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        ready!(self.poll_drain(cx))?;
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        ready!(self.poll_drain(cx))?;
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fe2o3_amqp_types::messaging::message::__private::Serializable;
+    use fe2o3_amqp_types::messaging::{Body, Message};
+    use fe2o3_amqp_types::performatives::{Attach, Open};
+    use fe2o3_amqp_types::primitives::Value;
+
+    /// `depth` lists, each holding the next (list8).
+    fn nested_lists(depth: usize) -> Vec<u8> {
+        let mut bytes = vec![0x45]; // list0
+        for _ in 0..depth {
+            let mut outer = vec![0xc0, (bytes.len() + 1) as u8, 1];
+            if bytes.len() + 1 > 255 {
+                let size = (bytes.len() + 4) as u32;
+                outer = vec![0xd0];
+                outer.extend_from_slice(&size.to_be_bytes());
+                outer.extend_from_slice(&1u32.to_be_bytes());
+            }
+            outer.extend_from_slice(&bytes);
+            bytes = outer;
+        }
+        bytes
+    }
+
+    #[test]
+    fn what_clients_send_passes_with_its_depth() {
+        let value = Value::List(vec![
+            Value::Map(Default::default()),
+            Value::String("x".into()),
+            Value::Array(vec![Value::Symbol("a".into()), Value::Symbol("b".into())].into()),
+        ]);
+        let bytes = serde_amqp::to_vec(&value).expect("encodes");
+        assert_eq!(nesting_depth(&bytes), Ok(2));
+        let message = Message::builder()
+            .body(Body::<Value>::Value(
+                fe2o3_amqp_types::messaging::AmqpValue(value),
+            ))
+            .build();
+        let bytes = serde_amqp::to_vec(&Serializable(message)).expect("encodes");
+        assert!(nesting_depth(&bytes).is_ok());
+        let open = Open {
+            container_id: "c".into(),
+            hostname: Some("vhost:/".into()),
+            max_frame_size: 1024.into(),
+            channel_max: 8.into(),
+            idle_time_out: Some(1000),
+            outgoing_locales: None,
+            incoming_locales: None,
+            offered_capabilities: Some(vec!["x".into(), "y".into()].into()),
+            desired_capabilities: None,
+            properties: None,
+        };
+        assert!(nesting_depth(&serde_amqp::to_vec(&open).expect("encodes")).is_ok());
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_before_the_decoder_sees_it() {
+        assert!(nesting_depth(&nested_lists(MAX_NESTING - 1)).is_ok());
+        assert_eq!(
+            nesting_depth(&nested_lists(MAX_NESTING + 1)),
+            Err(GuardError::TooDeep)
+        );
+        assert_eq!(
+            nesting_depth(&nested_lists(2_000)),
+            Err(GuardError::TooDeep)
+        );
+        // Described values nest too: a descriptor that is itself described.
+        assert_eq!(nesting_depth(&[0x00; 1000]), Err(GuardError::TooDeep));
+    }
+
+    #[test]
+    fn lies_about_sizes_are_malformed() {
+        // A list of 2 bytes holding a string of 10.
+        let bytes = [0xc0, 2, 1, 0xa1, 10, b'x'];
+        assert!(matches!(
+            nesting_depth(&bytes),
+            Err(GuardError::Malformed(_))
+        ));
+        assert!(matches!(
+            nesting_depth(&[0xff]),
+            Err(GuardError::Malformed(_))
+        ));
+        // A map of three entries: a key without a value.
+        let bytes = [0xc1, 4, 3, 0x40, 0x40, 0x40];
+        assert!(matches!(
+            nesting_depth(&bytes),
+            Err(GuardError::Malformed(_))
+        ));
+        // Counts that do not match the elements.
+        let bytes = [0xc0, 3, 1, 0x40, 0x40];
+        assert!(matches!(
+            nesting_depth(&bytes),
+            Err(GuardError::Malformed(_))
+        ));
+        let bytes = [0xc0, 2, 2, 0x40];
+        assert!(matches!(
+            nesting_depth(&bytes),
+            Err(GuardError::Malformed(_))
+        ));
+        // An array whose elements do not fill it: a decoder would read the
+        // rest as values the scan skipped.
+        let bytes = [0xe0, 6, 2, 0x50, 1, 2, 0xc1, 0];
+        assert!(matches!(
+            nesting_depth(&bytes),
+            Err(GuardError::Malformed(_))
+        ));
+        // An array of lists.
+        let bytes = [0xe0, 3, 1, 0xc0, 0];
+        assert!(matches!(
+            nesting_depth(&bytes),
+            Err(GuardError::Unsupported(_))
+        ));
+    }
+
+    fn frame(channel: u16, body: &[u8]) -> Vec<u8> {
+        let mut frame = ((8 + body.len()) as u32).to_be_bytes().to_vec();
+        frame.extend_from_slice(&[2, 0]);
+        frame.extend_from_slice(&channel.to_be_bytes());
+        frame.extend_from_slice(body);
+        frame
+    }
+
+    fn transfer(handle: u32, more: bool) -> Vec<u8> {
+        let transfer = Transfer {
+            handle: handle.into(),
+            delivery_id: Some(0),
+            delivery_tag: Some(vec![0].into()),
+            message_format: Some(0),
+            settled: None,
+            more,
+            rcv_settle_mode: None,
+            state: None,
+            resume: false,
+            aborted: false,
+            batchable: false,
+        };
+        serde_amqp::to_vec(&transfer).expect("encodes")
+    }
+
+    #[test]
+    fn whole_frames_pass_in_any_pieces_and_bad_ones_fail_the_stream() {
+        let attach: Attach = Attach {
+            name: "l".into(),
+            handle: 0.into(),
+            role: fe2o3_amqp_types::definitions::Role::Sender,
+            snd_settle_mode: Default::default(),
+            rcv_settle_mode: Default::default(),
+            source: None,
+            target: None,
+            unsettled: None,
+            incomplete_unsettled: false,
+            initial_delivery_count: Some(0),
+            max_message_size: None,
+            offered_capabilities: None,
+            desired_capabilities: None,
+            properties: None,
+        };
+        let mut stream = b"AMQP\x00\x01\x00\x00".to_vec();
+        stream.extend(frame(0, &serde_amqp::to_vec(&attach).expect("encodes")));
+        stream.extend(frame(0, &[])); // heartbeat
+        let mut guard = FrameGuard::new(tokio::io::empty(), 65536);
+        for piece in stream.chunks(3) {
+            guard.absorb(piece).expect("passes");
+        }
+        assert_eq!(&guard.ready[..], &stream[..], "passed on unchanged");
+
+        let mut short = FrameGuard::new(tokio::io::empty(), 65536);
+        let refused = short.absorb(b"AMQP\x00\x01\x00\x00\x00\x00\x00\x04");
+        assert!(matches!(refused, Err(GuardError::Frame(4, _))));
+        let mut huge = FrameGuard::new(tokio::io::empty(), 65536);
+        let refused = huge.absorb(b"AMQP\x00\x01\x00\x00\x00\x10\x00\x00");
+        assert!(matches!(refused, Err(GuardError::Frame(..))));
+    }
+
+    #[test]
+    fn a_receiving_links_name_is_made_unique_for_the_library_and_restored_for_the_client() {
+        let attach = |role| Attach {
+            name: "same-name".into(),
+            handle: 1.into(),
+            role,
+            snd_settle_mode: Default::default(),
+            rcv_settle_mode: Default::default(),
+            source: None,
+            target: None,
+            unsettled: None,
+            incomplete_unsettled: false,
+            initial_delivery_count: None,
+            max_message_size: None,
+            offered_capabilities: None,
+            desired_capabilities: None,
+            properties: None,
+        };
+        let name_of = |bytes: &[u8]| -> String {
+            let attach: Attach = serde_amqp::from_slice(&bytes[8..]).expect("an attach");
+            attach.name
+        };
+        let inbound = frame(
+            3,
+            &serde_amqp::to_vec(&attach(Role::Receiver)).expect("encodes"),
+        );
+        let mut guard = FrameGuard::new(tokio::io::empty(), 65536);
+        guard.absorb(b"AMQP\x00\x01\x00\x00").expect("header");
+        guard.absorb(&inbound).expect("passes");
+        let seen = guard.ready.split_off(8);
+        assert_eq!(name_of(&seen), format!("same-name{RECEIVING_SUFFIX}"));
+        assert_eq!(&seen[6..8], &[0, 3], "channel kept");
+        // A sending link of the same name is left alone.
+        guard.ready.clear();
+        let sending = frame(
+            3,
+            &serde_amqp::to_vec(&attach(Role::Sender)).expect("encodes"),
+        );
+        guard.absorb(&sending).expect("passes");
+        assert_eq!(&guard.ready[..], &sending[..]);
+
+        // The broker's answer, written by the library in pieces.
+        let mut answer = attach(Role::Sender);
+        answer.name = format!("same-name{RECEIVING_SUFFIX}");
+        let written = [
+            &b"AMQP\x00\x01\x00\x00"[..],
+            &frame(3, &serde_amqp::to_vec(&answer).expect("encodes")),
+        ]
+        .concat();
+        let mut guard = FrameGuard::new(tokio::io::empty(), 65536);
+        for piece in written.chunks(5) {
+            guard.take_outbound(piece);
+        }
+        let sent = guard.outbound_ready.split_off(8);
+        assert_eq!(name_of(&sent), "same-name");
+    }
+
+    #[test]
+    fn depth_split_over_transfers_is_still_seen() {
+        let deep = nested_lists(MAX_NESTING + 4);
+        let (first, second) = deep.split_at(deep.len() / 2);
+        let mut guard = FrameGuard::new(tokio::io::empty(), 1 << 20);
+        guard.absorb(b"AMQP\x00\x01\x00\x00").expect("header");
+        let mut piece = transfer(3, true);
+        piece.extend_from_slice(first);
+        let result = guard.absorb(&frame(1, &piece));
+        let mut rest = transfer(3, false);
+        rest.extend_from_slice(second);
+        let result = result.and_then(|()| guard.absorb(&frame(1, &rest)));
+        assert_eq!(result, Err(GuardError::TooDeep));
+
+        // The same split of a shallow message passes, and must end whole.
+        let shallow = nested_lists(4);
+        let (first, second) = shallow.split_at(3);
+        let mut guard = FrameGuard::new(tokio::io::empty(), 1 << 20);
+        guard.absorb(b"AMQP\x00\x01\x00\x00").expect("header");
+        let mut piece = transfer(3, true);
+        piece.extend_from_slice(first);
+        guard.absorb(&frame(1, &piece)).expect("first half");
+        let mut rest = transfer(3, false);
+        rest.extend_from_slice(second);
+        guard.absorb(&frame(1, &rest)).expect("second half");
+        let mut cut = transfer(4, false);
+        cut.extend_from_slice(first);
+        assert!(
+            guard.absorb(&frame(1, &cut)).is_err(),
+            "a message cut short"
+        );
+    }
+}

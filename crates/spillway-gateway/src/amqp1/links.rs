@@ -1,0 +1,454 @@
+//! One task per link, between the library's link and the link's engine
+//! channel.
+//!
+//! - [`publish_from`]: the client sends (the broker's link is a receiver).
+//!   Each message becomes an engine publish in confirm mode; the client
+//!   hears `accepted` when the engine confirms it (stored, as a 0-9-1
+//!   publisher's confirm), `released` when it routed nowhere, `rejected`
+//!   when the engine refused it. Credit is granted a window at a time, and
+//!   not while the engine holds this link's channel back (it published to
+//!   an overfull queue, or the store or memory holds everyone).
+//! - [`deliver_to`]: the client receives (the broker's link is a sender).
+//!   A consumer on the source queue with the link's window as prefetch;
+//!   the client's outcome for each message becomes an ack or a nack.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use fe2o3_amqp::link::delivery::{DeliveryInfo, Sendable};
+use fe2o3_amqp::link::{CreditMode, Receiver, Sender};
+use fe2o3_amqp_types::definitions::{self, AmqpError};
+use fe2o3_amqp_types::messaging::{Body, Outcome};
+use fe2o3_amqp_types::primitives::Value;
+use foldhash::HashMap;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
+use spillway_proto::body::Body as EngineBody;
+use spillway_proto::engine::{self as pb, session_command::Command, session_event::Event};
+use std::sync::Arc;
+use tokio::sync::watch;
+
+use super::address::Destination;
+use super::engine_session::{EngineSession, LinkChannel};
+use super::mapping;
+use super::Amqp1Error;
+
+/// What every link of a connection needs to know.
+#[derive(Clone)]
+pub struct LinkContext {
+    pub session: Arc<EngineSession>,
+    /// The user who logged in (a message's `user-id` must name it).
+    pub user: String,
+    /// Credit a receiving link grants at a time, and the prefetch of a
+    /// sending link: the most unsettled messages a link holds.
+    pub window: u32,
+    /// Bodies above this many bytes are compressed (`gateway.message_compression_*`).
+    pub compress_above: Option<u64>,
+    /// Largest body, published or delivered (`gateway.max_message_size`).
+    pub max_message_size: u64,
+    /// The credit clients grant on the links the broker sends on.
+    pub credit: super::guard::CreditBoard,
+}
+
+/// How often a sending link waiting for credit looks whether its client
+/// detached it.
+const DETACH_CHECK: Duration = Duration::from_millis(250);
+
+/// The client sends to `destination` (None: the null target, each
+/// message's `to` says where).
+pub async fn publish_from(
+    mut receiver: Receiver,
+    destination: Option<Destination>,
+    link: LinkContext,
+) {
+    let LinkChannel {
+        channel,
+        mut events,
+    } = match open_publishing_channel(&link).await {
+        Ok(opened) => opened,
+        Err(error) => {
+            let _ = receiver.close_with_error(error.condition()).await;
+            return;
+        }
+    };
+    let session = link.session.clone();
+    let window = link.window;
+    let mut flow = session.flow();
+    receiver.set_credit_mode(CreditMode::Manual);
+    let mut blocked = flow.borrow().holds(channel);
+    // What the client may still send without more credit.
+    let mut credit: u32 = 0;
+    if !blocked && receiver.set_credit(window).await.is_ok() {
+        credit = window;
+    }
+    let mut unsettled: HashMap<u64, DeliveryInfo> = HashMap::default();
+    let mut next_seq: u64 = 0;
+    let mut returned = false;
+    let ended: Option<definitions::Error> = loop {
+        tokio::select! {
+            received = receiver.recv::<Body<Value>>() => {
+                let delivery = match received {
+                    Ok(delivery) => delivery,
+                    Err(error) => {
+                        tracing::info!(%error, "amqp 1.0 receiving link ended");
+                        break None;
+                    }
+                };
+                credit = credit.saturating_sub(1);
+                let (info, message) = delivery.into_parts();
+                let publish = match publish_command(&link, &destination, message) {
+                    Ok(publish) => publish,
+                    Err(error) => {
+                        let _ = receiver.reject(info, error.condition()).await;
+                        continue;
+                    }
+                };
+                next_seq += 1;
+                let publish = pb::Publish { channel, confirm_seq: next_seq, ..publish };
+                unsettled.insert(next_seq, info);
+                if session.send(Command::Publish(publish)).await.is_err() {
+                    break None;
+                }
+            }
+            event = events.recv() => {
+                let Some(event) = event else { break None };
+                match event {
+                    Event::Returned(_) => returned = true,
+                    Event::Confirm(confirm) => {
+                        let Some(info) = unsettled.remove(&confirm.seq) else { continue };
+                        // A return comes just before the confirm of the same
+                        // message (the engine sends both as it routes it).
+                        let settled = if std::mem::take(&mut returned) {
+                            receiver.release(info).await
+                        } else if confirm.ack {
+                            receiver.accept(info).await
+                        } else {
+                            let error = definitions::Error::new(
+                                AmqpError::ResourceLimitExceeded,
+                                Some("the broker could not store the message".to_string()),
+                                None,
+                            );
+                            receiver.reject(info, error).await
+                        };
+                        if settled.is_err() {
+                            break None;
+                        }
+                    }
+                    Event::ChannelError(error) => {
+                        break Some(Amqp1Error::from_engine(error.error.unwrap_or_default()).condition());
+                    }
+                    _ => {}
+                }
+            }
+            changed = flow.changed() => {
+                if changed.is_err() {
+                    break None;
+                }
+                // Held back by granting no more: the client may still use
+                // what it has (taking credit back would race transfers
+                // already on the wire, which the library counts as a
+                // protocol error), so at most one window more arrives.
+                blocked = flow.borrow_and_update().holds(channel);
+            }
+        }
+        // More credit when half the window is spent and what is in flight
+        // leaves room, unless producers are held back.
+        let in_flight = unsettled.len() as u32;
+        if !blocked && credit <= window / 2 && in_flight < window {
+            let grant = window - in_flight;
+            if grant > credit {
+                if receiver.set_credit(grant).await.is_err() {
+                    break None;
+                }
+                credit = grant;
+            }
+        }
+    };
+    session.close_link(channel).await;
+    match ended {
+        Some(error) => {
+            let _ = receiver.close_with_error(error).await;
+        }
+        None => {
+            let _ = receiver.close().await;
+        }
+    }
+}
+
+async fn open_publishing_channel(link: &LinkContext) -> Result<LinkChannel, Amqp1Error> {
+    let opened = link.session.open_link().await?;
+    let request_id = link.session.request_id();
+    let confirming = link
+        .session
+        .request_ok(
+            request_id,
+            Command::ConfirmSelect(pb::ConfirmSelect {
+                request_id,
+                channel: opened.channel,
+            }),
+        )
+        .await;
+    if let Err(error) = confirming {
+        link.session.close_link(opened.channel).await;
+        return Err(error);
+    }
+    Ok(opened)
+}
+
+/// The engine publish for one message (its channel and confirm number
+/// filled in by the caller).
+fn publish_command(
+    link: &LinkContext,
+    destination: &Option<Destination>,
+    message: fe2o3_amqp_types::messaging::Message<Body<Value>>,
+) -> Result<pb::Publish, Amqp1Error> {
+    let published = mapping::from_amqp1(message).map_err(Amqp1Error::Mapping)?;
+    if let Some(user) = &published.user_id {
+        if *user != link.user {
+            return Err(Amqp1Error::UserId(user.clone(), link.user.clone()));
+        }
+    }
+    let (exchange, routing_key) = match destination {
+        Some(destination) => destination.route(published.subject.as_deref()),
+        None => {
+            let to = published.to.as_deref().ok_or(Amqp1Error::NoTo)?;
+            super::address::parse_target(to)
+                .map_err(Amqp1Error::Address)?
+                .route(published.subject.as_deref())
+        }
+    };
+    let (body, body_encoding, body_size) = match link.compress_above {
+        Some(threshold) => EngineBody::compress_above(published.body, threshold).wire(),
+        None => EngineBody::identity(published.body).wire(),
+    };
+    Ok(pb::Publish {
+        channel: 0,
+        exchange,
+        routing_key,
+        mandatory: true,
+        properties: published.properties,
+        body,
+        confirm_seq: 0,
+        persistent: published.persistent,
+        trace_context: Default::default(),
+        body_encoding,
+        body_size,
+        expiration_ms: published.expiration_ms,
+    })
+}
+
+/// The client receives from `queue`. `settled`: the client asked for
+/// pre-settled transfers (at-most-once), so the consumer takes no acks.
+pub async fn deliver_to(
+    mut sender: Sender,
+    queue: String,
+    settled: bool,
+    mut credit: watch::Receiver<u32>,
+    link: LinkContext,
+) {
+    let session = link.session.clone();
+    let LinkChannel {
+        channel,
+        mut events,
+    } = match start_consumer(&link, &queue, settled).await {
+        Ok(opened) => opened,
+        Err(error) => {
+            let _ = sender.close_with_error(error.condition()).await;
+            return;
+        }
+    };
+    let mut outcomes = FuturesUnordered::new();
+    // The consumer's prefetch follows the client's credit: what it granted
+    // plus what it holds unsettled, so the queue hands over no more than
+    // the client asked for (a released message is the next one it gets).
+    let mut prefetch = 1;
+    let ended: Option<definitions::Error> = 'link: loop {
+        tokio::select! {
+            changed = credit.changed() => {
+                if changed.is_err() {
+                    break None;
+                }
+                let granted = *credit.borrow_and_update();
+                let wanted = prefetch_for(granted, outcomes.len());
+                if wanted != prefetch && !settled {
+                    prefetch = wanted;
+                    if set_prefetch(&session, channel, prefetch).await.is_err() {
+                        break None;
+                    }
+                }
+            }
+            event = events.recv() => {
+                let Some(event) = event else { break None };
+                match event {
+                    Event::Deliver(deliver) => {
+                        let tag = deliver.delivery_tag;
+                        let body: Bytes = match deliver.body().decode(link.max_message_size) {
+                            Ok(body) => body,
+                            Err(error) => {
+                                tracing::error!(%error, "a stored body does not decode");
+                                session.deliveries_written(1).await;
+                                let _ = session.send(Command::Nack(pb::Nack { channel, delivery_tag: tag, multiple: false, requeue: false })).await;
+                                continue;
+                            }
+                        };
+                        let message = mapping::to_amqp1(&deliver.properties, body, deliver.redelivered);
+                        let sendable = Sendable::builder().message(message).settled(settled).build();
+                        // Waits for the client's credit; meanwhile settles
+                        // what the client settles and looks for a detach.
+                        let sent = loop {
+                            tokio::select! {
+                                sent = sender.send_batchable_ref(&sendable) => break sent,
+                                Some((tag, outcome)) = outcomes.next(), if !outcomes.is_empty() => {
+                                    settle(&session, channel, tag, outcome).await;
+                                }
+                                () = tokio::time::sleep(DETACH_CHECK) => {
+                                    if sender.on_detach().now_or_never().is_some() {
+                                        session.deliveries_written(1).await;
+                                        break 'link None;
+                                    }
+                                }
+                            }
+                        };
+                        session.deliveries_written(1).await;
+                        match sent {
+                            Ok(outcome) if !settled => outcomes.push(outcome.map(move |outcome| (tag, outcome))),
+                            Ok(_) => {}
+                            Err(error) => {
+                                tracing::info!(%error, "amqp 1.0 sending link ended");
+                                break None;
+                            }
+                        }
+                    }
+                    Event::ConsumerCancelled(_) => {
+                        break Some(definitions::Error::new(
+                            AmqpError::ResourceDeleted,
+                            Some(format!("queue '{queue}' was deleted")),
+                            None,
+                        ));
+                    }
+                    Event::ChannelError(error) => {
+                        break Some(Amqp1Error::from_engine(error.error.unwrap_or_default()).condition());
+                    }
+                    _ => {}
+                }
+            }
+            Some((tag, outcome)) = outcomes.next(), if !outcomes.is_empty() => {
+                settle(&session, channel, tag, outcome).await;
+            }
+            _ = sender.on_detach() => {
+                // Outcomes the client sent before it detached count.
+                while let Some(Some((tag, outcome))) = outcomes.next().now_or_never() {
+                    settle(&session, channel, tag, outcome).await;
+                }
+                break None;
+            }
+        }
+    };
+    // Unsettled deliveries go back to the queue with the channel.
+    session.close_link(channel).await;
+    if let Some(error) = ended {
+        let _ = sender.close_with_error(error).await;
+    } else {
+        let _ = sender.close().await;
+    }
+}
+
+/// Most messages a sending link takes from its queue ahead of the client.
+const MAX_PREFETCH: u32 = 1000;
+
+/// The prefetch for a client that granted `granted` credit and holds
+/// `unsettled` messages; never 0, which 0-9-1 reads as no limit.
+fn prefetch_for(granted: u32, unsettled: usize) -> u32 {
+    let unsettled = u32::try_from(unsettled).unwrap_or(u32::MAX);
+    granted.saturating_add(unsettled).clamp(1, MAX_PREFETCH)
+}
+
+async fn set_prefetch(
+    session: &EngineSession,
+    channel: u32,
+    prefetch: u32,
+) -> Result<(), Amqp1Error> {
+    let request_id = session.request_id();
+    session
+        .request_ok(
+            request_id,
+            Command::Qos(pb::Qos {
+                request_id,
+                channel,
+                prefetch_count: prefetch,
+                global: false,
+            }),
+        )
+        .await
+        .map(|_| ())
+}
+
+async fn start_consumer(
+    link: &LinkContext,
+    queue: &str,
+    settled: bool,
+) -> Result<LinkChannel, Amqp1Error> {
+    let session = &link.session;
+    let opened = session.open_link().await?;
+    let channel = opened.channel;
+    let started = async {
+        // One message until the client's first flow says how many.
+        set_prefetch(session, channel, 1).await?;
+        let request_id = session.request_id();
+        session
+            .request_ok(
+                request_id,
+                Command::Consume(pb::Consume {
+                    request_id,
+                    channel,
+                    queue: queue.to_string(),
+                    consumer_tag: String::new(),
+                    no_ack: settled,
+                    exclusive: false,
+                    arguments: Bytes::new(),
+                }),
+            )
+            .await
+    };
+    if let Err(error) = started.await {
+        session.close_link(channel).await;
+        return Err(error);
+    }
+    Ok(opened)
+}
+
+/// The engine's part of the client's outcome for one delivery, as RabbitMQ
+/// 4 maps them: accepted acks; released requeues; rejected dead-letters
+/// (or drops); modified requeues and counts a failed delivery, or, with
+/// `undeliverable-here`, dead-letters.
+async fn settle(
+    session: &EngineSession,
+    channel: u32,
+    delivery_tag: u64,
+    outcome: Result<Outcome, fe2o3_amqp::link::SendError>,
+) {
+    let command = match outcome {
+        Ok(Outcome::Accepted(_)) => Command::Ack(pb::Ack {
+            channel,
+            delivery_tag,
+            multiple: false,
+        }),
+        Ok(other) => {
+            let requeue = match other {
+                Outcome::Released(_) => true,
+                Outcome::Modified(modified) => modified.undeliverable_here != Some(true),
+                _ => false,
+            };
+            Command::Nack(pb::Nack {
+                channel,
+                delivery_tag,
+                multiple: false,
+                requeue,
+            })
+        }
+        // The link or session went before the client settled: the message
+        // is requeued when the channel closes.
+        Err(_) => return,
+    };
+    let _ = session.send(command).await;
+}
