@@ -9,6 +9,7 @@ Spillway only for now: RabbitMQ 3.10's amqp1_0 plugin speaks the older addresses
 from __future__ import annotations
 
 import time
+import urllib.parse
 import uuid
 
 import pika
@@ -240,3 +241,34 @@ def test_a_0_9_1_client_on_the_same_port_still_works(amqp1, ch, names):
     amqp1.create_sender(f"/queues/{queue}").send(Message(body=b"from 1.0"))
     wait_until(lambda: ch.queue_declare(queue, passive=True).method.message_count == 1)
     assert ch.basic_get(queue, auto_ack=True)[2] == b"from 1.0"
+
+
+def test_management_lists_an_amqp1_connection_and_closes_it(broker, amqp1, ch, names):
+    import requests
+    if not isinstance(broker, SpillwayBroker) or broker.wiring != "all-in-one":
+        pytest.skip("needs the all-in-one broker's management HTTP port")
+    base = f"http://{broker.procs['all-in-one'].address('http')}"
+    queue = names.queue()
+    ch.queue_declare(queue)
+    sender = amqp1.create_sender(f"/queues/{queue}")
+    sender.send(Message(body=b"listed"))
+
+    def amqp1_connections():
+        listed = requests.get(f"{base}/api/connections", auth=("guest", "guest"), timeout=30)
+        assert listed.status_code == 200, listed.text
+        return [c for c in listed.json() if c["protocol"] == "AMQP 1.0" and c["channels"] >= 1]
+    found = wait_until(amqp1_connections, 10)
+    assert found, "no AMQP 1.0 connection listed"
+    [connection] = found
+    assert connection["user"] == "guest" and connection["vhost"] == "/"
+    closed = requests.delete(
+        f"{base}/api/connections/{urllib.parse.quote(connection['name'], safe='')}",
+        auth=("guest", "guest"), headers={"X-Reason": "closed by the test"}, timeout=30)
+    assert closed.status_code == 204
+    # The broker closes it with connection-forced and the reason.
+    with pytest.raises(ProtonException) as refused:
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            sender.send(Message(body=b"after the close"), timeout=2)
+            time.sleep(0.1)
+    assert "closed by the test" in str(refused.value) or "forced" in str(refused.value)
