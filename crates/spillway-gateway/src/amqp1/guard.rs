@@ -130,34 +130,29 @@ enum Sized {
     Array { count_width: u8 },
 }
 
-/// What follows bytes being skipped.
+/// What a big-endian number being read is.
 #[derive(Clone, Copy, Debug)]
-enum Then {
-    /// They were a value's data: the value is complete.
-    Complete,
+enum Number {
+    /// A value's size, and what the value is.
+    Size(Sized),
+    /// The count of elements of the list, map or array just opened.
+    Count { map: bool, array: bool },
 }
 
 #[derive(Clone, Copy, Debug, Default)]
 enum State {
     #[default]
     Constructor,
-    Size {
+    /// A big-endian number of `width` bytes, `read` of them so far.
+    Number {
         width: u8,
         read: u8,
         value: u64,
-        then: Sized,
+        what: Number,
     },
+    /// A value's data: the value is complete after it.
     Skip {
         left: u64,
-        then: Then,
-    },
-    /// A list's, map's or array's count of elements.
-    Count {
-        width: u8,
-        read: u8,
-        value: u64,
-        map: bool,
-        array: bool,
     },
     ArrayConstructor,
 }
@@ -193,64 +188,39 @@ impl Scanner {
                 break;
             }
             match self.state {
-                State::Skip { left, then } => {
+                State::Skip { left } => {
                     let n = left.min((bytes.len() - at) as u64);
                     at += n as usize;
                     self.offset += n;
                     if n < left {
-                        self.state = State::Skip {
-                            left: left - n,
-                            then,
+                        self.state = State::Skip { left: left - n };
+                        continue;
+                    }
+                    self.state = State::Constructor;
+                    self.complete()?;
+                }
+                State::Number {
+                    width,
+                    read,
+                    value,
+                    what,
+                } => {
+                    let value = (value << 8) | u64::from(bytes[at]);
+                    at += 1;
+                    self.offset += 1;
+                    if read + 1 < width {
+                        self.state = State::Number {
+                            width,
+                            read: read + 1,
+                            value,
+                            what,
                         };
                         continue;
                     }
                     self.state = State::Constructor;
-                    match then {
-                        Then::Complete => self.complete()?,
-                    }
-                }
-                State::Count {
-                    width,
-                    read,
-                    value,
-                    map,
-                    array,
-                } => {
-                    let value = (value << 8) | u64::from(bytes[at]);
-                    at += 1;
-                    self.offset += 1;
-                    if read + 1 < width {
-                        self.state = State::Count {
-                            width,
-                            read: read + 1,
-                            value,
-                            map,
-                            array,
-                        };
-                    } else {
-                        self.state = State::Constructor;
-                        self.counted(value, map, array)?;
-                    }
-                }
-                State::Size {
-                    width,
-                    read,
-                    value,
-                    then,
-                } => {
-                    let value = (value << 8) | u64::from(bytes[at]);
-                    at += 1;
-                    self.offset += 1;
-                    if read + 1 < width {
-                        self.state = State::Size {
-                            width,
-                            read: read + 1,
-                            value,
-                            then,
-                        };
-                    } else {
-                        self.state = State::Constructor;
-                        self.sized(value, then)?;
+                    match what {
+                        Number::Size(sized) => self.sized(value, sized)?,
+                        Number::Count { map, array } => self.counted(value, map, array)?,
                     }
                 }
                 State::Constructor => {
@@ -282,15 +252,12 @@ impl Scanner {
     }
 
     fn constructor(&mut self, code: u8) -> Result<(), GuardError> {
-        let fixed = |width: u64| State::Skip {
-            left: width,
-            then: Then::Complete,
-        };
-        let size = |width: u8, then: Sized| State::Size {
+        let fixed = |width: u64| State::Skip { left: width };
+        let size = |width: u8, sized: Sized| State::Number {
             width,
             read: 0,
             value: 0,
-            then,
+            what: Number::Size(sized),
         };
         match code {
             0x00 => self.push(Level::Described { left: 2 })?,
@@ -337,10 +304,7 @@ impl Scanner {
         match then {
             Sized::Variable if size == 0 => self.complete(),
             Sized::Variable => {
-                self.state = State::Skip {
-                    left: size,
-                    then: Then::Complete,
-                };
+                self.state = State::Skip { left: size };
                 Ok(())
             }
             Sized::Compound { count_width, map } => self.open(end, size, count_width, map, false),
@@ -366,12 +330,11 @@ impl Scanner {
             left: None,
             implied: None,
         })?;
-        self.state = State::Count {
+        self.state = State::Number {
             width: count_width,
             read: 0,
             value: 0,
-            map,
-            array,
+            what: Number::Count { map, array },
         };
         Ok(())
     }
