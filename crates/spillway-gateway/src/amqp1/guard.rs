@@ -462,27 +462,70 @@ pub fn nesting_depth(bytes: &[u8]) -> Result<usize, GuardError> {
     Ok(scanner.deepest())
 }
 
+/// Cuts one direction's bytes into the 8-byte protocol header, passed on
+/// as it comes, then frames by the 4-byte size each begins with.
+#[derive(Debug)]
+struct FrameSplitter {
+    /// Protocol header bytes still to pass on.
+    header_left: usize,
+    /// Of those, how many to drop instead of passing on.
+    header_dropped: usize,
+    /// Bytes taken in but not yet a whole frame.
+    pending: BytesMut,
+}
+
+impl FrameSplitter {
+    fn new() -> Self {
+        Self {
+            header_left: 8,
+            header_dropped: 0,
+            pending: BytesMut::new(),
+        }
+    }
+
+    /// Takes in `bytes`; the part of them that is the protocol header goes
+    /// to `header` (less what is to be dropped).
+    fn push(&mut self, mut bytes: &[u8], header: &mut BytesMut) {
+        if self.header_left > 0 {
+            let n = self.header_left.min(bytes.len());
+            let dropped = self.header_dropped.min(n);
+            self.header_dropped -= dropped;
+            header.extend_from_slice(&bytes[dropped..n]);
+            self.header_left -= n;
+            bytes = &bytes[n..];
+        }
+        self.pending.extend_from_slice(bytes);
+    }
+
+    /// The size the next frame says it has, once its first 4 bytes are in.
+    fn next_size(&self) -> Option<usize> {
+        let size: [u8; 4] = self.pending.get(..4)?.try_into().ok()?;
+        Some(u32::from_be_bytes(size) as usize)
+    }
+
+    /// The next `size` bytes, once they are all in.
+    fn take(&mut self, size: usize) -> Option<BytesMut> {
+        (self.pending.len() >= size).then(|| self.pending.split_to(size))
+    }
+}
+
 /// The socket as the library reads it: the protocol header, then only
 /// whole frames that passed the checks above (see the module docs).
 #[derive(Debug)]
 pub struct FrameGuard<S> {
     inner: S,
     max_frame: usize,
-    /// Protocol header bytes still to pass through unchecked.
-    header_left: usize,
-    /// Bytes read but not yet a whole frame.
-    pending: BytesMut,
+    /// The client's bytes.
+    inbound: FrameSplitter,
     /// Checked frames, for the library.
     ready: BytesMut,
     /// Messages arriving in several transfers, by channel and link handle.
     partial: HashMap<(u16, u32), Scanner>,
     /// Where the credit of the client's flow frames goes.
     credit: CreditBoard,
-    /// The library's bytes not yet a whole frame, and frames for the socket.
-    outbound_header_left: usize,
-    /// Bytes of the library's protocol header still to drop.
-    outbound_header_dropped: usize,
-    outbound_pending: BytesMut,
+    /// The library's bytes.
+    outbound: FrameSplitter,
+    /// Frames for the socket.
     outbound_ready: BytesMut,
 }
 
@@ -499,13 +542,10 @@ impl<S> FrameGuard<S> {
             credit,
             inner,
             max_frame,
-            header_left: 8,
-            pending: BytesMut::new(),
+            inbound: FrameSplitter::new(),
             ready: BytesMut::new(),
             partial: HashMap::default(),
-            outbound_header_left: 8,
-            outbound_header_dropped: 0,
-            outbound_pending: BytesMut::new(),
+            outbound: FrameSplitter::new(),
             outbound_ready: BytesMut::new(),
         }
     }
@@ -513,27 +553,15 @@ impl<S> FrameGuard<S> {
     /// The broker's protocol header went to the client already: the one
     /// the library writes is dropped.
     pub fn header_already_sent(mut self) -> Self {
-        self.outbound_header_dropped = 8;
+        self.outbound.header_dropped = 8;
         self
     }
 
     /// Takes in bytes read from the socket; whole frames that pass go to
     /// `ready`.
-    pub fn absorb(&mut self, mut bytes: &[u8]) -> Result<(), GuardError> {
-        if self.header_left > 0 {
-            let n = self.header_left.min(bytes.len());
-            self.ready.extend_from_slice(&bytes[..n]);
-            self.header_left -= n;
-            bytes = &bytes[n..];
-        }
-        self.pending.extend_from_slice(bytes);
-        while self.pending.len() >= 4 {
-            let size = u32::from_be_bytes([
-                self.pending[0],
-                self.pending[1],
-                self.pending[2],
-                self.pending[3],
-            ]) as usize;
+    pub fn absorb(&mut self, bytes: &[u8]) -> Result<(), GuardError> {
+        self.inbound.push(bytes, &mut self.ready);
+        while let Some(size) = self.inbound.next_size() {
             if size < 8 {
                 return Err(GuardError::Frame(size, "shorter than a frame header"));
             }
@@ -543,10 +571,9 @@ impl<S> FrameGuard<S> {
                     "larger than the max-frame-size offered",
                 ));
             }
-            if self.pending.len() < size {
+            let Some(frame) = self.inbound.take(size) else {
                 break;
-            }
-            let frame = self.pending.split_to(size);
+            };
             self.check(&frame)?;
             match renamed(&frame, Direction::Inbound) {
                 Some(frame) => self.ready.extend_from_slice(&frame),
@@ -558,27 +585,12 @@ impl<S> FrameGuard<S> {
 
     /// Takes in bytes the library writes; whole frames go to
     /// `outbound_ready`, the broker's attaches with their names restored.
-    fn take_outbound(&mut self, mut bytes: &[u8]) {
-        if self.outbound_header_left > 0 {
-            let n = self.outbound_header_left.min(bytes.len());
-            let dropped = self.outbound_header_dropped.min(n);
-            self.outbound_header_dropped -= dropped;
-            self.outbound_ready.extend_from_slice(&bytes[dropped..n]);
-            self.outbound_header_left -= n;
-            bytes = &bytes[n..];
-        }
-        self.outbound_pending.extend_from_slice(bytes);
-        while self.outbound_pending.len() >= 4 {
-            let size = u32::from_be_bytes([
-                self.outbound_pending[0],
-                self.outbound_pending[1],
-                self.outbound_pending[2],
-                self.outbound_pending[3],
-            ]) as usize;
-            if self.outbound_pending.len() < size.max(8) {
+    fn take_outbound(&mut self, bytes: &[u8]) {
+        self.outbound.push(bytes, &mut self.outbound_ready);
+        while let Some(size) = self.outbound.next_size() {
+            let Some(frame) = self.outbound.take(size.max(8)) else {
                 break;
-            }
-            let frame = self.outbound_pending.split_to(size.max(8));
+            };
             match renamed(&frame, Direction::Outbound) {
                 Some(frame) => self.outbound_ready.extend_from_slice(&frame),
                 None => self.outbound_ready.extend_from_slice(&frame),
