@@ -1329,6 +1329,7 @@ fn channel_table(channels: &[m::Channel]) -> String {
             "unacked",
             "prefetch",
             "confirm",
+            "amqp 1.0 link",
         ],
         channels
             .iter()
@@ -1343,9 +1344,24 @@ fn channel_table(channels: &[m::Channel]) -> String {
                     c.unacked.to_string(),
                     c.prefetch_count.to_string(),
                     c.confirm.to_string(),
+                    c.amqp1_link.as_ref().map(link_cell).unwrap_or_default(),
                 ]
             })
             .collect(),
+    )
+}
+
+/// An AMQP 1.0 link in one cell: session, direction, name and address,
+/// e.g. `session 0 in 'orders' -> /queues/orders`.
+fn link_cell(link: &m::Amqp1Link) -> String {
+    let (direction, arrow) = if link.incoming {
+        ("in", "->")
+    } else {
+        ("out", "<-")
+    };
+    format!(
+        "session {} {direction} '{}' {arrow} {}",
+        link.session, link.name, link.address
     )
 }
 

@@ -302,7 +302,7 @@ impl Engine {
         broker
             .open_session(id, &open, events)
             .map_err(service_error)?;
-        if let Err(error) = broker.open_channel(id, CHANNEL) {
+        if let Err(error) = broker.open_channel(id, CHANNEL, None) {
             broker.close_session(id);
             return Err(service_error(error));
         }
@@ -864,6 +864,7 @@ impl EngineAdminApi for Engine {
                         blocked: held.is_some(),
                         blocked_reason: held.map(blocked_reason).unwrap_or_default(),
                         blocked_ms: held.map_or(0, |b| b.blocked_for.as_millis() as u64),
+                        amqp1_link: channel.amqp1_link.clone(),
                     }
                 })
             })

@@ -52,6 +52,9 @@ pub struct ChannelState {
     pub ack_timed_out: bool,
     /// tx.select was sent: the uncommitted work (`broker/tx.rs`).
     pub tx: Option<Transaction>,
+    /// The AMQP 1.0 link this channel carries, as management shows it
+    /// (the gateway bounds its strings).
+    pub amqp1_link: Option<spillway_proto::management::Amqp1Link>,
 }
 
 impl ChannelState {

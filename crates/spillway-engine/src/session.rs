@@ -461,7 +461,7 @@ impl Session {
             Command::ChannelOpen(cmd) => {
                 let result = broker
                     .admit_channel(id)
-                    .and_then(|()| broker.open_channel(id, cmd.channel));
+                    .and_then(|()| broker.open_channel(id, cmd.channel, cmd.amqp1_link));
                 self.ok(cmd.request_id, result)
             }
             Command::ChannelClose(cmd) => {

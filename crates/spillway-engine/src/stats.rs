@@ -526,6 +526,7 @@ mod tests {
             Command::ChannelOpen(pb::ChannelOpen {
                 request_id: 2,
                 channel: 1,
+                amqp1_link: None,
             }),
         )
         .await;

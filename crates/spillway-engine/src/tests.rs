@@ -53,6 +53,7 @@ impl Client {
                 Command::ChannelOpen(pb::ChannelOpen {
                     request_id,
                     channel: 1,
+                    amqp1_link: None,
                 })
             })
             .await;

@@ -1,7 +1,9 @@
-//! The gateway's metrics: open connections and channels, the messages that
-//! crossed it, and the connections and channels it refused by limit
-//! (`gateway.max_connections`, `channel_max`). Counted by the I/O loop (`server.rs`); registered into the
-//! process's [`Metrics`] by whoever starts the gateway.
+//! The gateway's metrics: open connections and channels (and AMQP 1.0
+//! sessions and links), the messages that crossed it, and the connections
+//! and channels it refused by limit (`gateway.max_connections`,
+//! `channel_max`). Counted by the I/O loop (`server.rs`) and the AMQP 1.0
+//! links (`amqp1/`); registered into the process's [`Metrics`] by whoever
+//! starts the gateway.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -17,6 +19,9 @@ use spillway_telemetry::{LimitRefusals, Metrics};
 pub struct GatewayMetrics {
     connections: Gauge,
     channels: Gauge,
+    amqp1_connections: Gauge,
+    amqp1_sessions: Gauge,
+    amqp1_links: Gauge,
     published: Counter,
     compressed: Counter,
     compression_saved_bytes: Counter,
@@ -68,6 +73,21 @@ impl GatewayMetrics {
             "spillway_channels",
             "Open AMQP channels, over all connections",
             self.channels.clone(),
+        );
+        metrics.register(
+            "spillway_amqp1_connections",
+            "Open AMQP 1.0 connections (counted in spillway_connections too)",
+            self.amqp1_connections.clone(),
+        );
+        metrics.register(
+            "spillway_amqp1_sessions",
+            "Open AMQP 1.0 sessions, over all connections",
+            self.amqp1_sessions.clone(),
+        );
+        metrics.register(
+            "spillway_amqp1_links",
+            "Attached AMQP 1.0 links, over all sessions (each carried by an engine channel; not counted in spillway_channels)",
+            self.amqp1_links.clone(),
         );
         metrics.register(
             "spillway_messages_published",
@@ -256,6 +276,46 @@ impl GatewayMetrics {
         self.acknowledged.get()
     }
 
+    /// Counts one open AMQP 1.0 connection until the guard is dropped
+    /// (beside [`Self::connection_opened`]).
+    pub(crate) fn amqp1_connection_opened(&self) -> Held {
+        Held::new(&self.amqp1_connections)
+    }
+
+    /// Counts one begun AMQP 1.0 session until the guard is dropped.
+    pub(crate) fn amqp1_session_begun(&self) -> Held {
+        Held::new(&self.amqp1_sessions)
+    }
+
+    /// Counts one attached AMQP 1.0 link until the guard is dropped.
+    pub(crate) fn amqp1_link_attached(&self) -> Held {
+        Held::new(&self.amqp1_links)
+    }
+
+    /// A message an AMQP 1.0 client sent, handed to the engine (a 0-9-1
+    /// publish is counted by [`Self::counter_for`]).
+    pub(crate) fn count_published(&self) {
+        self.published.inc();
+    }
+
+    /// A settlement an AMQP 1.0 client sent, handed to the engine as an
+    /// ack or a nack.
+    pub(crate) fn count_acknowledged(&self) {
+        self.acknowledged.inc();
+    }
+
+    pub fn amqp1_connections(&self) -> i64 {
+        self.amqp1_connections.get()
+    }
+
+    pub fn amqp1_sessions(&self) -> i64 {
+        self.amqp1_sessions.get()
+    }
+
+    pub fn amqp1_links(&self) -> i64 {
+        self.amqp1_links.get()
+    }
+
     /// Counts one open connection until the guard is dropped.
     pub(crate) fn connection_opened(&self) -> OpenConnection {
         self.connections.inc();
@@ -301,6 +361,22 @@ impl GatewayMetrics {
     /// `count` deliveries reached a client's socket.
     pub(crate) fn count_delivered(&self, count: u32) {
         self.delivered.inc_by(u64::from(count));
+    }
+}
+
+/// One in a gauge until dropped.
+pub(crate) struct Held(Gauge);
+
+impl Held {
+    fn new(gauge: &Gauge) -> Self {
+        gauge.inc();
+        Self(gauge.clone())
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 

@@ -267,7 +267,12 @@ impl Broker {
         self.sessions.remove(&id);
     }
 
-    pub fn open_channel(&mut self, session: SessionId, channel: ChannelId) -> OpResult<()> {
+    pub fn open_channel(
+        &mut self,
+        session: SessionId,
+        channel: ChannelId,
+        amqp1_link: Option<spillway_proto::management::Amqp1Link>,
+    ) -> OpResult<()> {
         let state = self.session_mut(session)?;
         if state.channels.contains_key(&channel) {
             return Err(AmqpError::new(
@@ -275,7 +280,13 @@ impl Broker {
                 format!("channel {channel} already open"),
             ));
         }
-        state.channels.insert(channel, ChannelState::default());
+        state.channels.insert(
+            channel,
+            ChannelState {
+                amqp1_link,
+                ..ChannelState::default()
+            },
+        );
         Ok(())
     }
 

@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 use spillway_proto::engine::{
     self as pb, reply, session_command::Command, session_event::Event, SessionCommand, SessionEvent,
 };
+use spillway_proto::management::Amqp1Link;
 use spillway_proto::CommandSender;
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -76,7 +77,7 @@ impl EngineSession {
         })
     }
 
-    pub fn request_id(&self) -> u64 {
+    fn request_id(&self) -> u64 {
         self.next_request.fetch_add(1, Ordering::Relaxed)
     }
 
@@ -98,12 +99,14 @@ impl EngineSession {
             .map_err(|_| Amqp1Error::EngineGone)
     }
 
-    /// Sends a command that carries `request_id` and waits for its reply.
+    /// Sends the command `command` makes with a new request id and waits
+    /// for its reply.
     pub async fn request(
         &self,
-        request_id: u64,
-        command: Command,
+        command: impl FnOnce(u64) -> Command,
     ) -> Result<reply::Result, Amqp1Error> {
+        let request_id = self.request_id();
+        let command = command(request_id);
         let (answer, answered) = oneshot::channel();
         self.replies.lock().insert(request_id, answer);
         if let Err(error) = self.send(command).await {
@@ -116,10 +119,9 @@ impl EngineSession {
     /// Like [`request`](Self::request), with an engine error as an error.
     pub async fn request_ok(
         &self,
-        request_id: u64,
-        command: Command,
+        command: impl FnOnce(u64) -> Command,
     ) -> Result<reply::Result, Amqp1Error> {
-        match self.request(request_id, command).await? {
+        match self.request(command).await? {
             reply::Result::Error(error) => Err(Amqp1Error::Engine(error)),
             ok => Ok(ok),
         }
@@ -127,7 +129,8 @@ impl EngineSession {
 
     /// Opens an engine channel for a new link; its events arrive on the
     /// receiver. Refused past the connection's link limit.
-    pub async fn open_link(&self) -> Result<LinkChannel, Amqp1Error> {
+    /// `shown`: what management lists of the link.
+    pub async fn open_link(&self, shown: Amqp1Link) -> Result<LinkChannel, Amqp1Error> {
         let (channel, events) = {
             let mut links = self.links.lock();
             if links.routes.len() >= links.max {
@@ -144,15 +147,14 @@ impl EngineSession {
             links.routes.insert(channel, route);
             (channel, events)
         };
-        let request_id = self.request_id();
         let opened = self
-            .request_ok(
-                request_id,
+            .request_ok(|request_id| {
                 Command::ChannelOpen(pb::ChannelOpen {
                     request_id,
                     channel,
-                }),
-            )
+                    amqp1_link: Some(shown),
+                })
+            })
             .await;
         if let Err(error) = opened {
             self.links.lock().routes.remove(&channel);
@@ -164,22 +166,15 @@ impl EngineSession {
     /// Closes a link's engine channel: its consumer is cancelled and what
     /// it holds unsettled is requeued, as for a 0-9-1 channel.
     pub async fn close_link(&self, channel: u32) {
-        let request_id = self.request_id();
         let _ = self
-            .request(
-                request_id,
+            .request(|request_id| {
                 Command::ChannelClose(pb::ChannelClose {
                     request_id,
                     channel,
-                }),
-            )
+                })
+            })
             .await;
         self.links.lock().routes.remove(&channel);
-    }
-
-    /// The links open now.
-    pub fn link_count(&self) -> usize {
-        self.links.lock().routes.len()
     }
 
     /// Tells the engine `count` deliveries were handed to the client's

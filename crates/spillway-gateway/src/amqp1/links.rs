@@ -25,6 +25,7 @@ use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use spillway_proto::body::Body as EngineBody;
 use spillway_proto::engine::{self as pb, session_command::Command, session_event::Event};
+use spillway_proto::management::Amqp1Link;
 use std::sync::Arc;
 use tokio::sync::watch;
 
@@ -32,6 +33,7 @@ use super::address::Destination;
 use super::engine_session::{EngineSession, LinkChannel};
 use super::mapping;
 use super::Amqp1Error;
+use crate::metrics::GatewayMetrics;
 
 /// What every link of a connection needs to know.
 #[derive(Clone)]
@@ -39,8 +41,8 @@ pub struct LinkContext {
     pub session: Arc<EngineSession>,
     /// The user who logged in (a message's `user-id` must name it).
     pub user: String,
-    /// Credit a receiving link grants at a time, and the prefetch of a
-    /// sending link: the most unsettled messages a link holds.
+    /// Credit granted at a time to a link the client sends on
+    /// ([`super::LINK_WINDOW`]).
     pub window: u32,
     /// Bodies above this many bytes are compressed (`gateway.message_compression_*`).
     pub compress_above: Option<u64>,
@@ -48,6 +50,8 @@ pub struct LinkContext {
     pub max_message_size: u64,
     /// The credit clients grant on the links the broker sends on.
     pub credit: super::guard::CreditBoard,
+    /// Links, messages and settlements are counted as 0-9-1's channels'.
+    pub metrics: GatewayMetrics,
 }
 
 /// How often a sending link waiting for credit looks whether its client
@@ -59,18 +63,20 @@ const DETACH_CHECK: Duration = Duration::from_millis(250);
 pub async fn publish_from(
     mut receiver: Receiver,
     destination: Option<Destination>,
+    shown: Amqp1Link,
     link: LinkContext,
 ) {
     let LinkChannel {
         channel,
         mut events,
-    } = match open_publishing_channel(&link).await {
+    } = match open_publishing_channel(&link, shown).await {
         Ok(opened) => opened,
         Err(error) => {
             let _ = receiver.close_with_error(error.condition()).await;
             return;
         }
     };
+    let _attached = link.metrics.amqp1_link_attached();
     let session = link.session.clone();
     let window = link.window;
     let mut flow = session.flow();
@@ -109,6 +115,7 @@ pub async fn publish_from(
                 if session.send(Command::Publish(publish)).await.is_err() {
                     break None;
                 }
+                link.metrics.count_published();
             }
             event = events.recv() => {
                 let Some(event) = event else { break None };
@@ -135,7 +142,7 @@ pub async fn publish_from(
                         }
                     }
                     Event::ChannelError(error) => {
-                        break Some(Amqp1Error::from_engine(error.error.unwrap_or_default()).condition());
+                        break Some(Amqp1Error::Engine(error.error.unwrap_or_default()).condition());
                     }
                     _ => {}
                 }
@@ -175,18 +182,19 @@ pub async fn publish_from(
     }
 }
 
-async fn open_publishing_channel(link: &LinkContext) -> Result<LinkChannel, Amqp1Error> {
-    let opened = link.session.open_link().await?;
-    let request_id = link.session.request_id();
+async fn open_publishing_channel(
+    link: &LinkContext,
+    shown: Amqp1Link,
+) -> Result<LinkChannel, Amqp1Error> {
+    let opened = link.session.open_link(shown).await?;
     let confirming = link
         .session
-        .request_ok(
-            request_id,
+        .request_ok(|request_id| {
             Command::ConfirmSelect(pb::ConfirmSelect {
                 request_id,
                 channel: opened.channel,
-            }),
-        )
+            })
+        })
         .await;
     if let Err(error) = confirming {
         link.session.close_link(opened.channel).await;
@@ -244,19 +252,21 @@ pub async fn deliver_to(
     queue: String,
     settled: bool,
     mut credit: watch::Receiver<u32>,
+    shown: Amqp1Link,
     link: LinkContext,
 ) {
     let session = link.session.clone();
     let LinkChannel {
         channel,
         mut events,
-    } = match start_consumer(&link, &queue, settled).await {
+    } = match start_consumer(&link, &queue, settled, shown).await {
         Ok(opened) => opened,
         Err(error) => {
             let _ = sender.close_with_error(error.condition()).await;
             return;
         }
     };
+    let _attached = link.metrics.amqp1_link_attached();
     let mut outcomes = FuturesUnordered::new();
     // The consumer's prefetch follows the client's credit: what it granted
     // plus what it holds unsettled, so the queue hands over no more than
@@ -299,7 +309,7 @@ pub async fn deliver_to(
                             tokio::select! {
                                 sent = sender.send_batchable_ref(&sendable) => break sent,
                                 Some((tag, outcome)) = outcomes.next(), if !outcomes.is_empty() => {
-                                    settle(&session, channel, tag, outcome).await;
+                                    settle(&session, &link.metrics, channel, tag, outcome).await;
                                 }
                                 () = tokio::time::sleep(DETACH_CHECK) => {
                                     if sender.on_detach().now_or_never().is_some() {
@@ -310,6 +320,9 @@ pub async fn deliver_to(
                             }
                         };
                         session.deliveries_written(1).await;
+                        if sent.is_ok() {
+                            link.metrics.count_delivered(1);
+                        }
                         match sent {
                             Ok(outcome) if !settled => outcomes.push(outcome.map(move |outcome| (tag, outcome))),
                             Ok(_) => {}
@@ -327,18 +340,18 @@ pub async fn deliver_to(
                         ));
                     }
                     Event::ChannelError(error) => {
-                        break Some(Amqp1Error::from_engine(error.error.unwrap_or_default()).condition());
+                        break Some(Amqp1Error::Engine(error.error.unwrap_or_default()).condition());
                     }
                     _ => {}
                 }
             }
             Some((tag, outcome)) = outcomes.next(), if !outcomes.is_empty() => {
-                settle(&session, channel, tag, outcome).await;
+                settle(&session, &link.metrics, channel, tag, outcome).await;
             }
             _ = sender.on_detach() => {
                 // Outcomes the client sent before it detached count.
                 while let Some(Some((tag, outcome))) = outcomes.next().now_or_never() {
-                    settle(&session, channel, tag, outcome).await;
+                    settle(&session, &link.metrics, channel, tag, outcome).await;
                 }
                 break None;
             }
@@ -368,17 +381,15 @@ async fn set_prefetch(
     channel: u32,
     prefetch: u32,
 ) -> Result<(), Amqp1Error> {
-    let request_id = session.request_id();
     session
-        .request_ok(
-            request_id,
+        .request_ok(|request_id| {
             Command::Qos(pb::Qos {
                 request_id,
                 channel,
                 prefetch_count: prefetch,
                 global: false,
-            }),
-        )
+            })
+        })
         .await
         .map(|_| ())
 }
@@ -387,17 +398,16 @@ async fn start_consumer(
     link: &LinkContext,
     queue: &str,
     settled: bool,
+    shown: Amqp1Link,
 ) -> Result<LinkChannel, Amqp1Error> {
     let session = &link.session;
-    let opened = session.open_link().await?;
+    let opened = session.open_link(shown).await?;
     let channel = opened.channel;
     let started = async {
         // One message until the client's first flow says how many.
         set_prefetch(session, channel, 1).await?;
-        let request_id = session.request_id();
         session
-            .request_ok(
-                request_id,
+            .request_ok(|request_id| {
                 Command::Consume(pb::Consume {
                     request_id,
                     channel,
@@ -406,8 +416,8 @@ async fn start_consumer(
                     no_ack: settled,
                     exclusive: false,
                     arguments: Bytes::new(),
-                }),
-            )
+                })
+            })
             .await
     };
     if let Err(error) = started.await {
@@ -423,6 +433,7 @@ async fn start_consumer(
 /// `undeliverable-here`, dead-letters.
 async fn settle(
     session: &EngineSession,
+    metrics: &GatewayMetrics,
     channel: u32,
     delivery_tag: u64,
     outcome: Result<Outcome, fe2o3_amqp::link::SendError>,
@@ -450,5 +461,7 @@ async fn settle(
         // is requeued when the channel closes.
         Err(_) => return,
     };
-    let _ = session.send(command).await;
+    if session.send(command).await.is_ok() {
+        metrics.count_acknowledged();
+    }
 }

@@ -19,7 +19,9 @@
 //! (`gateway.frame_max`), sessions per connection and links per session
 //! ([`MAX_SESSIONS`], [`MAX_LINKS_PER_SESSION`]), links per connection
 //! (`gateway.channel_max`, as 0-9-1's channels), unsettled messages per
-//! link ([`LINK_WINDOW`]), message size (`gateway.max_message_size`).
+//! link ([`LINK_WINDOW`] where the client sends, the consumer's prefetch of
+//! at most 1000 where it receives), message size
+//! (`gateway.max_message_size`).
 
 pub mod address;
 pub mod engine_session;
@@ -43,6 +45,7 @@ use parking_lot::Mutex;
 use spillway_amqp::encode_table;
 use spillway_amqp::reply_code;
 use spillway_proto::engine::{self as pb, reply, session_command::Command};
+use spillway_proto::management::Amqp1Link;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
@@ -64,7 +67,9 @@ pub use self::handshake::is_amqp1_header;
 pub const MAX_SESSIONS: u16 = 64;
 /// Most links a session may attach.
 pub const MAX_LINKS_PER_SESSION: u32 = 256;
-/// Credit a receiving link grants at a time; prefetch of a sending link.
+/// Credit the broker grants a client's sending link at a time: the most
+/// messages of one link that may wait for the engine's confirm. (Where the
+/// client receives, the consumer's prefetch follows the client's credit.)
 pub const LINK_WINDOW: u32 = 200;
 
 /// What ends a link or a connection, as an AMQP 1.0 error.
@@ -89,10 +94,6 @@ pub enum Amqp1Error {
 }
 
 impl Amqp1Error {
-    pub fn from_engine(error: pb::AmqpError) -> Self {
-        Amqp1Error::Engine(error)
-    }
-
     /// The 1.0 error condition a client sees, as RabbitMQ 4 names them.
     pub fn condition(&self) -> definitions::Error {
         let condition: definitions::ErrorCondition = match self {
@@ -180,6 +181,7 @@ pub(crate) async fn serve<S: ClientStream + std::fmt::Debug>(
         return Ok(());
     }
     let _open = context.metrics.connection_opened();
+    let _open_amqp1 = context.metrics.amqp1_connection_opened();
     let session = match open_engine_session(&context, peer, &user, &vhost, &container).await {
         Ok(session) => session,
         Err(error) => {
@@ -196,6 +198,7 @@ pub(crate) async fn serve<S: ClientStream + std::fmt::Debug>(
         compress_above: config.compress_above,
         max_message_size: config.max_message_size,
         credit,
+        metrics: context.metrics.clone(),
     };
     let tasks = Tasks::default();
     let mut closed = session.closed();
@@ -333,15 +336,11 @@ async fn open<S: ClientStream>(
         _ => return Ok(None),
     };
     if header == SASL_HEADER {
-        login_succeeded(context, peer);
+        context.login_throttle.succeeded(peer.ip());
     }
     let (seen, open) = handshake::read_open(stream).await?;
     let vhost = handshake::vhost_of(open.hostname.as_deref()).to_string();
     Ok(Some((user, seen, vhost, open.container_id)))
-}
-
-fn login_succeeded(context: &ConnectionContext, peer: SocketAddr) {
-    context.login_throttle.succeeded(peer.ip());
 }
 
 /// Checks a login with the engine, after the throttle's wait.
@@ -393,18 +392,16 @@ async fn open_engine_session(
     properties.insert("product".into(), text(container));
     properties.insert("connection_name".into(), text(container));
     properties.insert("protocol".into(), text("AMQP 1.0"));
-    let request_id = session.request_id();
     let opened = session
-        .request(
-            request_id,
+        .request(|request_id| {
             Command::Open(pb::OpenSession {
                 request_id,
                 vhost: vhost.to_string(),
                 user: user.to_string(),
                 client_address: peer.to_string(),
                 client_properties: encode_table(&properties),
-            }),
-        )
+            })
+        })
         .await?;
     if let reply::Result::Error(error) = opened {
         return Err(Amqp1Error::Engine(error));
@@ -458,11 +455,13 @@ async fn serve_session(
     link: LinkContext,
     tasks: Tasks,
 ) {
+    let _begun = link.metrics.amqp1_session_begun();
     let acceptor = LinkAcceptor::builder()
         .max_message_size(link.max_message_size)
         .build();
     while let Some(attach) = session.next_incoming_attach().await {
         let plan = plan_link(&attach);
+        let shown = shown_link(&attach, channel, plan.as_ref().ok());
         let settled = attach.snd_settle_mode == SenderSettleMode::Settled;
         let handle = attach.handle.0;
         // Watched before the attach is answered: the client's first flow
@@ -478,13 +477,13 @@ async fn serve_session(
         let link = link.clone();
         let task = match (endpoint, plan) {
             (LinkEndpoint::Receiver(receiver), Ok(LinkPlan::Publish(destination))) => {
-                tokio::spawn(links::publish_from(receiver, destination, link))
+                tokio::spawn(links::publish_from(receiver, destination, shown, link))
             }
             (LinkEndpoint::Sender(sender), Ok(LinkPlan::Consume(queue))) => {
                 let credit = credit.unwrap_or_else(|| link.credit.watch(channel, handle));
                 let board = link.credit.clone();
                 tokio::spawn(async move {
-                    links::deliver_to(sender, queue, settled, credit, link).await;
+                    links::deliver_to(sender, queue, settled, credit, shown, link).await;
                     board.forget(channel, handle);
                 })
             }
@@ -508,6 +507,51 @@ async fn serve_session(
         tasks.add_link(task.abort_handle());
     }
     let _ = session.end().await;
+}
+
+/// Longest name or address management is shown of a link, in bytes: the
+/// rest is cut (the engine keeps them for as long as the link is open).
+const MAX_SHOWN_BYTES: usize = 256;
+
+/// What management lists of an attaching link: `session` is the client's
+/// channel number for its session.
+fn shown_link(attach: &Attach, session: u16, plan: Option<&LinkPlan>) -> Amqp1Link {
+    let incoming = attach.role == Role::Sender;
+    let address = if incoming {
+        match attach.target.as_deref() {
+            Some(TargetArchetype::Target(target)) => target.address.clone(),
+            _ => None,
+        }
+    } else {
+        attach
+            .source
+            .as_deref()
+            .and_then(|source| source.address.clone())
+    };
+    let name = attach
+        .name
+        .strip_suffix(guard::RECEIVING_SUFFIX)
+        .unwrap_or(&attach.name);
+    let queue = match plan {
+        Some(LinkPlan::Consume(queue)) => queue.as_str(),
+        _ => "",
+    };
+    Amqp1Link {
+        session: u32::from(session),
+        name: cut(name, MAX_SHOWN_BYTES),
+        incoming,
+        address: cut(address.as_deref().unwrap_or(""), MAX_SHOWN_BYTES),
+        queue: cut(queue, MAX_SHOWN_BYTES),
+    }
+}
+
+/// `text`'s first `max` bytes at most, cut at a character boundary.
+fn cut(text: &str, max: usize) -> String {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_string()
 }
 
 /// What an attaching link is for.

@@ -550,6 +550,7 @@ impl Connection {
         commands.push(command(Command::ChannelOpen(pb::ChannelOpen {
             request_id,
             channel: u32::from(channel_id),
+            amqp1_link: None,
         })));
         Ok(())
     }

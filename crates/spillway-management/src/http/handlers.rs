@@ -145,6 +145,7 @@ pub(super) fn router(api: Api) -> Router {
             get(get_connection).delete(close_connection),
         )
         .route("/api/connections/{name}/channels", get(connection_channels))
+        .route("/api/connections/{name}/sessions", get(connection_sessions))
         .route("/api/channels", get(all_channels))
         .route("/api/consumers", get(all_consumers))
         .route("/api/consumers/{vhost}", get(vhost_consumers))
@@ -1525,6 +1526,30 @@ async fn connection_channels(
     json(Value::Array(
         channels(&api, &caller, String::new(), connection.id).await?,
     ))
+}
+
+/// An AMQP 1.0 connection's sessions and links (RabbitMQ 4's endpoint);
+/// a 0-9-1 connection has none: 400, as RabbitMQ answers.
+async fn connection_sessions(
+    State(api): State<Api>,
+    Who(caller): Who,
+    Path(name): Path<String>,
+) -> Answer {
+    let connection = named_connection(&api, &caller, &name).await?;
+    if shapes::protocol(&connection) != "AMQP 1.0" {
+        return Err(ApiError::bad_request(format!(
+            "connection '{name}' is not an AMQP 1.0 connection"
+        )));
+    }
+    let list = ask(api.service.list_channels(call(
+        &caller,
+        m::ListChannelsRequest {
+            vhost: String::new(),
+            connection_id: connection.id,
+        },
+    )))
+    .await?;
+    json(shapes::amqp1_sessions(&list.channels))
 }
 
 // --------------------------------------------------------------- consumers

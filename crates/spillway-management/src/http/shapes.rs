@@ -263,7 +263,7 @@ fn peer(address: &str) -> (String, u16) {
 
 /// "AMQP 1.0" for connections the gateway opened for a 1.0 client (it
 /// says so in the client properties it passes on), else "AMQP 0-9-1".
-fn protocol(connection: &m::Connection) -> &'static str {
+pub fn protocol(connection: &m::Connection) -> &'static str {
     let amqp1 = connection
         .client_properties
         .get("protocol")
@@ -322,7 +322,56 @@ pub fn channel(channel: &m::Channel, node: &str) -> Value {
     if channel.blocked {
         object["blocked_reason"] = json!(channel.blocked_reason);
     }
+    if let Some(link) = &channel.amqp1_link {
+        object["amqp1_link"] = json!({
+            "session": link.session,
+            "link_name": link.name,
+            "direction": if link.incoming { "incoming" } else { "outgoing" },
+            "address": link.address,
+        });
+    }
     object
+}
+
+/// An AMQP 1.0 connection's sessions with their links, as RabbitMQ 4's
+/// `/api/connections/{name}/sessions` lists them (the fields Spillway
+/// knows): `channels` are the connection's, one per link.
+pub fn amqp1_sessions(channels: &[m::Channel]) -> Value {
+    let mut sessions: std::collections::BTreeMap<u32, (Vec<Value>, Vec<Value>)> =
+        std::collections::BTreeMap::new();
+    for channel in channels {
+        let Some(link) = &channel.amqp1_link else {
+            continue;
+        };
+        let (incoming, outgoing) = sessions.entry(link.session).or_default();
+        if link.incoming {
+            incoming.push(json!({
+                "link_name": link.name,
+                "target_address": link.address,
+                "state": if channel.blocked { "flow" } else { "running" },
+            }));
+        } else {
+            outgoing.push(json!({
+                "link_name": link.name,
+                "source_address": link.address,
+                "queue_name": link.queue,
+                "unsettled_messages": channel.unacked,
+                "prefetch_count": channel.prefetch_count,
+            }));
+        }
+    }
+    Value::Array(
+        sessions
+            .into_iter()
+            .map(|(number, (incoming, outgoing))| {
+                json!({
+                    "channel_number": number,
+                    "incoming_links": incoming,
+                    "outgoing_links": outgoing,
+                })
+            })
+            .collect(),
+    )
 }
 
 /// A consumer as `/api/consumers` lists it.

@@ -105,12 +105,16 @@ pub struct OpenSession {
     pub client_properties: ::prost::bytes::Bytes,
 }
 #[allow(clippy::all)]
-#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ChannelOpen {
     #[prost(uint64, tag = "1")]
     pub request_id: u64,
     #[prost(uint32, tag = "2")]
     pub channel: u32,
+    /// Set when the channel carries one AMQP 1.0 link (the gateway opens one
+    /// engine channel per link): what management shows of it.
+    #[prost(message, optional, tag = "3")]
+    pub amqp1_link: ::core::option::Option<crate::management::Amqp1Link>,
 }
 /// Closes a channel: consumers are cancelled, unacknowledged messages requeued.
 #[allow(clippy::all)]

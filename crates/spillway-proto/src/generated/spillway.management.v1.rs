@@ -692,6 +692,31 @@ pub struct Channel {
     pub blocked_reason: ::prost::alloc::string::String,
     #[prost(uint64, tag = "12")]
     pub blocked_ms: u64,
+    /// Set when the channel is an AMQP 1.0 link.
+    #[prost(message, optional, tag = "13")]
+    pub amqp1_link: ::core::option::Option<Amqp1Link>,
+}
+/// An AMQP 1.0 link, carried by one engine channel.
+#[allow(clippy::all)]
+#[derive(serde::Serialize)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Amqp1Link {
+    /// The 1.0 session it belongs to: the channel number the client began it on.
+    #[prost(uint32, tag = "1")]
+    pub session: u32,
+    #[prost(string, tag = "2")]
+    pub name: ::prost::alloc::string::String,
+    /// True when the client sends on it (the broker receives: a publisher);
+    /// false when the client receives (a consumer).
+    #[prost(bool, tag = "3")]
+    pub incoming: bool,
+    /// The target address of an incoming link, the source address of an
+    /// outgoing one, as the client gave it.
+    #[prost(string, tag = "4")]
+    pub address: ::prost::alloc::string::String,
+    /// The queue an outgoing link consumes from.
+    #[prost(string, tag = "5")]
+    pub queue: ::prost::alloc::string::String,
 }
 #[allow(clippy::all)]
 #[derive(serde::Serialize)]
