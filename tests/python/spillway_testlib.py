@@ -335,6 +335,16 @@ class SpillwayBroker(Broker):
 
 # -- small AMQP helpers ------------------------------------------------------------------
 
+def spillctl(broker, *args):
+    """Runs spillctl against the all-in-one broker's management port as guest (loopback)."""
+    addr = broker.procs["all-in-one"].address("management")
+    out = subprocess.run(
+        [str(spillway_bin().with_name("spillctl")), "--addr", f"http://{addr}", *args],
+        capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, f"spillctl {args}: {out.stderr}"
+    return out.stdout
+
+
 def wait_until(probe, timeout: float = 3.0, conn=None, interval: float = 0.05):
     """Call ``probe()`` until it returns something truthy or ``timeout`` seconds pass;
     returns its last answer (falsy on timeout), so ``assert wait_until(...)`` fails

@@ -17,7 +17,7 @@ import pytest
 from proton import ConnectionException, Delivery, Message, ProtonException, symbol
 from proton.utils import BlockingConnection, LinkDetached, SendException
 
-from spillway_testlib import SpillwayBroker, wait_until
+from spillway_testlib import SpillwayBroker, spillctl, wait_until
 
 pytestmark = pytest.mark.spillway_only
 
@@ -272,3 +272,118 @@ def test_management_lists_an_amqp1_connection_and_closes_it(broker, amqp1, ch, n
             sender.send(Message(body=b"after the close"), timeout=2)
             time.sleep(0.1)
     assert "closed by the test" in str(refused.value) or "forced" in str(refused.value)
+
+
+def all_in_one(broker):
+    """The all-in-one broker's process (its management and metrics ports), or a skip."""
+    if not isinstance(broker, SpillwayBroker) or broker.wiring != "all-in-one":
+        pytest.skip("needs the all-in-one broker's management ports")
+    return broker.procs["all-in-one"]
+
+
+def metric(proc, name: str) -> float:
+    """One unlabelled sample of the all-in-one broker's /metrics."""
+    import requests
+    text = requests.get(f"http://{proc.address('metrics')}/metrics", timeout=30).text
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_management_lists_sessions_and_links_and_metrics_count_them(broker, amqp1, ch, names):
+    import requests
+    proc = all_in_one(broker)
+    base = f"http://{proc.address('http')}"
+    queue = names.queue()
+    ch.queue_declare(queue)
+    received_before = metric(proc, "rabbitmq_global_messages_received_total")
+    sender = amqp1.create_sender(f"/queues/{queue}", name="orders-out")
+    receiver = amqp1.create_receiver(f"/queues/{queue}", name="orders-in", credit=5)
+    sender.send(Message(body=b"counted"))
+    assert body_of(receiver.receive(timeout=10)) == b"counted"
+    receiver.accept()
+
+    def our_connection():
+        listed = requests.get(f"{base}/api/connections", auth=("guest", "guest"), timeout=30)
+        assert listed.status_code == 200, listed.text
+        return [c for c in listed.json() if c["protocol"] == "AMQP 1.0" and c["channels"] == 2]
+    [connection] = wait_until(our_connection, 10)
+    name = urllib.parse.quote(connection["name"], safe="")
+    sessions = requests.get(f"{base}/api/connections/{name}/sessions",
+                            auth=("guest", "guest"), timeout=30)
+    assert sessions.status_code == 200, sessions.text
+    incoming = [link for s in sessions.json() for link in s["incoming_links"]]
+    outgoing = [link for s in sessions.json() for link in s["outgoing_links"]]
+    assert [(link["link_name"], link["target_address"]) for link in incoming] == \
+        [("orders-out", f"/queues/{queue}")]
+    assert [(link["link_name"], link["source_address"], link["queue_name"])
+            for link in outgoing] == [("orders-in", f"/queues/{queue}", queue)]
+    channels = requests.get(f"{base}/api/connections/{name}/channels",
+                            auth=("guest", "guest"), timeout=30).json()
+    assert sorted((c["amqp1_link"]["direction"], c["amqp1_link"]["link_name"])
+                  for c in channels) == [("incoming", "orders-out"), ("outgoing", "orders-in")]
+    # A 0-9-1 connection has no sessions to list: 400, as RabbitMQ 4 answers.
+    zero_nine_one = wait_until(lambda: [c for c in requests.get(
+        f"{base}/api/connections", auth=("guest", "guest"), timeout=30).json()
+        if c["protocol"] == "AMQP 0-9-1"], 10)
+    refused = requests.get(
+        f"{base}/api/connections/{urllib.parse.quote(zero_nine_one[0]['name'], safe='')}/sessions",
+        auth=("guest", "guest"), timeout=30)
+    assert refused.status_code == 400, refused.text
+
+    # /metrics: the connection, its session(s) and the two links; the message counted
+    # with 0-9-1's.
+    assert metric(proc, "spillway_amqp1_connections") == 1
+    assert metric(proc, "spillway_amqp1_sessions") >= 1
+    assert metric(proc, "spillway_amqp1_links") == 2
+    assert metric(proc, "rabbitmq_global_messages_received_total") >= received_before + 1
+    receiver.close()
+    wait_until(lambda: metric(proc, "spillway_amqp1_links") == 1, 10)
+    amqp1.close()
+    wait_until(lambda: metric(proc, "spillway_amqp1_connections") == 0
+               and metric(proc, "spillway_amqp1_sessions") == 0
+               and metric(proc, "spillway_amqp1_links") == 0, 10)
+
+
+@pytest.fixture
+def limited_user(broker):
+    all_in_one(broker)
+    name = f"app-{uuid.uuid4().hex[:8]}"
+    spillctl(broker, "user", "add", name, "app-secret")
+    spillctl(broker, "permissions", "set", name,
+             "--configure", r"^app\.", "--write", r"^app\.", "--read", r"^app\.")
+    yield name
+    spillctl(broker, "user", "delete", name)
+
+
+def test_a_forbidden_queue_is_refused_with_unauthorized_access(broker, limited_user, ch, names):
+    """A user whose permissions cover only ^app\\. may use its own queue over 1.0, and
+    is refused another's, as a 0-9-1 client gets 403."""
+    own = f"app.{uuid.uuid4().hex[:8]}"
+    other = names.queue()
+    ch.queue_declare(own)
+    ch.queue_declare(other)
+    conn = connect(broker, user=limited_user, password="app-secret")
+    try:
+        # The attach is answered before the consume is refused: the detach
+        # follows it.
+        with pytest.raises(LinkDetached) as refused:
+            conn.create_receiver(f"/queues/{other}").receive(timeout=10)
+        assert "unauthorized-access" in str(refused.value), refused.value
+        # Publishing goes through an exchange its write pattern does not cover.
+        with pytest.raises((LinkDetached, SendException)):
+            conn.create_sender(f"/exchanges/amq.direct/{other}").send(
+                Message(body=b"not allowed"), timeout=10)
+        assert ch.queue_declare(other, passive=True).method.message_count == 0
+        # Its own queue is open to it.
+        ch.basic_publish("", own, b"mine")
+        mine = conn.create_receiver(f"/queues/{own}")
+        assert body_of(mine.receive(timeout=10)) == b"mine"
+        mine.accept()
+    finally:
+        try:
+            conn.close()
+        except Exception:
+            pass
+    ch.queue_delete(own)

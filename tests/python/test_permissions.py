@@ -5,26 +5,15 @@ permission in.
 Spillway only: RabbitMQ's users are made with rabbitmqctl, not spillctl. The all-in-one
 broker only: the suite's separate wiring runs no management process."""
 
-import subprocess
 import uuid
 
 import pika
 import pika.exceptions as pe
 import pytest
 
-from spillway_testlib import SpillwayBroker, spillway_bin
+from spillway_testlib import SpillwayBroker, spillctl
 
 pytestmark = pytest.mark.spillway_only
-
-
-def spillctl(broker, *args):
-    """Runs spillctl against the broker's management port as guest (loopback)."""
-    addr = broker.procs["all-in-one"].address("management")
-    out = subprocess.run(
-        [str(spillway_bin().with_name("spillctl")), "--addr", f"http://{addr}", *args],
-        capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0, f"spillctl {args}: {out.stderr}"
-    return out.stdout
 
 
 @pytest.fixture

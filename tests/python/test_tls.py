@@ -1,5 +1,6 @@
-"""AMQPS with pika (TLS): a round trip over TLS with PLAIN, and SASL EXTERNAL
-with a client certificate whose CN is a configured user.
+"""AMQPS (TLS) with pika and, over AMQP 1.0 on the same port, with Qpid Proton: a
+round trip over TLS with PLAIN, and SASL EXTERNAL with a client certificate whose CN
+is a configured user.
 
 The certificates are made here with ``cryptography`` (never committed keys): a CA whose
 basicConstraints and keyUsage are critical and which has a subject key identifier, and
@@ -21,6 +22,8 @@ import pika.credentials
 import pika.exceptions
 import pytest
 from cryptography import x509
+from proton import ConnectionException, Message, SSLDomain
+from proton.utils import BlockingConnection
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -188,3 +191,62 @@ def test_external_is_not_offered_without_a_certificate(tls_broker):
     with pytest.raises(pika.exceptions.AMQPConnectionError):
         pika.BlockingConnection(
             _params(broker, pki, False, pika.credentials.ExternalCredentials()))
+
+
+# ------------------------------------------------------------------ AMQP 1.0
+
+def _amqp1(broker, pki, client: bool, mechs: str, user=None, password=None):
+    """A Proton connection to the AMQPS port, checking the server's certificate
+    for localhost; with the client certificate when `client`."""
+    domain = SSLDomain(SSLDomain.MODE_CLIENT)
+    domain.set_trusted_ca_db(str(pki["ca"]))
+    domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME)
+    if client:
+        domain.set_credentials(str(pki["client"]), str(pki["client_key"]), None)
+    return BlockingConnection(f"amqps://127.0.0.1:{broker.amqps_port}", ssl_domain=domain,
+                              sni="localhost", allowed_mechs=mechs, user=user,
+                              password=password, virtual_host="vhost:/", timeout=10)
+
+
+def _amqp1_round_trip(broker, pki, conn, user_id: str) -> None:
+    """Declares a queue over 0-9-1 on the same TLS port, then sends a message
+    with `user_id` over 1.0 and receives it back."""
+    declaring = pika.BlockingConnection(
+        _params(broker, pki, False, pika.PlainCredentials("guest", "guest")))
+    try:
+        queue = uniq("tls1")
+        declaring.channel().queue_declare(queue, auto_delete=False)
+        body = os.urandom(100_000)
+        conn.create_sender(f"/queues/{queue}").send(Message(body=body, user_id=user_id.encode()))
+        receiver = conn.create_receiver(f"/queues/{queue}")
+        got = receiver.receive(timeout=10)
+        receiver.accept()
+        assert bytes(got.body) == body and got.user_id == user_id.encode()
+        declaring.channel().queue_delete(queue)
+    finally:
+        declaring.close()
+
+
+def test_amqp1_round_trip_over_amqps_with_plain(tls_broker):
+    broker, pki = tls_broker
+    conn = _amqp1(broker, pki, False, "PLAIN", user="guest", password="guest")
+    try:
+        _amqp1_round_trip(broker, pki, conn, "guest")
+    finally:
+        conn.close()
+
+
+def test_amqp1_external_with_a_client_certificate(tls_broker):
+    broker, pki = tls_broker
+    conn = _amqp1(broker, pki, True, "EXTERNAL")
+    try:
+        # Logged in as the certificate's CN: a user-id of app is accepted.
+        _amqp1_round_trip(broker, pki, conn, CERT_USER)
+    finally:
+        conn.close()
+
+
+def test_amqp1_external_is_not_offered_without_a_certificate(tls_broker):
+    broker, pki = tls_broker
+    with pytest.raises(ConnectionException):
+        _amqp1(broker, pki, False, "EXTERNAL")

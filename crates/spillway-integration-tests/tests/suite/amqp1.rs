@@ -1,20 +1,26 @@
 //! AMQP 1.0 through the `fe2o3-amqp` client on the 0-9-1 port, in both
-//! wirings: messages cross between the protocols over the same queues, and
+//! wirings: messages cross between the protocols over the same queues,
 //! producer flow control holds back only the links that publish to an
-//! overfull queue (their credit), releasing them below resume capacity.
+//! overfull queue (their credit), releasing them below resume capacity, and
+//! a receiver granting little credit drains a backlog that flowed to disk
+//! within the memory budget.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 
 use fe2o3_amqp::connection::ConnectionHandle;
+use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::sasl_profile::SaslProfile;
 use fe2o3_amqp::{Connection, Receiver, Sender, Session};
 use fe2o3_amqp_types::messaging::{Body, Message, Outcome};
 use fe2o3_amqp_types::primitives::{Binary, Value};
 use futures::StreamExt;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, QueueDeclareOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions,
+    QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::BasicProperties;
@@ -24,6 +30,7 @@ both_wirings!(
     own_sandbox, timeout_secs = 120;
     messages_cross_between_amqp_1_0_and_0_9_1,
     a_full_queue_holds_back_only_the_links_that_publish_to_it,
+    a_low_credit_receiver_drains_a_spilled_backlog_within_the_budget,
 );
 
 async fn connect(sandbox: &Sandbox, name: &str) -> anyhow::Result<ConnectionHandle<()>> {
@@ -277,5 +284,109 @@ async fn held_and_released(sandbox: &Sandbox, wiring: Wiring) -> anyhow::Result<
         .context("closing the roomy queue's link")?;
     session.end().await.context("ending the session")?;
     connection.close().await.context("closing the connection")?;
+    Ok(())
+}
+
+const MIB: u64 = 1 << 20;
+
+/// A backlog five times the flow-to-disk threshold, published over 0-9-1,
+/// drained by a 1.0 receiver that grants 5 credits at a time: the consumer's
+/// prefetch follows the credit, so what the engine holds resident stays
+/// within the threshold and one spill window, and every message comes back
+/// once, in order.
+async fn a_low_credit_receiver_drains_a_spilled_backlog_within_the_budget(
+    wiring: Wiring,
+) -> anyhow::Result<()> {
+    const THRESHOLD: u64 = 8 * MIB;
+    const BODY: usize = 64 * 1024;
+    const COUNT: u64 = 5 * THRESHOLD / BODY as u64;
+    // As flow_to_disk.rs: one spill window (an eighth of the threshold, at
+    // least 1 MiB) and one message past a full window.
+    const ONE_BATCH: u64 = MIB + MIB + 4096;
+    let config = format!(
+        "[engine]\nflow_to_disk_threshold = {THRESHOLD}\nhousekeeping_interval = \"100ms\"\n"
+    );
+    let sandbox = Arc::new(Sandbox::start_with_config(wiring, &config).await?);
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = super::flow_to_disk::sample_resident(sandbox.clone(), stop.clone());
+
+    let queue = "spilled-for-1.0";
+    let publisher = sandbox.connect().await?;
+    let channel = publisher.create_channel().await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    let body = |seq: u64| -> Vec<u8> {
+        let mut body = vec![(seq % 251) as u8; BODY];
+        body[..8].copy_from_slice(&seq.to_be_bytes());
+        body
+    };
+    let mut pending = Vec::new();
+    for seq in 0..COUNT {
+        pending.push(
+            channel
+                .basic_publish(
+                    "".into(),
+                    queue.into(),
+                    BasicPublishOptions::default(),
+                    &body(seq),
+                    BasicProperties::default(),
+                )
+                .await?,
+        );
+        if pending.len() >= 64 {
+            for confirm in pending.drain(..) {
+                anyhow::ensure!(confirm.await?.is_ack(), "a publish was nacked");
+            }
+        }
+    }
+    for confirm in pending {
+        anyhow::ensure!(confirm.await?.is_ack(), "a publish was nacked");
+    }
+    publisher.close(200, "done".into()).await?;
+    let spilled = sandbox
+        .engine_metric("spillway_broker_resident_message_bytes")
+        .await?;
+    anyhow::ensure!(
+        (spilled as u64) < COUNT * BODY as u64,
+        "the backlog did not flow to disk: {spilled} bytes resident"
+    );
+
+    let mut connection = connect(&sandbox, "low-credit").await?;
+    let mut session = Session::begin(&mut connection).await?;
+    let mut receiver = Receiver::builder()
+        .name("low-credit")
+        .source(format!("/queues/{queue}"))
+        .credit_mode(CreditMode::Auto(5))
+        .attach(&mut session)
+        .await?;
+    for seq in 0..COUNT {
+        let delivery =
+            tokio::time::timeout(Duration::from_secs(30), receiver.recv::<Body<Value>>())
+                .await
+                .with_context(|| format!("message {seq} did not come"))??;
+        anyhow::ensure!(payload(delivery.body()) == body(seq), "message {seq}");
+        receiver.accept(&delivery).await?;
+    }
+    receiver.close().await?;
+    session.end().await?;
+    connection.close().await?;
+    stop.store(true, Ordering::Relaxed);
+    let highest = sampler.await?;
+    anyhow::ensure!(
+        highest <= THRESHOLD + ONE_BATCH,
+        "resident bytes reached {highest}, over {THRESHOLD} + {ONE_BATCH}"
+    );
+    println!("{wiring:?}: {COUNT} messages drained over 1.0 with 5 credits, highest resident {highest} bytes (threshold {THRESHOLD})");
     Ok(())
 }

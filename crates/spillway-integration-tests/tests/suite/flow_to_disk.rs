@@ -52,7 +52,10 @@ fn message_id(queue: usize, seq: u64) -> String {
 
 /// Samples the engine's resident message bytes until told to stop; returns
 /// the highest figure seen.
-fn sample_resident(sandbox: Arc<Sandbox>, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<u64> {
+pub(crate) fn sample_resident(
+    sandbox: Arc<Sandbox>,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<u64> {
     tokio::spawn(async move {
         let mut highest = 0u64;
         while !stop.load(Ordering::Relaxed) {
