@@ -57,8 +57,9 @@ fn keepalive() -> socket2::TcpKeepalive {
         .with_interval(Duration::from_secs(10))
         .with_retries(6)
 }
-/// How long we wait for close-ok after closing a connection on an error.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long we wait for the client's answer (close-ok, or a 1.0 `close`)
+/// after closing its connection; then the socket is cut.
+pub(crate) const CLOSE_TIMEOUT: Duration = Duration::from_secs(3);
 /// A publisher held back by the memory ceiling looks again this often.
 const MEMORY_RECHECK: Duration = Duration::from_millis(100);
 /// Engine events handled before outbound bytes are flushed.

@@ -25,8 +25,10 @@
 //! own to scan. Written here because no maintained crate checks AMQP 1.0
 //! encodings without decoding them.
 
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, BytesMut};
@@ -34,6 +36,7 @@ use fe2o3_amqp_types::definitions::Role;
 use fe2o3_amqp_types::performatives::{Attach, Flow, Transfer};
 use foldhash::HashMap;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 /// Deepest nesting of lists, maps, arrays and described values accepted.
 /// A performative is 2–4 deep; a message's sections a few more.
@@ -47,9 +50,16 @@ pub const RECEIVING_SUFFIX: &str = "\u{0}spillway-receiving";
 /// to wait.
 const MAX_OUTBOUND: usize = 256 * 1024;
 
-/// An attach's descriptor: the small ulong 0x12; a flow's 0x13.
+/// Longest the client's `close` waits for the links to take what it sent
+/// before, and how often that is looked at.
+const CLOSE_HOLD: std::time::Duration = std::time::Duration::from_secs(3);
+const CLOSE_RECHECK: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// An attach's descriptor: the small ulong 0x12; a flow's 0x13; a
+/// close's 0x18.
 const ATTACH: [u8; 3] = [0x00, 0x53, 0x12];
 const FLOW: [u8; 3] = [0x00, 0x53, 0x13];
+const CLOSE: [u8; 3] = [0x00, 0x53, 0x18];
 
 type CreditByLink = HashMap<(u16, u32), tokio::sync::watch::Sender<u32>>;
 
@@ -60,6 +70,11 @@ type CreditByLink = HashMap<(u16, u32), tokio::sync::watch::Sender<u32>>;
 #[derive(Clone, Debug, Default)]
 pub struct CreditBoard {
     links: std::sync::Arc<parking_lot::Mutex<CreditByLink>>,
+    /// Messages the guard passed to the library, and messages the
+    /// publishing links took from it: the client's `close` waits until
+    /// they are equal (see [`FrameGuard`]).
+    passed: std::sync::Arc<AtomicU64>,
+    taken: std::sync::Arc<AtomicU64>,
 }
 
 impl CreditBoard {
@@ -74,6 +89,16 @@ impl CreditBoard {
     /// Forgets a link that ended.
     pub fn forget(&self, channel: u16, handle: u32) {
         self.links.lock().remove(&(channel, handle));
+    }
+
+    /// A publishing link took one message from the library.
+    pub fn took_message(&self) {
+        self.taken.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Whether every message the client sent has reached a link.
+    fn all_taken(&self) -> bool {
+        self.taken.load(Ordering::Acquire) >= self.passed.load(Ordering::Acquire)
     }
 
     fn granted(&self, channel: u16, handle: u32, credit: u32) {
@@ -527,6 +552,15 @@ pub struct FrameGuard<S> {
     outbound: FrameSplitter,
     /// Frames for the socket.
     outbound_ready: BytesMut,
+    /// Once this resolves, the socket reads as ended and refuses writes:
+    /// the library's connection then stops and drops it.
+    hang_up: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
+    /// The client sent its `close`: it and what follows wait in `held`.
+    closing: bool,
+    held: BytesMut,
+    /// Until when the close is held, and the timer that looks again.
+    close_held_until: Option<tokio::time::Instant>,
+    recheck: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl<S> FrameGuard<S> {
@@ -547,7 +581,49 @@ impl<S> FrameGuard<S> {
             partial: HashMap::default(),
             outbound: FrameSplitter::new(),
             outbound_ready: BytesMut::new(),
+            hang_up: None,
+            closing: false,
+            held: BytesMut::new(),
+            close_held_until: None,
+            recheck: None,
         }
+    }
+
+    /// Hangs up when `token` is cancelled, whatever the client does: how a
+    /// client that never answers the broker's `close` is cut off.
+    pub fn hang_up_on(mut self, token: CancellationToken) -> Self {
+        self.hang_up = Some(Box::pin(token.cancelled_owned()));
+        self
+    }
+
+    /// Whether the socket was hung up; registers `cx` to hear of it.
+    fn hung_up(&mut self, cx: &mut Context<'_>) -> bool {
+        self.hang_up
+            .as_mut()
+            .is_some_and(|hang_up| hang_up.as_mut().poll(cx).is_ready())
+    }
+
+    /// Whether the client's held `close` may reach the library: once the
+    /// publishing links took every message sent before it, or after
+    /// [`CLOSE_HOLD`]. The library stops the connection on a `close`, and
+    /// a session of it that then has a frame to send (a flow, an outcome)
+    /// ends, dropping the transfers it has not handed to its links yet:
+    /// pre-settled messages the client sent just before closing were lost.
+    fn close_may_pass(&mut self, cx: &mut Context<'_>) -> bool {
+        let now = tokio::time::Instant::now();
+        let until = *self.close_held_until.get_or_insert(now + CLOSE_HOLD);
+        if self.credit.all_taken() || now >= until {
+            return true;
+        }
+        let recheck = self
+            .recheck
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(CLOSE_RECHECK)));
+        if recheck.as_mut().poll(cx).is_ready() {
+            recheck.as_mut().reset(now + CLOSE_RECHECK);
+            // Registers the waker for the new deadline.
+            let _ = recheck.as_mut().poll(cx);
+        }
+        false
     }
 
     /// The broker's protocol header went to the client already: the one
@@ -575,9 +651,14 @@ impl<S> FrameGuard<S> {
                 break;
             };
             self.check(&frame)?;
+            let passed = if self.closing {
+                &mut self.held
+            } else {
+                &mut self.ready
+            };
             match renamed(&frame, Direction::Inbound) {
-                Some(frame) => self.ready.extend_from_slice(&frame),
-                None => self.ready.extend_from_slice(&frame),
+                Some(frame) => passed.extend_from_slice(&frame),
+                None => passed.extend_from_slice(&frame),
             }
         }
         Ok(())
@@ -620,6 +701,9 @@ impl<S> FrameGuard<S> {
         // A transfer's descriptor is the small ulong 0x14.
         let transfer = body.starts_with(&[0x00, 0x53, 0x14]);
         let payload = &body[read..];
+        if body.starts_with(&CLOSE) {
+            self.closing = true;
+        }
         if body.starts_with(&FLOW) {
             if let Ok(flow) = serde_amqp::from_slice::<Flow>(&body[..read]) {
                 if let (Some(handle), Some(credit)) = (flow.handle, flow.link_credit) {
@@ -655,6 +739,7 @@ impl<S> FrameGuard<S> {
             if !whole {
                 return Err(GuardError::Malformed("a message cut short"));
             }
+            self.credit.passed.fetch_add(1, Ordering::AcqRel);
         }
         Ok(())
     }
@@ -702,12 +787,23 @@ impl<S: AsyncRead + Unpin> AsyncRead for FrameGuard<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if self.hung_up(cx) {
+            return Poll::Ready(Ok(())); // read as the end of the stream
+        }
         loop {
             if !self.ready.is_empty() {
                 let n = self.ready.len().min(buf.remaining());
                 buf.put_slice(&self.ready[..n]);
                 self.ready.advance(n);
                 return Poll::Ready(Ok(()));
+            }
+            if !self.held.is_empty() {
+                if !self.close_may_pass(cx) {
+                    return Poll::Pending; // the recheck timer wakes this
+                }
+                let held = self.held.split();
+                self.ready = held;
+                continue;
             }
             let mut scratch = [0u8; 8192];
             let mut read = ReadBuf::new(&mut scratch);
@@ -745,6 +841,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for FrameGuard<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        if self.hung_up(cx) {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        }
         if self.outbound_ready.len() >= MAX_OUTBOUND {
             // The client reads slowly: the library waits with it.
             ready!(self.poll_drain(cx))?;
@@ -758,11 +857,17 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for FrameGuard<S> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.hung_up(cx) {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        }
         ready!(self.poll_drain(cx))?;
         Pin::new(&mut self.inner).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.hung_up(cx) {
+            return Poll::Ready(Ok(())); // nothing more is sent
+        }
         ready!(self.poll_drain(cx))?;
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
@@ -775,6 +880,7 @@ mod tests {
     use fe2o3_amqp_types::messaging::{Body, Message};
     use fe2o3_amqp_types::performatives::{Attach, Open};
     use fe2o3_amqp_types::primitives::Value;
+    use std::time::Duration;
 
     /// `depth` lists, each holding the next (list8).
     fn nested_lists(depth: usize) -> Vec<u8> {
@@ -1030,6 +1136,32 @@ mod tests {
         assert!(
             guard.absorb(&frame(1, &cut)).is_err(),
             "a message cut short"
+        );
+    }
+
+    /// A hung-up guard reads as ended and refuses writes, even while a read
+    /// waits on a client that sends nothing: how the library's connection
+    /// is made to drop a client that never answers the broker's `close`.
+    #[tokio::test]
+    async fn a_hung_up_socket_reads_as_ended_and_refuses_writes() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (_client, broker_side) = tokio::io::duplex(1024);
+        let token = CancellationToken::new();
+        let mut guard = FrameGuard::new(broker_side, 1 << 20).hang_up_on(token.clone());
+        let mut buf = [0u8; 16];
+        let waiting = tokio::time::timeout(Duration::from_millis(50), guard.read(&mut buf)).await;
+        assert!(waiting.is_err(), "a silent client: the read waits");
+        let cancel = token.clone();
+        tokio::spawn(async move { cancel.cancel() });
+        let read = tokio::time::timeout(Duration::from_secs(5), guard.read(&mut buf)).await;
+        assert!(
+            matches!(read, Ok(Ok(0))),
+            "the hang-up wakes the read as an end: {read:?}"
+        );
+        let written = guard.write(b"AMQP").await;
+        assert_eq!(
+            written.map_err(|error| error.kind()),
+            Err(io::ErrorKind::BrokenPipe)
         );
     }
 }

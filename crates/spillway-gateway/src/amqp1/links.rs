@@ -90,6 +90,10 @@ pub async fn publish_from(
     let mut unsettled: HashMap<u64, DeliveryInfo> = HashMap::default();
     let mut next_seq: u64 = 0;
     let mut returned = false;
+    // The connection stopped: credit and outcomes can no longer be sent,
+    // what the client sent before is still published (read on until the
+    // library reports the link's end).
+    let mut client_gone = false;
     let ended: Option<definitions::Error> = loop {
         tokio::select! {
             received = receiver.recv::<Body<Value>>() => {
@@ -100,6 +104,7 @@ pub async fn publish_from(
                         break None;
                     }
                 };
+                link.credit.took_message();
                 credit = credit.saturating_sub(1);
                 let (info, message) = delivery.into_parts();
                 let publish = match publish_command(&link, &destination, message) {
@@ -137,9 +142,7 @@ pub async fn publish_from(
                             );
                             receiver.reject(info, error).await
                         };
-                        if settled.is_err() {
-                            break None;
-                        }
+                        client_gone |= settled.is_err();
                     }
                     Event::ChannelError(error) => {
                         break Some(Amqp1Error::Engine(error.error.unwrap_or_default()).condition());
@@ -161,12 +164,10 @@ pub async fn publish_from(
         // More credit when half the window is spent and what is in flight
         // leaves room, unless producers are held back.
         let in_flight = unsettled.len() as u32;
-        if !blocked && credit <= window / 2 && in_flight < window {
+        if !blocked && !client_gone && credit <= window / 2 && in_flight < window {
             let grant = window - in_flight;
             if grant > credit {
-                if receiver.set_credit(grant).await.is_err() {
-                    break None;
-                }
+                client_gone |= receiver.set_credit(grant).await.is_err();
                 credit = grant;
             }
         }

@@ -32,10 +32,12 @@ pub mod mapping;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use amq_protocol::types::{AMQPValue, FieldTable, LongString};
 use fe2o3_amqp::acceptor::{
-    ConnectionAcceptor, LinkAcceptor, LinkEndpoint, ListenerSessionHandle, SessionAcceptor,
+    ConnectionAcceptor, LinkAcceptor, LinkEndpoint, ListenerConnectionHandle,
+    ListenerSessionHandle, SessionAcceptor,
 };
 use fe2o3_amqp_types::definitions::{self, AmqpError, ConnectionError, Role, SenderSettleMode};
 use fe2o3_amqp_types::messaging::TargetArchetype;
@@ -48,11 +50,12 @@ use spillway_proto::engine::{self as pb, reply, session_command::Command};
 use spillway_proto::management::Amqp1Link;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
-use tokio::task::AbortHandle;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::auth::{self, AuthError};
-use crate::server::{ClientStream, ConnectionContext};
+use crate::server::{ClientStream, ConnectionContext, CLOSE_TIMEOUT};
 
 use self::address::{AddressError, Destination};
 use self::engine_session::EngineSession;
@@ -162,12 +165,15 @@ pub(crate) async fn serve<S: ClientStream + std::fmt::Debug>(
     let credit = CreditBoard::default();
     // The protocol header was answered before the `open` was read: the
     // guard drops the library's own.
+    // Cut when a close is not answered in time (see `close`).
+    let hang_up = CancellationToken::new();
     let guarded = FrameGuard::with_credit(
         Replay::new(seen, stream),
         config.frame_max.max(512) as usize,
         credit.clone(),
     )
-    .header_already_sent();
+    .header_already_sent()
+    .hang_up_on(hang_up.clone());
     let mut connection = match acceptor.accept(guarded).await {
         Ok(connection) => connection,
         Err(error) => {
@@ -177,19 +183,20 @@ pub(crate) async fn serve<S: ClientStream + std::fmt::Debug>(
     };
     if let Some(refusal) = refusal {
         let error = definitions::Error::new(AmqpError::ResourceLimitExceeded, Some(refusal), None);
-        let _ = connection.close_with_error(error).await;
+        close(&mut connection, Some(error), &hang_up).await;
         return Ok(());
     }
-    let _open = context.metrics.connection_opened();
-    let _open_amqp1 = context.metrics.amqp1_connection_opened();
     let session = match open_engine_session(&context, peer, &user, &vhost, &container).await {
         Ok(session) => session,
         Err(error) => {
             tracing::info!(%peer, %user, %vhost, %error, "amqp 1.0 connection refused");
-            let _ = connection.close_with_error(error.condition()).await;
+            close(&mut connection, Some(error.condition()), &hang_up).await;
             return Ok(());
         }
     };
+    // Counted once open in its vhost, as a 0-9-1 connection is.
+    let _open = context.metrics.connection_opened();
+    let _open_amqp1 = context.metrics.amqp1_connection_opened();
     tracing::debug!(%peer, %user, %vhost, "amqp 1.0 connection open");
     let link = LinkContext {
         session: session.clone(),
@@ -220,7 +227,7 @@ pub(crate) async fn serve<S: ClientStream + std::fmt::Debug>(
                 match acceptor.accept_incoming_session(incoming, &mut connection).await {
                     Ok(listener) => {
                         let handle = tokio::spawn(serve_session(listener, channel, link.clone(), tasks.clone()));
-                        tasks.add_session(handle.abort_handle());
+                        tasks.add_session(handle);
                     }
                     Err(error) => tracing::debug!(%peer, %error, "amqp 1.0 session not begun"),
                 }
@@ -242,17 +249,34 @@ pub(crate) async fn serve<S: ClientStream + std::fmt::Debug>(
             }
         }
     };
-    tasks.abort_all();
     match reason {
-        Some(error) => {
-            let _ = connection.close_with_error(error).await;
-        }
-        None => {
-            let _ = connection.close().await;
-        }
+        // Ended by the client: what it sent before is published first.
+        None => tasks.finish(CLOSE_TIMEOUT).await,
+        Some(_) => tasks.abort_all(),
     }
+    close(&mut connection, reason, &hang_up).await;
     tracing::debug!(%peer, "amqp 1.0 connection closed");
     Ok(())
+}
+
+/// Sends the broker's `close` and waits for the client's, at most
+/// [`CLOSE_TIMEOUT`]: a client that never answers is then cut off (the
+/// library would otherwise wait for it, holding the socket, for ever).
+async fn close(
+    connection: &mut ListenerConnectionHandle,
+    error: Option<definitions::Error>,
+    hang_up: &CancellationToken,
+) {
+    let closing = async {
+        match error {
+            Some(error) => connection.close_with_error(error).await,
+            None => connection.close().await,
+        }
+    };
+    if tokio::time::timeout(CLOSE_TIMEOUT, closing).await.is_err() {
+        tracing::debug!("amqp 1.0 client did not answer the close in time, cutting it off");
+        hang_up.cancel();
+    }
 }
 
 /// The login and the `open`: the user, the bytes read ahead of the
@@ -409,25 +433,31 @@ async fn open_engine_session(
     Ok(session)
 }
 
-/// The tasks of one connection's sessions and links, aborted together
-/// when the connection ends (each holds the engine session open).
+/// The tasks of one connection's sessions and links, ended together when
+/// the connection ends (each holds the engine session open).
 #[derive(Clone, Default)]
 struct Tasks {
-    sessions: Arc<Mutex<Vec<AbortHandle>>>,
-    links: Arc<Mutex<Vec<AbortHandle>>>,
+    sessions: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    links: Arc<Mutex<Vec<LinkTask>>>,
+}
+
+struct LinkTask {
+    task: JoinHandle<()>,
+    /// Takes the client's messages (the client is the link's sender).
+    incoming: bool,
 }
 
 impl Tasks {
-    fn add_session(&self, handle: AbortHandle) {
+    fn add_session(&self, task: JoinHandle<()>) {
         let mut sessions = self.sessions.lock();
         sessions.retain(|task| !task.is_finished());
-        sessions.push(handle);
+        sessions.push(task);
     }
 
-    fn add_link(&self, handle: AbortHandle) {
+    fn add_link(&self, task: JoinHandle<()>, incoming: bool) {
         let mut links = self.links.lock();
-        links.retain(|task| !task.is_finished());
-        links.push(handle);
+        links.retain(|link| !link.task.is_finished());
+        links.push(LinkTask { task, incoming });
     }
 
     fn sessions(&self) -> usize {
@@ -436,12 +466,32 @@ impl Tasks {
         sessions.len()
     }
 
+    /// The client closed: its incoming links hand the engine what it sent
+    /// before (transfers read from the socket, not yet published; settled
+    /// ones have no other chance), for at most `within`. Then every task
+    /// ends.
+    async fn finish(&self, within: Duration) {
+        let incoming: Vec<JoinHandle<()>> = {
+            let mut links = self.links.lock();
+            let (incoming, outgoing) = links.drain(..).partition(|link| link.incoming);
+            *links = outgoing;
+            incoming.into_iter().map(|link| link.task).collect()
+        };
+        let deadline = Instant::now() + within;
+        for mut task in incoming {
+            if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+                task.abort();
+            }
+        }
+        self.abort_all();
+    }
+
     fn abort_all(&self) {
         for task in self.sessions.lock().drain(..) {
             task.abort();
         }
-        for task in self.links.lock().drain(..) {
-            task.abort();
+        for link in self.links.lock().drain(..) {
+            link.task.abort();
         }
     }
 }
@@ -475,6 +525,7 @@ async fn serve_session(
             }
         };
         let link = link.clone();
+        let incoming = matches!(endpoint, LinkEndpoint::Receiver(_));
         let task = match (endpoint, plan) {
             (LinkEndpoint::Receiver(receiver), Ok(LinkPlan::Publish(destination))) => {
                 tokio::spawn(links::publish_from(receiver, destination, shown, link))
@@ -504,7 +555,7 @@ async fn serve_session(
                 continue;
             }
         };
-        tasks.add_link(task.abort_handle());
+        tasks.add_link(task, incoming);
     }
     let _ = session.end().await;
 }
