@@ -39,6 +39,16 @@ pub fn amqp_code(error: &lapin::Error) -> Option<u16> {
     }
 }
 
+/// The reply text that closed the channel or connection (RabbitMQ's
+/// `NAME - reason`), for an error the broker sent (None for any other
+/// failure).
+pub fn amqp_text(error: &lapin::Error) -> Option<String> {
+    match error.kind() {
+        lapin::ErrorKind::ProtocolError(e) => Some(e.get_message().as_str().to_string()),
+        _ => None,
+    }
+}
+
 /// A long-string field value.
 pub fn text(value: &str) -> AMQPValue {
     AMQPValue::LongString(value.into())

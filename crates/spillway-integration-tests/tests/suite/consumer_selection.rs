@@ -6,12 +6,19 @@
 //! - single active consumer (`x-single-active-consumer` on the queue): one
 //!   consumer receives, the earliest; when it cancels, its channel closes or
 //!   its connection goes, the next in line takes over and receives what the
-//!   gone one left unacked. Management names the active one.
+//!   gone one left unacked. Management names the active one;
+//! - global prefetch (`basic.qos` with `global=true`), as RabbitMQ 3.x reads
+//!   it: one limit on the unacked deliveries of all the channel's consumers
+//!   together, alongside each consumer's own (`global=false`, for consumers
+//!   started afterwards); a later `global=false` qos lifts the channel-wide
+//!   one (`tests/python/test_rabbitmq_features.py` checks both orders
+//!   against RabbitMQ).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 
+use futures::stream::{BoxStream, StreamExt};
 use lapin::message::Delivery;
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable};
@@ -25,6 +32,8 @@ both_wirings!(
     higher_priority_consumers_are_served_first,
     a_consumer_priority_must_be_an_integer,
     single_active_consumer_hands_over_in_arrival_order,
+    a_global_prefetch_is_shared_by_the_channels_consumers,
+    a_later_per_consumer_qos_lifts_the_global_one,
 );
 
 const QUIET: Duration = Duration::from_millis(300);
@@ -238,5 +247,136 @@ async fn single_active_consumer_hands_over_in_arrival_order(
     for conn in [conn_a, conn_b, conn_d, publisher] {
         conn.close(200, s("bye")).await?;
     }
+    Ok(())
+}
+
+/// Deliveries of one channel's consumers, each with the index of the queue
+/// it came from.
+type Held = BoxStream<'static, (usize, lapin::Result<Delivery>)>;
+
+/// Ten messages in each of `queues`, declared afresh.
+async fn ten_in_each(conn: &Connection, queues: &[&str]) -> anyhow::Result<()> {
+    let ch = conn.create_channel().await?;
+    ch.confirm_select(ConfirmSelectOptions::default()).await?;
+    for queue in queues {
+        ch.queue_declare(
+            s(queue),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+        publish_numbered(&ch, queue, 0..10).await?;
+    }
+    ch.close(200, s("bye")).await?;
+    Ok(())
+}
+
+/// One channel with the `qos` calls (prefetch, global) made in order, then
+/// a consumer on each of `queues`: their deliveries, merged.
+async fn consume_each(
+    conn: &Connection,
+    qos: &[(u16, bool)],
+    queues: &[&str],
+) -> anyhow::Result<(Channel, Held)> {
+    let ch = conn.create_channel().await?;
+    for &(prefetch, global) in qos {
+        ch.basic_qos(prefetch, BasicQosOptions { global }).await?;
+    }
+    let mut held: Held = futures::stream::empty().boxed();
+    for (index, queue) in queues.iter().enumerate() {
+        let consumer = ch
+            .basic_consume(
+                s(queue),
+                s(&format!("c{index}")),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        let tagged = consumer.map(move |delivery| (index, delivery));
+        held = futures::stream::select(held, tagged).boxed();
+    }
+    Ok((ch, held))
+}
+
+/// The next `count` deliveries of the channel, with their queue's index.
+async fn take_held(held: &mut Held, count: usize) -> anyhow::Result<Vec<(usize, Delivery)>> {
+    let mut taken = Vec::new();
+    for _ in 0..count {
+        let (index, delivery) = tokio::time::timeout(Duration::from_secs(10), held.next())
+            .await
+            .map_err(|_| anyhow::anyhow!("{} delivered, not {count}", taken.len()))?
+            .ok_or_else(|| anyhow::anyhow!("the consumers ended"))?;
+        taken.push((index, delivery?));
+    }
+    Ok(taken)
+}
+
+/// The channel gets nothing more for a while (everything it may hold has
+/// arrived, so this is the check that nothing beyond the limit does).
+async fn nothing_more_held(held: &mut Held) -> anyhow::Result<()> {
+    if let Ok(Some((index, delivery))) = tokio::time::timeout(QUIET, held.next()).await {
+        let body = delivery.map(|d| String::from_utf8_lossy(&d.data).into_owned());
+        anyhow::bail!("unexpected delivery from queue {index}: {body:?}");
+    }
+    Ok(())
+}
+
+/// How many of `taken` came from each of `queues` queues.
+fn per_queue(taken: &[(usize, Delivery)], queues: usize) -> Vec<usize> {
+    (0..queues)
+        .map(|q| taken.iter().filter(|(index, _)| *index == q).count())
+        .collect()
+}
+
+/// basic.qos global=true limits the channel's unacked deliveries across all
+/// its consumers; global=false limits each consumer started afterwards. Set
+/// in this order (RabbitMQ's documented example), both hold at once.
+async fn a_global_prefetch_is_shared_by_the_channels_consumers(
+    sb: &mut Sandbox,
+) -> anyhow::Result<()> {
+    let conn = sb.connect().await?;
+    let queues = ["global.a", "global.b"];
+    ten_in_each(&conn, &queues).await?;
+    let (_ch, mut held) = consume_each(&conn, &[(2, false), (3, true)], &queues).await?;
+
+    // Three in all (the channel's limit), at most two from either queue
+    // (each consumer's).
+    let taken = take_held(&mut held, 3).await?;
+    nothing_more_held(&mut held).await?;
+    let counts = per_queue(&taken, queues.len());
+    assert!(counts.iter().all(|&n| n <= 2), "per queue: {counts:?}");
+
+    // One ack frees one place on the channel, and one only.
+    taken[0].1.ack(BasicAckOptions::default()).await?;
+    let more = take_held(&mut held, 1).await?;
+    nothing_more_held(&mut held).await?;
+    let mut unacked: Vec<(usize, Delivery)> = taken.into_iter().skip(1).collect();
+    unacked.extend(more);
+    let counts = per_queue(&unacked, queues.len());
+    assert_eq!(counts.iter().sum::<usize>(), 3, "per queue: {counts:?}");
+    assert!(counts.iter().all(|&n| n <= 2), "per queue: {counts:?}");
+
+    // Acking them all lets the channel take three again.
+    for (_, delivery) in &unacked {
+        delivery.ack(BasicAckOptions::default()).await?;
+    }
+    take_held(&mut held, 3).await?;
+    nothing_more_held(&mut held).await?;
+    conn.close(200, s("bye")).await?;
+    Ok(())
+}
+
+/// RabbitMQ's reading, kept: basic.qos global=false after global=true turns
+/// the channel-wide limit off (rabbit_channel's unlimit_prefetch), leaving
+/// each consumer's.
+async fn a_later_per_consumer_qos_lifts_the_global_one(sb: &mut Sandbox) -> anyhow::Result<()> {
+    let conn = sb.connect().await?;
+    let queues = ["lifted.a", "lifted.b"];
+    ten_in_each(&conn, &queues).await?;
+    let (_ch, mut held) = consume_each(&conn, &[(3, true), (2, false)], &queues).await?;
+    let taken = take_held(&mut held, 4).await?;
+    nothing_more_held(&mut held).await?;
+    assert_eq!(per_queue(&taken, queues.len()), vec![2, 2]);
+    conn.close(200, s("bye")).await?;
     Ok(())
 }

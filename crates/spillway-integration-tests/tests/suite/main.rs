@@ -20,6 +20,7 @@ mod consumer_timeout;
 mod crash_recovery;
 mod dead_letters;
 mod delayed_messages;
+mod direct_reply_to;
 mod expiry;
 mod flow_to_disk;
 mod hostile_clients;

@@ -28,6 +28,7 @@ both_wirings!(
     policies_survive_a_restart,
     policies_are_checked_and_need_the_right_tags,
     spillctl_sets_lists_shows_and_clears_policies,
+    spillctl_acts_on_the_vhost_it_is_given,
 );
 
 async fn set_policy(
@@ -806,5 +807,107 @@ async fn spillctl_sets_lists_shows_and_clears_policies(sb: &mut Sandbox) -> anyh
     sb.spillctl(&["operator-policy", "clear", "ctl-ops"])?;
     let shown = sb.spillctl(&["queue", "show", "ctl.q"])?;
     assert!(shown.contains("policy: none"), "{shown}");
+    Ok(())
+}
+
+/// The (vhost, name) of each policy `spillctl policy list` shows, with
+/// `--vhost` when given.
+fn listed_policies(sb: &Sandbox, vhost: Option<&str>) -> anyhow::Result<Vec<(String, String)>> {
+    let mut args = vec!["--output", "json"];
+    if let Some(vhost) = vhost {
+        args.extend(["--vhost", vhost]);
+    }
+    args.extend(["policy", "list"]);
+    let parsed: serde_json::Value = serde_json::from_str(&sb.spillctl(&args)?)?;
+    Ok(parsed["policies"]
+        .as_array()
+        .map(|policies| {
+            policies
+                .iter()
+                .map(|p| {
+                    let field = |key: &str| p[key].as_str().unwrap_or_default().to_string();
+                    (field("vhost"), field("name"))
+                })
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// `spillctl --vhost V policy set|list|clear` acts on V, and without
+/// `--vhost` on `/`: a queue of the same name in each vhost shows which.
+async fn spillctl_acts_on_the_vhost_it_is_given(sb: &mut Sandbox) -> anyhow::Result<()> {
+    sb.spillctl(&["vhost", "create", "ctl-v"])?;
+    // A new vhost has no permissions, as in RabbitMQ.
+    sb.spillctl(&[
+        "--vhost",
+        "ctl-v",
+        "permissions",
+        "set",
+        "guest",
+        "--configure",
+        ".*",
+        "--write",
+        ".*",
+        "--read",
+        ".*",
+    ])?;
+    let (_root_conn, root) = confirm_channel(sb).await?;
+    declare(&root, "vq", false, FieldTable::default()).await?;
+    let v_uri = format!("amqp://guest:guest@{}/ctl-v", sb.amqp_addr());
+    let v_conn = lapin::Connection::connect(&v_uri, lapin::ConnectionProperties::default()).await?;
+    let v = v_conn.create_channel().await?;
+    v.confirm_select(ConfirmSelectOptions::default()).await?;
+    declare(&v, "vq", false, FieldTable::default()).await?;
+
+    sb.spillctl(&[
+        "--vhost",
+        "ctl-v",
+        "policy",
+        "set",
+        "one-only",
+        "^vq$",
+        r#"{"max-length": 1}"#,
+        "--apply-to",
+        "queues",
+    ])?;
+    let one_only = ("ctl-v".to_string(), "one-only".to_string());
+    assert_eq!(listed_policies(sb, Some("ctl-v"))?, vec![one_only.clone()]);
+    assert_eq!(listed_policies(sb, None)?, vec![]);
+    let shown = sb.spillctl(&["--vhost", "ctl-v", "queue", "show", "vq"])?;
+    assert!(shown.contains("policy: one-only"), "{shown}");
+    let shown = sb.spillctl(&["queue", "show", "vq"])?;
+    assert!(shown.contains("policy: none"), "{shown}");
+    // In force in ctl-v only.
+    publish(&v, "vq", "v", 3).await?;
+    publish(&root, "vq", "r", 3).await?;
+    assert_eq!(message_count(&v, "vq").await?, 1);
+    assert_eq!(message_count(&root, "vq").await?, 3);
+
+    // Without --vhost, clear looks in `/`: not there, and ctl-v's stays.
+    let wrong = sb.spillctl(&["policy", "clear", "one-only"]);
+    assert!(wrong.is_err(), "cleared in `/`: {wrong:?}");
+    assert_eq!(listed_policies(sb, Some("ctl-v"))?, vec![one_only.clone()]);
+    // A policy of the same name in `/` is another policy.
+    sb.spillctl(&["policy", "set", "one-only", "^vq$", r#"{"max-length": 2}"#])?;
+    let shown = sb.spillctl(&["queue", "show", "vq"])?;
+    assert!(shown.contains("x-max-length=2"), "{shown}");
+    let shown = sb.spillctl(&["--vhost", "ctl-v", "queue", "show", "vq"])?;
+    assert!(shown.contains("x-max-length=1"), "{shown}");
+
+    // Cleared in ctl-v, it stops applying there; `/`'s is untouched.
+    sb.spillctl(&["--vhost", "ctl-v", "policy", "clear", "one-only"])?;
+    assert_eq!(listed_policies(sb, Some("ctl-v"))?, vec![]);
+    assert_eq!(
+        listed_policies(sb, None)?,
+        vec![("/".to_string(), "one-only".to_string())]
+    );
+    let shown = sb.spillctl(&["--vhost", "ctl-v", "queue", "show", "vq"])?;
+    assert!(shown.contains("policy: none"), "{shown}");
+    publish(&v, "vq", "v-after", 2).await?;
+    assert_eq!(message_count(&v, "vq").await?, 3);
+    let shown = sb.spillctl(&["queue", "show", "vq"])?;
+    assert!(shown.contains("policy: one-only"), "{shown}");
+    assert_eq!(message_count(&root, "vq").await?, 2);
+    v_conn.close(200, s("bye")).await?;
     Ok(())
 }

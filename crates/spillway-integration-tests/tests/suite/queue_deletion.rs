@@ -25,7 +25,7 @@ use futures::StreamExt;
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection};
-use spillway_integration_tests::amqp::{amqp_code, get, message_count, s, table, WAIT};
+use spillway_integration_tests::amqp::{amqp_code, amqp_text, get, message_count, s, table, WAIT};
 use spillway_integration_tests::{both_wirings, eventually, publish, Sandbox};
 use spillway_proto::management::ListQueuesRequest;
 
@@ -379,7 +379,8 @@ async fn if_unused_counts_consumers_and_if_empty_ready_messages(
 }
 
 /// RabbitMQ removed `immediate`: a publish with it closes the connection
-/// with 540 NOT_IMPLEMENTED, and the message is not enqueued.
+/// with `540 NOT_IMPLEMENTED - immediate=true`, and the message is not
+/// enqueued.
 async fn immediate_publish_closes_the_connection_with_540(sb: &mut Sandbox) -> anyhow::Result<()> {
     let setup = sb.connect().await?;
     let ch = setup.create_channel().await?;
@@ -406,16 +407,22 @@ async fn immediate_publish_closes_the_connection_with_540(sb: &mut Sandbox) -> a
             BasicProperties::default(),
         )
         .await;
-    let code = tokio::time::timeout(WAIT, async {
+    let error = tokio::time::timeout(WAIT, async {
         while let Some(event) = events.next().await {
             if let lapin::Event::Error(error) = event {
-                return amqp_code(&error);
+                return Some(error);
             }
         }
         None
     })
-    .await?;
-    assert_eq!(code, Some(540));
+    .await?
+    .expect("the connection is closed with an error");
+    assert_eq!(amqp_code(&error), Some(540));
+    assert_eq!(
+        amqp_text(&error).as_deref(),
+        Some("NOT_IMPLEMENTED - immediate=true"),
+        "RabbitMQ's words (py-amqp's integration tests pin them)"
+    );
     eventually(WAIT, || async { !conn.status().connected() }).await?;
     assert_eq!(message_count(&ch, "imm").await?, 0);
     setup.close(200, s("bye")).await?;
