@@ -12,6 +12,18 @@
 #   large         e. 16 KiB transient, auto-ack                       BENCH_COUNT / 3
 #   fixed-rate    f. 10,000 msg/s for BENCH_RATE_SECONDS (5), latency is the figure
 #   fanout16      g. 16 producers / 16 consumers over 16 queues, auto-ack  BENCH_COUNT in all
+#   amqp1-transient   a over AMQP 1.0 (loadgen --client amqp1, fe2o3-amqp, whatever BENCH_CLIENT
+#                     says): pre-settled transfers, the receiver asks for settled deliveries
+#                     (at-most-once, 1.0's auto-ack), link credit 1000      BENCH_COUNT
+#   amqp1-persistent  c over AMQP 1.0: durable header, durable queue, unsettled transfers
+#                     with up to 1000 outcomes outstanding (1.0's confirms: counted when
+#                     `accepted`), each delivery settled with `accepted`, link credit 100
+#                     (1.0's manual ack with prefetch 100)                  BENCH_PERSISTENT_COUNT
+#                 Both on links to /amq/queue/Q (declared first over 0-9-1, as every case's
+#                 queue), on the brokers' usual port: Spillway's gateway, and RabbitMQ with
+#                 its rabbitmq_amqp1_0 plugin, which the script enables (SPW_RABBIT_PLUGINS,
+#                 the node's enabled-plugins file) when one of these scenarios is selected.
+#                 The 1.0 client costs more per message than raw (a write per frame).
 #   compressible  i. 16 KiB compressible bodies (loadgen --body compressible), persistent,
 #                    confirms: a backlog of BENCH_COUNT / 10 published with no consumer, its
 #                    resident and disk bytes read, then drained. Spillway without compression
@@ -46,7 +58,7 @@
 #                                 confirms and commits wait for a majority's fsync;
 #                                 rabbitmq-quorum: three RabbitMQ nodes clustered on this
 #                                 machine, a quorum queue (x-queue-type=quorum), case c only
-#   BENCH_SCENARIOS="transient confirm-ack persistent tx large fixed-rate fanout16 compressible idle backlog delayed"
+#   BENCH_SCENARIOS="transient confirm-ack persistent tx large fixed-rate fanout16 amqp1-transient amqp1-persistent compressible idle backlog delayed"
 #                                 delayed: scripts/bench-delayed.sh (Spillway only, ~10 min;
 #                                 BENCH_DELAYED_* there)
 #   BENCH_BACKLOG_BYTES=2GiB      case d's backlog
@@ -76,7 +88,7 @@ BENCH_COUNT="${BENCH_COUNT:-300000}"
 BENCH_PERSISTENT_COUNT="${BENCH_PERSISTENT_COUNT:-$((BENCH_COUNT / 5 > 0 ? BENCH_COUNT / 5 : 1))}"
 BENCH_SIZE="${BENCH_SIZE:-1024}"
 BENCH_TARGETS="${BENCH_TARGETS:-spillway-all-in-one spillway-separate spillway-compressed spillway-group rabbitmq rabbitmq-quorum}"
-BENCH_SCENARIOS="${BENCH_SCENARIOS:-transient confirm-ack persistent tx large fixed-rate fanout16 compressible idle backlog delayed}"
+BENCH_SCENARIOS="${BENCH_SCENARIOS:-transient confirm-ack persistent tx large fixed-rate fanout16 amqp1-transient amqp1-persistent compressible idle backlog delayed}"
 BENCH_BACKLOG_BYTES="${BENCH_BACKLOG_BYTES:-2GiB}"
 BENCH_BACKLOG_THRESHOLD="${BENCH_BACKLOG_THRESHOLD:-256MiB}"
 BENCH_BACKLOG_PRIORITIES="${BENCH_BACKLOG_PRIORITIES:-10}"
@@ -88,6 +100,10 @@ BENCH_COMPRESSION_BODY="${BENCH_COMPRESSION_BODY:-compressible}"
 BENCH_RESULTS="${BENCH_RESULTS:-$ROOT/target/bench/results.jsonl}"
 LOADGEN="${LOADGEN:-$ROOT/target/release/spillway-loadgen}"
 export SPILLWAY_BIN="${SPILLWAY_BIN:-$ROOT/target/release/spillway}"
+# The AMQP 1.0 cases need RabbitMQ's 1.0 plugin (on its 0-9-1 port), enabled at boot.
+case " $BENCH_SCENARIOS " in
+    *" amqp1-"*) export SPW_RABBIT_PLUGINS="${SPW_RABBIT_PLUGINS:+$SPW_RABBIT_PLUGINS }rabbitmq_amqp1_0" ;;
+esac
 
 LOADGEN_PID=""
 cleanup() {
@@ -117,6 +133,8 @@ scenario_label() {
         fixed-rate) echo "f. 10k msg/s" ;;
         fanout16) echo "g. 16x16 queues" ;;
         compressible) echo "i. 16KiB compressible" ;;
+        amqp1-transient) echo "a. $size transient, 1.0" ;;
+        amqp1-persistent) echo "c. $size persistent, 1.0" ;;
         *) echo "$1" ;;
     esac
 }
@@ -178,7 +196,7 @@ spw_workdir || exit 1
 # run_scenario TARGET SCENARIO: one loadgen run against $BROKER_URL; appends a table row.
 run_scenario() {
     local target="$1" scenario="$2" args out rc
-    local size="$BENCH_SIZE" pc=1
+    local size="$BENCH_SIZE" pc=1 client="$BENCH_CLIENT"
     case "$scenario" in
         transient)
             args=(--count "$BENCH_COUNT" --auto-ack --queue bench-transient) ;;
@@ -196,12 +214,18 @@ run_scenario() {
         fanout16)
             pc=16
             args=(--count "$((BENCH_COUNT / 16))" --queues 16 --auto-ack --queue bench-fanout) ;;
+        amqp1-transient)
+            client=amqp1
+            args=(--count "$BENCH_COUNT" --auto-ack --prefetch 1000 --queue bench-amqp1-transient) ;;
+        amqp1-persistent)
+            client=amqp1
+            args=(--count "$BENCH_PERSISTENT_COUNT" --persistent --confirm --confirm-window 1000 --prefetch 100 --queue bench-amqp1-persistent) ;;
         *) log "unknown scenario $scenario"; FAILED=1; return ;;
     esac
     # RabbitMQ's replicated queue: a quorum queue on the three-node cluster.
     [ "$target" = rabbitmq-quorum ] && args+=(--queue-arg x-queue-type=quorum)
     # shellcheck disable=SC2206
-    args+=(--url "$BROKER_URL" --client "$BENCH_CLIENT" --producers "$pc" --consumers "$pc" --size "$size" --timeout 120 $BENCH_LOADGEN_ARGS)
+    args+=(--url "$BROKER_URL" --client "$client" --producers "$pc" --consumers "$pc" --size "$size" --timeout 120 $BENCH_LOADGEN_ARGS)
     local ticks_before rss_file="$SPW_WORKDIR/rss.peak" sampler
     echo 0 >"$rss_file"
     sample_rss "$rss_file" &
@@ -509,10 +533,13 @@ done
 echo
 printf 'spillway-loadgen --client %s, %s B messages unless said; %s transient, %s persistent\n' \
     "$BENCH_CLIENT" "$BENCH_SIZE" "$BENCH_COUNT" "$BENCH_PERSISTENT_COUNT"
-fmt='%-20s | %-20s | %10s | %10s | %11s | %8s | %8s | %8s | %8s | %6s\n'
+case " $BENCH_SCENARIOS " in
+    *" amqp1-"*) echo 'rows ending "1.0": AMQP 1.0 through spillway-loadgen --client amqp1 (fe2o3-amqp)' ;;
+esac
+fmt='%-20s | %-24s | %10s | %10s | %11s | %8s | %8s | %8s | %8s | %6s\n'
 # shellcheck disable=SC2059
 printf "$fmt" target scenario "publish/s" "consume/s" "max backlog" "CPU µs" "p50 ms" "p99 ms" "RSS MiB" lost
-printf '%s\n' "---------------------+----------------------+------------+------------+-------------+----------+----------+----------+----------+-------"
+printf '%s\n' "---------------------+--------------------------+------------+------------+-------------+----------+----------+----------+----------+-------"
 for row in "${ROWS[@]}"; do
     IFS='|' read -r t sc pr cr backlog cpu p50 p99 rss lost <<<"$row"
     # shellcheck disable=SC2059

@@ -24,6 +24,8 @@
 #   SPW_KEEP_WORKDIR=1     keep the temp dir (logs) after stop_all
 #   SPW_QUIET=1            no progress messages on stderr
 #   SPW_SEPARATE_MANAGEMENT=1  start_spillway_separate also starts the management process
+#   SPW_RABBIT_PLUGINS     plugins start_rabbitmq enables (space-separated, e.g. rabbitmq_amqp1_0;
+#                          default none)
 #   Any SPILLWAY_* setting you export is passed on to the spillway processes.
 
 SPW_LIB_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -299,7 +301,9 @@ start_rabbitmq() {
     done
     epmd_port="$(free_port 30000 32000)" || return 1
     printf '' >"$dir/rabbitmq-env.conf"
-    echo '[].' >"$dir/enabled_plugins"
+    # SPW_RABBIT_PLUGINS: enabled at boot from this file, offline (no rabbitmq-plugins call).
+    local plugins="${SPW_RABBIT_PLUGINS:-}"
+    echo "[${plugins// /,}]." >"$dir/enabled_plugins"
     cat >"$dir/rabbitmq.conf" <<EOF
 listeners.tcp.default = 127.0.0.1:$port
 loopback_users.guest = true

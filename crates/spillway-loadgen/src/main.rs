@@ -1,4 +1,6 @@
-//! spillway-loadgen: an AMQP 0-9-1 load generator and end-to-end checker built on lapin.
+//! spillway-loadgen: an AMQP 0-9-1 (and 1.0) load generator and end-to-end checker built on
+//! lapin, with a lean 0-9-1 client of its own (`--client raw`) and an AMQP 1.0 client on
+//! `fe2o3-amqp` (`--client amqp1`).
 //!
 //! Producers publish numbered messages (producer id, sequence number and send timestamp in
 //! a 24-byte body prefix, padded to `--size`) to the default exchange; consumers ack them,
@@ -21,6 +23,7 @@
 //! Exit codes: 0 ok · 1 verification failed or a producer/consumer failed · 2 the run could
 //! not start (bad arguments, connection refused, queue declare failed).
 
+mod amqp1;
 mod message;
 mod raw;
 mod verify;
@@ -136,10 +139,16 @@ struct Args {
     tx_every: Option<u64>,
     /// The AMQP client for producers and consumers: lapin, or `raw`, a lean client on the
     /// gateway's frame codec that batches writes (for benchmarks: it costs far less CPU per
-    /// message than lapin; no --reconnect or fault injection). Queues are declared and
-    /// purged through lapin either way.
+    /// message than lapin; no --reconnect or fault injection), or `amqp1`: AMQP 1.0 links
+    /// through fe2o3-amqp on the same URL (see src/amqp1.rs for what each option becomes).
+    /// Queues are declared and purged through lapin (0-9-1) either way.
     #[arg(long, value_enum, default_value_t = Client::Lapin)]
     client: Client,
+    /// `--client amqp1`: link addresses are this prefix followed by the queue name.
+    /// `/amq/queue/` (an existing queue) is read by RabbitMQ 3's rabbitmq_amqp1_0 plugin
+    /// and by Spillway; `/queues/` is RabbitMQ 4's form.
+    #[arg(long, default_value = "/amq/queue/")]
+    amqp1_prefix: String,
     /// Open this many idle connections (one channel each, raw client), print one JSON line
     /// when all are open, hold them until SIGTERM/SIGINT or --duration, then close them.
     /// Nothing is published or consumed.
@@ -207,6 +216,8 @@ struct Args {
 enum Client {
     Lapin,
     Raw,
+    /// AMQP 1.0 through fe2o3-amqp.
+    Amqp1,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -312,6 +323,14 @@ impl Args {
         }
         if self.client == Client::Raw && (self.reconnect || self.inject_fault.is_some()) {
             bail!("--client raw supports neither --reconnect nor --inject-fault");
+        }
+        if self.client == Client::Amqp1 {
+            if self.reconnect || self.tx_every.is_some() {
+                bail!("--client amqp1 supports neither --reconnect nor --tx-every");
+            }
+            if !self.no_consume && self.consumers < self.queues {
+                bail!("--client amqp1: one queue per consumer (--consumers at least --queues)");
+            }
         }
         Ok(())
     }
@@ -832,8 +851,10 @@ async fn producer_session(
     retry: &mut Retry,
 ) -> Result<()> {
     let args = &shared.args;
-    if args.client == Client::Raw {
-        return raw::producer_session(shared, queue, out, budget).await;
+    match args.client {
+        Client::Raw => return raw::producer_session(shared, queue, out, budget).await,
+        Client::Amqp1 => return amqp1::producer_session(shared, queue, out, budget).await,
+        Client::Lapin => {}
     }
     let (conn, watcher) =
         connect(shared, &format!("loadgen-producer-{}", out.id), &args.url).await?;
@@ -981,8 +1002,10 @@ async fn consumer_session(
     retry: &mut Retry,
 ) -> Result<()> {
     let args = &shared.args;
-    if args.client == Client::Raw {
-        return raw::consumer_session(shared, id, queues, out, ready).await;
+    match args.client {
+        Client::Raw => return raw::consumer_session(shared, id, queues, out, ready).await,
+        Client::Amqp1 => return amqp1::consumer_session(shared, id, queues, out, ready).await,
+        Client::Lapin => {}
     }
     let (conn, watcher) = connect(
         shared,
@@ -1813,5 +1836,25 @@ mod tests {
         assert!(!durable.persistent, "--durable keeps messages transient");
         assert!(parse(&["--persistent"]).durable_queues());
         assert!(parse(&["--durable", "--persistent"]).durable_queues());
+    }
+
+    #[test]
+    fn the_amqp1_client_refuses_what_it_cannot_do() {
+        assert!(parse(&["--client", "amqp1", "--confirm", "--persistent"])
+            .validate()
+            .is_ok());
+        for refused in [
+            &["--client", "amqp1", "--tx-every", "10"][..],
+            &["--client", "amqp1", "--reconnect"],
+            &["--client", "amqp1", "--queues", "4", "--consumers", "2"],
+        ] {
+            assert!(parse(refused).validate().is_err(), "{refused:?}");
+        }
+        // Publishing only: no consumer to give queues to.
+        assert!(
+            parse(&["--client", "amqp1", "--queues", "4", "--no-consume"])
+                .validate()
+                .is_ok()
+        );
     }
 }
