@@ -34,6 +34,8 @@ use fe2o3_amqp_types::messaging::{
 };
 use fe2o3_amqp_types::primitives::{Binary, OrderedMap, SimpleValue, Symbol, Timestamp, Value};
 
+use super::guard;
+
 /// The header that marks a body kept as encoded 1.0 sections.
 pub const BODY_HEADER: &str = "x-amqp-1.0-body";
 /// Its values for an amqp-value holding bytes or text, kept as the body.
@@ -246,9 +248,7 @@ pub fn to_amqp1(properties: &[u8], body: Bytes, redelivered: bool) -> Message<Bo
             Ok(text) => Body::Value(AmqpValue(Value::String(text))),
             Err(_) => data_body(body),
         },
-        Some(_) => {
-            serde_amqp::from_slice::<Body<Value>>(&body).unwrap_or_else(|_| data_body(body.clone()))
-        }
+        Some(_) => decoded(&body).unwrap_or_else(|| data_body(body.clone())),
         None => data_body(body),
     };
     Message {
@@ -272,10 +272,28 @@ fn data_body(body: Bytes) -> Body<Value> {
     Body::Data(Batch::new(vec![Data(Binary::from(body.to_vec()))]))
 }
 
+/// A body as encoded sections. serde_amqp 0.18 panics (`unreachable!`)
+/// writing some values it decoded itself (a map whose timestamp key comes
+/// before a binary value, found by fuzzing): such a body is refused with
+/// an error, not a panic in a link task.
 fn encoded(body: &Body<Value>) -> Result<Bytes, MappingError> {
-    serde_amqp::to_vec(body)
-        .map(Bytes::from)
-        .map_err(|error| MappingError::Encoding(error.to_string()))
+    match std::panic::catch_unwind(|| serde_amqp::to_vec(body)) {
+        Ok(Ok(bytes)) => Ok(Bytes::from(bytes)),
+        Ok(Err(error)) => Err(MappingError::Encoding(error.to_string())),
+        Err(_) => Err(MappingError::Encoding(
+            "a value the AMQP 1.0 encoder cannot write".to_string(),
+        )),
+    }
+}
+
+/// Stored sections as a 1.0 body, if they decode and can be written again
+/// (what was stored came from a client: a 0-9-1 publisher may set
+/// [`BODY_HEADER`] too). The nesting is bounded before serde_amqp recurses.
+fn decoded(bytes: &[u8]) -> Option<Body<Value>> {
+    guard::nesting_depth(bytes).ok()?;
+    let body = serde_amqp::from_slice::<Body<Value>>(bytes).ok()?;
+    encoded(&body).ok()?;
+    Some(body)
 }
 
 fn encode_properties(props: &AMQPProperties) -> Result<Bytes, MappingError> {
@@ -433,6 +451,56 @@ fn integer(value: &AMQPValue) -> Option<i64> {
 mod tests {
     use super::*;
     use fe2o3_amqp_types::messaging::AmqpSequence;
+
+    /// An amqp-value map {timestamp: binary, ...} the fuzzer found: serde_amqp
+    /// decodes it and then panics writing it back.
+    const UNWRITABLE_VALUE: &[u8] = &[
+        0x00, 0x53, 0x77, 0xc1, 0x0c, 0x02, 0x83, 0x53, 0x97, 0x53, 0x97, 0x53, 0x72, 0x01, 0x6b,
+        0xa0, 0x00,
+    ];
+
+    #[test]
+    fn a_body_the_encoder_cannot_write_is_refused_not_a_panic() {
+        let body: Body<Value> = serde_amqp::from_slice(UNWRITABLE_VALUE).expect("decodes");
+        let mut message = full_message(body);
+        message.properties = None;
+        let refused = from_amqp1(message).map(|_| ());
+        assert!(
+            matches!(refused, Err(MappingError::Encoding(_))),
+            "{refused:?}"
+        );
+    }
+
+    #[test]
+    fn stored_sections_that_cannot_be_written_again_go_out_as_data() {
+        let mut headers = FieldTable::default();
+        headers.insert(BODY_HEADER.into(), long_string("amqp-value"));
+        let props = AMQPProperties::default().with_headers(headers);
+        let properties = encode_properties(&props).expect("properties");
+        let unwritable = Bytes::from_static(UNWRITABLE_VALUE);
+        let message = to_amqp1(&properties, unwritable.clone(), false);
+        assert_eq!(message.body, data_body(unwritable));
+        // Nesting deeper than the guard allows is not decoded at all.
+        let nested = Bytes::from(nested_list_value(guard::MAX_NESTING + 1));
+        let message = to_amqp1(&properties, nested.clone(), false);
+        assert_eq!(message.body, data_body(nested));
+    }
+
+    /// An amqp-value section of `depth` lists, each holding the next.
+    fn nested_list_value(depth: usize) -> Vec<u8> {
+        let mut value = vec![0x45]; // list0
+        for _ in 0..depth {
+            let size = (value.len() + 4) as u32;
+            let mut outer = vec![0xd0];
+            outer.extend_from_slice(&size.to_be_bytes());
+            outer.extend_from_slice(&1u32.to_be_bytes());
+            outer.extend_from_slice(&value);
+            value = outer;
+        }
+        let mut section = vec![0x00, 0x53, 0x77];
+        section.extend_from_slice(&value);
+        section
+    }
 
     fn full_message(body: Body<Value>) -> Message<Body<Value>> {
         let mut application = OrderedMap::new();
