@@ -63,12 +63,15 @@ const CLOSE: [u8; 3] = [0x00, 0x53, 0x18];
 
 type CreditByLink = HashMap<(u16, u32), tokio::sync::watch::Sender<u32>>;
 
-/// The link credit clients grant, as their flow frames say, for the links
-/// the broker sends on: keyed by the client's channel and link handle.
-/// The library keeps credit to itself; the link tasks need it to take no
-/// more from a queue than the client asked for.
+/// What the frame guard sees of a connection's links, for the link tasks:
+/// - the link credit clients grant, as their flow frames say, for the
+///   links the broker sends on, keyed by the client's channel and link
+///   handle (the library keeps credit to itself; the link tasks need it to
+///   take no more from a queue than the client asked for);
+/// - how many messages the guard passed to the library and how many the
+///   publishing links took (the client's `close` is held until they meet).
 #[derive(Clone, Debug, Default)]
-pub struct CreditBoard {
+pub struct LinkBoard {
     links: std::sync::Arc<parking_lot::Mutex<CreditByLink>>,
     /// Messages the guard passed to the library, and messages the
     /// publishing links took from it: the client's `close` waits until
@@ -77,7 +80,7 @@ pub struct CreditBoard {
     taken: std::sync::Arc<AtomicU64>,
 }
 
-impl CreditBoard {
+impl LinkBoard {
     /// Watches the credit of the client's link `handle` on `channel`
     /// (0 until its first flow).
     pub fn watch(&self, channel: u16, handle: u32) -> tokio::sync::watch::Receiver<u32> {
@@ -547,7 +550,7 @@ pub struct FrameGuard<S> {
     /// Messages arriving in several transfers, by channel and link handle.
     partial: HashMap<(u16, u32), Scanner>,
     /// Where the credit of the client's flow frames goes.
-    credit: CreditBoard,
+    board: LinkBoard,
     /// The library's bytes.
     outbound: FrameSplitter,
     /// Frames for the socket.
@@ -567,13 +570,14 @@ impl<S> FrameGuard<S> {
     /// `max_frame`: the largest frame accepted (what the broker's `open`
     /// offers).
     pub fn new(inner: S, max_frame: usize) -> Self {
-        Self::with_credit(inner, max_frame, CreditBoard::default())
+        Self::with_board(inner, max_frame, LinkBoard::default())
     }
 
-    /// As [`new`](Self::new), reporting the credit of flow frames to `credit`.
-    pub fn with_credit(inner: S, max_frame: usize, credit: CreditBoard) -> Self {
+    /// As [`new`](Self::new), reporting to `board` the credit of flow
+    /// frames and the messages passed to the library.
+    pub fn with_board(inner: S, max_frame: usize, board: LinkBoard) -> Self {
         Self {
-            credit,
+            board,
             inner,
             max_frame,
             inbound: FrameSplitter::new(),
@@ -612,7 +616,7 @@ impl<S> FrameGuard<S> {
     fn close_may_pass(&mut self, cx: &mut Context<'_>) -> bool {
         let now = tokio::time::Instant::now();
         let until = *self.close_held_until.get_or_insert(now + CLOSE_HOLD);
-        if self.credit.all_taken() || now >= until {
+        if self.board.all_taken() || now >= until {
             return true;
         }
         let recheck = self
@@ -707,7 +711,7 @@ impl<S> FrameGuard<S> {
         if body.starts_with(&FLOW) {
             if let Ok(flow) = serde_amqp::from_slice::<Flow>(&body[..read]) {
                 if let (Some(handle), Some(credit)) = (flow.handle, flow.link_credit) {
-                    self.credit.granted(channel, handle.0, credit);
+                    self.board.granted(channel, handle.0, credit);
                 }
             }
         }
@@ -739,7 +743,7 @@ impl<S> FrameGuard<S> {
             if !whole {
                 return Err(GuardError::Malformed("a message cut short"));
             }
-            self.credit.passed.fetch_add(1, Ordering::AcqRel);
+            self.board.passed.fetch_add(1, Ordering::AcqRel);
         }
         Ok(())
     }

@@ -28,6 +28,7 @@ use spillway_proto::engine::{self as pb, session_command::Command, session_event
 use spillway_proto::management::Amqp1Link;
 use std::sync::Arc;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use super::address::Destination;
 use super::engine_session::{EngineSession, LinkChannel};
@@ -48,10 +49,27 @@ pub struct LinkContext {
     pub compress_above: Option<u64>,
     /// Largest body, published or delivered (`gateway.max_message_size`).
     pub max_message_size: u64,
-    /// The credit clients grant on the links the broker sends on.
-    pub credit: super::guard::CreditBoard,
+    /// The credit clients grant on the links the broker sends on, and the
+    /// messages the client's `close` waits for.
+    pub board: super::guard::LinkBoard,
     /// Links, messages and settlements are counted as 0-9-1's channels'.
     pub metrics: GatewayMetrics,
+    /// Cancelled once the connection's end is under way: a link whose
+    /// engine session went waits for it (see [`LinkEnd::EngineGone`]).
+    pub connection_ending: CancellationToken,
+}
+
+/// How a link's loop ended.
+enum LinkEnd {
+    /// The link ends on its own: the broker detaches it, with this error
+    /// if any.
+    Detach(Option<definitions::Error>),
+    /// The engine's session ended (closed by management, the broker
+    /// stopping, the engine gone): the connection closes, with the reason.
+    /// A detach of the link's own sent first would reach the client ahead
+    /// of the connection's `close` and hide that reason, so the link stays
+    /// attached until the connection is done with it.
+    EngineGone,
 }
 
 /// How often a sending link waiting for credit looks whether its client
@@ -94,17 +112,17 @@ pub async fn publish_from(
     // what the client sent before is still published (read on until the
     // library reports the link's end).
     let mut client_gone = false;
-    let ended: Option<definitions::Error> = loop {
+    let ended = loop {
         tokio::select! {
             received = receiver.recv::<Body<Value>>() => {
                 let delivery = match received {
                     Ok(delivery) => delivery,
                     Err(error) => {
                         tracing::info!(%error, "amqp 1.0 receiving link ended");
-                        break None;
+                        break LinkEnd::Detach(None);
                     }
                 };
-                link.credit.took_message();
+                link.board.took_message();
                 credit = credit.saturating_sub(1);
                 let (info, message) = delivery.into_parts();
                 let publish = match publish_command(&link, &destination, message) {
@@ -118,12 +136,12 @@ pub async fn publish_from(
                 let publish = pb::Publish { channel, confirm_seq: next_seq, ..publish };
                 unsettled.insert(next_seq, info);
                 if session.send(Command::Publish(publish)).await.is_err() {
-                    break None;
+                    break LinkEnd::EngineGone;
                 }
                 link.metrics.count_published();
             }
             event = events.recv() => {
-                let Some(event) = event else { break None };
+                let Some(event) = event else { break LinkEnd::EngineGone };
                 match event {
                     Event::Returned(_) => returned = true,
                     Event::Confirm(confirm) => {
@@ -145,14 +163,14 @@ pub async fn publish_from(
                         client_gone |= settled.is_err();
                     }
                     Event::ChannelError(error) => {
-                        break Some(Amqp1Error::Engine(error.error.unwrap_or_default()).condition());
+                        break LinkEnd::Detach(Some(Amqp1Error::Engine(error.error.unwrap_or_default()).condition()));
                     }
                     _ => {}
                 }
             }
             changed = flow.changed() => {
                 if changed.is_err() {
-                    break None;
+                    break LinkEnd::EngineGone;
                 }
                 // Held back by granting no more: the client may still use
                 // what it has (taking credit back would race transfers
@@ -172,8 +190,12 @@ pub async fn publish_from(
             }
         }
     };
+    let error = match ended {
+        LinkEnd::EngineGone => return link.connection_ending.cancelled().await,
+        LinkEnd::Detach(error) => error,
+    };
     session.close_link(channel).await;
-    match ended {
+    match error {
         Some(error) => {
             let _ = receiver.close_with_error(error).await;
         }
@@ -273,23 +295,24 @@ pub async fn deliver_to(
     // plus what it holds unsettled, so the queue hands over no more than
     // the client asked for (a released message is the next one it gets).
     let mut prefetch = 1;
-    let ended: Option<definitions::Error> = 'link: loop {
+    let ended = 'link: loop {
         tokio::select! {
             changed = credit.changed() => {
                 if changed.is_err() {
-                    break None;
+                    // The frame guard went with the socket.
+                    break LinkEnd::EngineGone;
                 }
                 let granted = *credit.borrow_and_update();
                 let wanted = prefetch_for(granted, outcomes.len());
                 if wanted != prefetch && !settled {
                     prefetch = wanted;
                     if set_prefetch(&session, channel, prefetch).await.is_err() {
-                        break None;
+                        break LinkEnd::EngineGone;
                     }
                 }
             }
             event = events.recv() => {
-                let Some(event) = event else { break None };
+                let Some(event) = event else { break LinkEnd::EngineGone };
                 match event {
                     Event::Deliver(deliver) => {
                         let tag = deliver.delivery_tag;
@@ -315,7 +338,7 @@ pub async fn deliver_to(
                                 () = tokio::time::sleep(DETACH_CHECK) => {
                                     if sender.on_detach().now_or_never().is_some() {
                                         session.deliveries_written(1).await;
-                                        break 'link None;
+                                        break 'link LinkEnd::Detach(None);
                                     }
                                 }
                             }
@@ -329,19 +352,19 @@ pub async fn deliver_to(
                             Ok(_) => {}
                             Err(error) => {
                                 tracing::info!(%error, "amqp 1.0 sending link ended");
-                                break None;
+                                break LinkEnd::Detach(None);
                             }
                         }
                     }
                     Event::ConsumerCancelled(_) => {
-                        break Some(definitions::Error::new(
+                        break LinkEnd::Detach(Some(definitions::Error::new(
                             AmqpError::ResourceDeleted,
                             Some(format!("queue '{queue}' was deleted")),
                             None,
-                        ));
+                        )));
                     }
                     Event::ChannelError(error) => {
-                        break Some(Amqp1Error::Engine(error.error.unwrap_or_default()).condition());
+                        break LinkEnd::Detach(Some(Amqp1Error::Engine(error.error.unwrap_or_default()).condition()));
                     }
                     _ => {}
                 }
@@ -354,13 +377,17 @@ pub async fn deliver_to(
                 while let Some(Some((tag, outcome))) = outcomes.next().now_or_never() {
                     settle(&session, &link.metrics, channel, tag, outcome).await;
                 }
-                break None;
+                break LinkEnd::Detach(None);
             }
         }
     };
+    let error = match ended {
+        LinkEnd::EngineGone => return link.connection_ending.cancelled().await,
+        LinkEnd::Detach(error) => error,
+    };
     // Unsettled deliveries go back to the queue with the channel.
     session.close_link(channel).await;
-    if let Some(error) = ended {
+    if let Some(error) = error {
         let _ = sender.close_with_error(error).await;
     } else {
         let _ = sender.close().await;

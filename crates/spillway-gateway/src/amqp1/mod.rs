@@ -59,7 +59,7 @@ use crate::server::{ClientStream, ConnectionContext, CLOSE_TIMEOUT};
 
 use self::address::{AddressError, Destination};
 use self::engine_session::EngineSession;
-use self::guard::{CreditBoard, FrameGuard};
+use self::guard::{FrameGuard, LinkBoard};
 use self::handshake::{HandshakeError, Replay, AMQP_HEADER, SASL_HEADER, TLS_HEADER};
 use self::links::LinkContext;
 use self::mapping::MappingError;
@@ -162,16 +162,16 @@ pub(crate) async fn serve<S: ClientStream + std::fmt::Debug>(
     }
     let acceptor = acceptor.build();
     // Only frames the guard passed reach the library's decoder.
-    let credit = CreditBoard::default();
-    // The protocol header was answered before the `open` was read: the
-    // guard drops the library's own.
+    let board = LinkBoard::default();
     // Cut when a close is not answered in time (see `close`).
     let hang_up = CancellationToken::new();
-    let guarded = FrameGuard::with_credit(
+    let guarded = FrameGuard::with_board(
         Replay::new(seen, stream),
         config.frame_max.max(512) as usize,
-        credit.clone(),
+        board.clone(),
     )
+    // The protocol header was answered before the `open` was read: the
+    // guard drops the library's own.
     .header_already_sent()
     .hang_up_on(hang_up.clone());
     let mut connection = match acceptor.accept(guarded).await {
@@ -204,8 +204,9 @@ pub(crate) async fn serve<S: ClientStream + std::fmt::Debug>(
         window: LINK_WINDOW,
         compress_above: config.compress_above,
         max_message_size: config.max_message_size,
-        credit,
+        board,
         metrics: context.metrics.clone(),
+        connection_ending: CancellationToken::new(),
     };
     let tasks = Tasks::default();
     let mut closed = session.closed();
@@ -249,12 +250,24 @@ pub(crate) async fn serve<S: ClientStream + std::fmt::Debug>(
             }
         }
     };
+    // Links whose engine session went wait for this (see `LinkEnd`).
+    let _ending = link.connection_ending.clone().drop_guard();
     match reason {
         // Ended by the client: what it sent before is published first.
-        None => tasks.finish(CLOSE_TIMEOUT).await,
-        Some(_) => tasks.abort_all(),
+        None => {
+            link.connection_ending.cancel();
+            tasks.finish(CLOSE_TIMEOUT).await;
+            close(&mut connection, None, &hang_up).await;
+        }
+        // Ended by the broker: the `close` and its reason go out first.
+        // The library writes no session frame after its `close`, so a
+        // link's detach (as the links end, or as their tasks are aborted
+        // and the library's link handles dropped) cannot come before it.
+        reason @ Some(_) => {
+            close(&mut connection, reason, &hang_up).await;
+            tasks.abort_all().await;
+        }
     }
-    close(&mut connection, reason, &hang_up).await;
     tracing::debug!(%peer, "amqp 1.0 connection closed");
     Ok(())
 }
@@ -481,17 +494,24 @@ impl Tasks {
         for mut task in incoming {
             if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
                 task.abort();
+                let _ = task.await;
             }
         }
-        self.abort_all();
+        self.abort_all().await;
     }
 
-    fn abort_all(&self) {
-        for task in self.sessions.lock().drain(..) {
+    /// Ends every task, and returns once each has ended: what they count
+    /// (sessions, links) is then no longer counted, before the connection
+    /// itself stops counting.
+    async fn abort_all(&self) {
+        let sessions: Vec<JoinHandle<()>> = self.sessions.lock().drain(..).collect();
+        let links: Vec<JoinHandle<()>> =
+            self.links.lock().drain(..).map(|link| link.task).collect();
+        for task in sessions.iter().chain(&links) {
             task.abort();
         }
-        for link in self.links.lock().drain(..) {
-            link.task.abort();
+        for task in sessions.into_iter().chain(links) {
+            let _ = task.await;
         }
     }
 }
@@ -516,7 +536,7 @@ async fn serve_session(
         let handle = attach.handle.0;
         // Watched before the attach is answered: the client's first flow
         // follows at once.
-        let credit = (attach.role == Role::Receiver).then(|| link.credit.watch(channel, handle));
+        let credit = (attach.role == Role::Receiver).then(|| link.board.watch(channel, handle));
         let endpoint = match acceptor.accept_incoming_attach(attach, &mut session).await {
             Ok(endpoint) => endpoint,
             Err(error) => {
@@ -531,8 +551,8 @@ async fn serve_session(
                 tokio::spawn(links::publish_from(receiver, destination, shown, link))
             }
             (LinkEndpoint::Sender(sender), Ok(LinkPlan::Consume(queue))) => {
-                let credit = credit.unwrap_or_else(|| link.credit.watch(channel, handle));
-                let board = link.credit.clone();
+                let credit = credit.unwrap_or_else(|| link.board.watch(channel, handle));
+                let board = link.board.clone();
                 tokio::spawn(async move {
                     links::deliver_to(sender, queue, settled, credit, shown, link).await;
                     board.forget(channel, handle);
