@@ -51,7 +51,7 @@ use fe2o3_amqp::{Connection, Receiver, Sender, Session};
 use tokio::net::TcpStream;
 
 use crate::message::{encode_into, now_ns, priority_of, Header};
-use crate::{within, Budget, ConsumerOutcome, Fault, Pacer, ProducerOutcome, Shared, ACK_FLUSH};
+use crate::{within, Budget, ConsumerOutcome, Pacer, ProducerOutcome, Shared, ACK_FLUSH};
 
 /// How long closing a link, the session and the connection may take.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -185,38 +185,10 @@ async fn send_all(
     budget: &Budget,
 ) -> Result<()> {
     let args = &shared.args;
-    let every = args.inject_every;
-    let count = budget.count;
-    while out.next_seq < count {
-        if budget.deadline.is_some_and(|d| Instant::now() >= d) || shared.publishing_stopped() {
-            break;
-        }
-        if let Some(rate) = args.rate {
-            let due = budget.started + Duration::from_secs_f64(out.published as f64 / rate);
-            if due > Instant::now() + Duration::from_millis(1) {
-                tokio::time::sleep_until(due.into()).await;
-            }
-        }
-        let seq = out.next_seq;
-        let faulty = seq % every == every - 1;
-        match args.inject_fault {
-            Some(Fault::Skip) if faulty => out.next_seq += 1,
-            Some(Fault::Dup) if faulty => {
-                out.next_seq += 1;
-                send(shared, sender, window, out, seq).await?;
-                send(shared, sender, window, out, seq).await?;
-            }
-            Some(Fault::Swap) if faulty && seq + 1 < count => {
-                out.next_seq += 2;
-                send(shared, sender, window, out, seq + 1).await?;
-                send(shared, sender, window, out, seq).await?;
-            }
-            _ => {
-                // Counted as handed out before the send: if the connection dies during
-                // it, the message is in doubt, not forgotten.
-                out.next_seq += 1;
-                send(shared, sender, window, out, seq).await?;
-            }
+    while !budget.spent(shared, out) {
+        budget.pace(args, out).await;
+        for seq in budget.next_seqs(args, out) {
+            send(shared, sender, window, out, seq).await?;
         }
     }
     while !window.is_empty() {

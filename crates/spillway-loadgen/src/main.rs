@@ -810,6 +810,52 @@ struct Budget {
     started: Instant,
 }
 
+impl Budget {
+    /// Whether the producer is done: every message handed out, the deadline passed, or
+    /// publishing stopped.
+    fn spent(&self, shared: &Shared, out: &ProducerOutcome) -> bool {
+        out.next_seq >= self.count
+            || self.deadline.is_some_and(|d| Instant::now() >= d)
+            || shared.publishing_stopped()
+    }
+
+    /// When the next message is due under `--rate`, if that is later than now.
+    fn not_before(&self, args: &Args, out: &ProducerOutcome) -> Option<Instant> {
+        let rate = args.rate?;
+        let due = self.started + Duration::from_secs_f64(out.published as f64 / rate);
+        (due > Instant::now() + Duration::from_millis(1)).then_some(due)
+    }
+
+    /// Waits until the next message is due under `--rate`.
+    async fn pace(&self, args: &Args, out: &ProducerOutcome) {
+        if let Some(due) = self.not_before(args, out) {
+            tokio::time::sleep_until(due.into()).await;
+        }
+    }
+
+    /// The sequence numbers to send next, in order: the next one, or at each
+    /// `--inject-every`th with `--inject-fault`, none (skip), it twice (dup), or it and the
+    /// one after swapped. `out.next_seq` moves past them before they are sent: if the
+    /// connection dies during the sends, they are in doubt, not forgotten.
+    fn next_seqs(
+        &self,
+        args: &Args,
+        out: &mut ProducerOutcome,
+    ) -> std::iter::Take<std::array::IntoIter<u64, 2>> {
+        let seq = out.next_seq;
+        let every = args.inject_every;
+        let faulty = seq % every == every - 1;
+        let (seqs, sends, advance) = match args.inject_fault {
+            Some(Fault::Skip) if faulty => ([seq, seq], 0, 1),
+            Some(Fault::Dup) if faulty => ([seq, seq], 2, 1),
+            Some(Fault::Swap) if faulty && seq + 1 < self.count => ([seq + 1, seq], 2, 2),
+            _ => ([seq, seq], 1, 1),
+        };
+        out.next_seq += advance;
+        seqs.into_iter().take(sends)
+    }
+}
+
 async fn producer(shared: &Arc<Shared>, queue: &str, out: &mut ProducerOutcome) -> Result<()> {
     let args = &shared.args;
     let started = Instant::now();
@@ -827,10 +873,7 @@ async fn producer(shared: &Arc<Shared>, queue: &str, out: &mut ProducerOutcome) 
         match producer_session(shared, queue, out, &budget, &mut retry).await {
             Ok(()) => return Ok(()),
             Err(e) if args.reconnect => {
-                let done = out.next_seq >= budget.count
-                    || budget.deadline.is_some_and(|d| Instant::now() >= d)
-                    || shared.publishing_stopped();
-                if done {
+                if budget.spent(shared, out) {
                     // Only the confirms of the last window were missing: they stay in doubt.
                     return Ok(());
                 }
@@ -918,40 +961,10 @@ async fn publish_loop(
     budget: &Budget,
 ) -> Result<()> {
     let args = &shared.args;
-    let count = budget.count;
-    let every = args.inject_every;
-    while out.next_seq < count {
-        if budget.deadline.is_some_and(|d| Instant::now() >= d) || shared.publishing_stopped() {
-            break;
-        }
-        if let Some(rate) = args.rate {
-            let due = budget.started + Duration::from_secs_f64(out.published as f64 / rate);
-            if due > Instant::now() + Duration::from_millis(1) {
-                tokio::time::sleep_until(due.into()).await;
-            }
-        }
-        let seq = out.next_seq;
-        let faulty = seq % every == every - 1;
-        match args.inject_fault {
-            Some(Fault::Skip) if faulty => {
-                out.next_seq += 1;
-            }
-            Some(Fault::Dup) if faulty => {
-                p.publish(shared, out, seq).await?;
-                p.publish(shared, out, seq).await?;
-                out.next_seq += 1;
-            }
-            Some(Fault::Swap) if faulty && seq + 1 < count => {
-                p.publish(shared, out, seq + 1).await?;
-                p.publish(shared, out, seq).await?;
-                out.next_seq += 2;
-            }
-            _ => {
-                // Counted as handed out before the publish: if the connection dies during
-                // it, the message is in doubt, not forgotten.
-                out.next_seq += 1;
-                p.publish(shared, out, seq).await?;
-            }
+    while !budget.spent(shared, out) {
+        budget.pace(args, out).await;
+        for seq in budget.next_seqs(args, out) {
+            p.publish(shared, out, seq).await?;
         }
     }
     Ok(())
@@ -1836,6 +1849,33 @@ mod tests {
         assert!(!durable.persistent, "--durable keeps messages transient");
         assert!(parse(&["--persistent"]).durable_queues());
         assert!(parse(&["--durable", "--persistent"]).durable_queues());
+    }
+
+    /// Every sequence number the producer sends, in order, for `count` messages.
+    fn sent(args: &Args, count: u64) -> Vec<u64> {
+        let budget = Budget {
+            count,
+            deadline: None,
+            started: Instant::now(),
+        };
+        let mut out = ProducerOutcome::default();
+        let mut sent = Vec::new();
+        while out.next_seq < count {
+            sent.extend(budget.next_seqs(args, &mut out));
+        }
+        sent
+    }
+
+    #[test]
+    fn injected_faults_skip_duplicate_or_swap_every_nth_message() {
+        assert_eq!(sent(&parse(&[]), 5), [0, 1, 2, 3, 4]);
+        let every = ["--inject-every", "3", "--inject-fault"];
+        let with = |fault| [&every[..], &[fault]].concat();
+        assert_eq!(sent(&parse(&with("skip")), 7), [0, 1, 3, 4, 6]);
+        assert_eq!(sent(&parse(&with("dup")), 6), [0, 1, 2, 2, 3, 4, 5, 5]);
+        assert_eq!(sent(&parse(&with("swap")), 7), [0, 1, 3, 2, 4, 6, 5]);
+        // The last message has nothing to swap with.
+        assert_eq!(sent(&parse(&with("swap")), 3), [0, 1, 2]);
     }
 
     #[test]

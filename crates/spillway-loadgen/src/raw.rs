@@ -592,11 +592,7 @@ async fn publish(
     let mut tag = 0u64;
     // A tx.commit is in the batch being written.
     let mut committing = false;
-    let done = |out: &ProducerOutcome| {
-        out.next_seq >= budget.count
-            || budget.deadline.is_some_and(|d| Instant::now() >= d)
-            || shared.publishing_stopped()
-    };
+    let done = |out: &ProducerOutcome| budget.spent(shared, out);
     while !done(out) {
         if args.confirm {
             wait_for_room(window, confirms, tag, window_size).await?;
@@ -605,14 +601,11 @@ async fn publish(
             if args.confirm && tag - window.settled.load(Ordering::Acquire) >= window_size {
                 break;
             }
-            if let Some(rate) = args.rate {
-                let due = budget.started + Duration::from_secs_f64(out.published as f64 / rate);
-                if due > Instant::now() + Duration::from_millis(1) {
-                    if !batch.is_empty() {
-                        break;
-                    }
-                    tokio::time::sleep_until(due.into()).await;
+            if let Some(due) = budget.not_before(args, out) {
+                if !batch.is_empty() {
+                    break;
                 }
+                tokio::time::sleep_until(due.into()).await;
             }
             let seq = out.next_seq;
             let header = Header {
