@@ -33,10 +33,11 @@ pub struct ListQuery {
 /// `items` sorted and, when asked, filtered and paged.
 pub fn answer(mut items: Vec<Value>, query: &ListQuery) -> Result<Value, ApiError> {
     if query.page.is_some() {
-        return answer_lazily(items, json_name, Value::clone, query);
+        let sort = |items: &mut Vec<Value>, key: &str| sort_values(items, key);
+        return paged(items, json_name, sort, std::convert::identity, query);
     }
     if let Some(key) = query.sort.as_deref().filter(|key| !key.is_empty()) {
-        items.sort_by(|a, b| compare(lookup(a, key), lookup(b, key)));
+        sort_values(&mut items, key);
     }
     if query.sort_reverse.as_deref() == Some("true") {
         items.reverse();
@@ -48,6 +49,10 @@ fn json_name(item: &Value) -> &str {
     item.get("name").and_then(Value::as_str).unwrap_or("")
 }
 
+fn sort_values(items: &mut [Value], key: &str) {
+    items.sort_by(|a, b| compare(lookup(a, key), lookup(b, key)));
+}
+
 /// As [`answer`], for lists whose items are costly to write as JSON (a
 /// vhost's queues): the name filter reads `name_of`, a sort by anything
 /// but the name writes one item at a time to read its key, and only the
@@ -55,28 +60,46 @@ fn json_name(item: &Value) -> &str {
 /// costs the keys and 100 items, not 100,000 JSON objects (about 5 KB
 /// each). Without `page` every item is written, as asked.
 pub fn answer_lazily<T>(
-    mut items: Vec<T>,
+    items: Vec<T>,
     name_of: impl Fn(&T) -> &str,
     to_json: impl Fn(&T) -> Value,
     query: &ListQuery,
 ) -> Result<Value, ApiError> {
     if query.page.is_none() {
-        return answer(items.iter().map(to_json).collect(), query);
+        return answer(items.iter().map(&to_json).collect(), query);
     }
+    let sort = |items: &mut Vec<T>, key: &str| {
+        if key == "name" {
+            items.sort_by(|a, b| name_of(a).cmp(name_of(b)));
+            return;
+        }
+        let mut keyed: Vec<(Option<Value>, T)> = items
+            .drain(..)
+            .map(|item| (lookup(&to_json(&item), key).cloned(), item))
+            .collect();
+        keyed.sort_by(|a, b| compare(a.0.as_ref(), b.0.as_ref()));
+        items.extend(keyed.into_iter().map(|(_, item)| item));
+    };
+    paged(items, &name_of, sort, |item| to_json(&item), query)
+}
+
+/// The page `query` asks for: `items` filtered by name, sorted by `sort`
+/// (given the key), and the page's items written by `into_json`.
+fn paged<T, S>(
+    mut items: Vec<T>,
+    name_of: impl Fn(&T) -> &str,
+    sort: S,
+    into_json: impl FnMut(T) -> Value,
+    query: &ListQuery,
+) -> Result<Value, ApiError>
+where
+    S: FnOnce(&mut Vec<T>, &str),
+{
     let total_count = items.len() as u64;
     let filter = NameFilter::new(query)?;
     items.retain(|item| filter.matches(name_of(item)));
-    match query.sort.as_deref().filter(|key| !key.is_empty()) {
-        None => {}
-        Some("name") => items.sort_by(|a, b| name_of(a).cmp(name_of(b))),
-        Some(key) => {
-            let mut keyed: Vec<(Option<Value>, T)> = items
-                .into_iter()
-                .map(|item| (lookup(&to_json(&item), key).cloned(), item))
-                .collect();
-            keyed.sort_by(|a, b| compare(a.0.as_ref(), b.0.as_ref()));
-            items = keyed.into_iter().map(|(_, item)| item).collect();
-        }
+    if let Some(key) = query.sort.as_deref().filter(|key| !key.is_empty()) {
+        sort(&mut items, key);
     }
     if query.sort_reverse.as_deref() == Some("true") {
         items.reverse();
@@ -89,10 +112,10 @@ pub fn answer_lazily<T>(
     }
     let start = ((page - 1) * page_size) as usize;
     let page_items: Vec<Value> = items
-        .iter()
+        .into_iter()
         .skip(start)
         .take(page_size as usize)
-        .map(to_json)
+        .map(into_json)
         .collect();
     Ok(json!({
         "filtered_count": filtered_count,
