@@ -613,18 +613,26 @@ fn declare_all(
 /// RabbitMQ user knows `PRECONDITION_FAILED - inequivalent arg ...`).
 fn refused(kind: &str, name: &str, vhost: &str, error: pb::AmqpError) -> ServiceError {
     match service_error(error) {
-        ServiceError::InvalidArgument(text) => {
-            invalid(format!("{kind} '{name}' in vhost '{vhost}': {text}"))
-        }
+        ServiceError::InvalidArgument(text) => invalid(naming(kind, name, vhost, &text)),
         ServiceError::FailedPrecondition(text) => {
-            ServiceError::FailedPrecondition(format!("{kind} '{name}' in vhost '{vhost}': {text}"))
+            ServiceError::FailedPrecondition(naming(kind, name, vhost, &text))
         }
         // What an item needs and does not find (a binding's queue) is a
         // fault of the definitions, not a missing URL.
         ServiceError::NotFound(text) | ServiceError::PermissionDenied(text) => {
-            invalid(format!("{kind} '{name}' in vhost '{vhost}': {text}"))
+            invalid(naming(kind, name, vhost, &text))
         }
         other => other,
+    }
+}
+
+/// `text` after the item it is about; the vhost is named once, where the
+/// AMQP text does not already name it.
+fn naming(kind: &str, name: &str, vhost: &str, text: &str) -> String {
+    if text.contains(&format!("in vhost '{vhost}'")) {
+        format!("{kind} '{name}': {text}")
+    } else {
+        format!("{kind} '{name}' in vhost '{vhost}': {text}")
     }
 }
 
@@ -760,4 +768,26 @@ pub(crate) async fn import(
         "definitions imported by management"
     );
     Ok(counts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::naming;
+
+    #[test]
+    fn a_refusal_names_the_vhost_once() {
+        assert_eq!(
+            naming("binding", "q", "/", "NOT_FOUND - no queue 'q' in vhost '/'"),
+            "binding 'q': NOT_FOUND - no queue 'q' in vhost '/'"
+        );
+        assert_eq!(
+            naming(
+                "queue",
+                "q",
+                "v1",
+                "PRECONDITION_FAILED - inequivalent arg 'durable'"
+            ),
+            "queue 'q' in vhost 'v1': PRECONDITION_FAILED - inequivalent arg 'durable'"
+        );
+    }
 }
