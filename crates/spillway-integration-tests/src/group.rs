@@ -345,17 +345,7 @@ impl GroupSandbox {
     /// Runs spillctl against the group's management service: whether it
     /// succeeded, its stdout and its stderr.
     pub fn spillctl(&self, args: &[&str]) -> anyhow::Result<(bool, String, String)> {
-        let output = Command::new(crate::spillctl_bin()?)
-            .arg("--addr")
-            .arg(self.management_addr.to_string())
-            .args(args)
-            .env("SPILLCTL_TOKEN", crate::MANAGEMENT_TOKEN)
-            .output()?;
-        Ok((
-            output.status.success(),
-            String::from_utf8(output.stdout)?,
-            String::from_utf8(output.stderr)?,
-        ))
+        crate::run_spillctl(self.management_addr, crate::MANAGEMENT_TOKEN, args)
     }
 
     /// SIGKILLs the engine and starts it again on its address: it takes

@@ -289,18 +289,19 @@ impl Sandbox {
     /// Runs spillctl against the management API as the operator; its
     /// stdout, or its stderr as the error.
     pub fn spillctl(&self, args: &[&str]) -> anyhow::Result<String> {
-        let output = std::process::Command::new(spillctl_bin()?)
-            .arg("--addr")
-            .arg(self.management_addr().to_string())
-            .args(args)
-            .env("SPILLCTL_TOKEN", MANAGEMENT_TOKEN)
-            .output()?;
-        anyhow::ensure!(
-            output.status.success(),
-            "spillctl {args:?} failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        Ok(String::from_utf8(output.stdout)?)
+        let (ok, stdout, stderr) = self.spillctl_as(MANAGEMENT_TOKEN, args)?;
+        anyhow::ensure!(ok, "spillctl {args:?} failed: {stderr}");
+        Ok(stdout)
+    }
+
+    /// Runs spillctl against the management API with `token`, failing or
+    /// not: whether it succeeded, its stdout and its stderr.
+    pub fn spillctl_as(
+        &self,
+        token: &str,
+        args: &[&str],
+    ) -> anyhow::Result<(bool, String, String)> {
+        run_spillctl(self.management_addr(), token, args)
     }
 
     /// The management gRPC API (bearer token [`MANAGEMENT_TOKEN`]).
@@ -825,6 +826,26 @@ pub fn spillctl_bin() -> anyhow::Result<PathBuf> {
         );
     }
     Ok(bin)
+}
+
+/// Runs spillctl against the management API at `addr` with `token`:
+/// whether it succeeded, its stdout and its stderr.
+pub fn run_spillctl(
+    addr: SocketAddr,
+    token: &str,
+    args: &[&str],
+) -> anyhow::Result<(bool, String, String)> {
+    let output = std::process::Command::new(spillctl_bin()?)
+        .arg("--addr")
+        .arg(addr.to_string())
+        .args(args)
+        .env("SPILLCTL_TOKEN", token)
+        .output()?;
+    Ok((
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    ))
 }
 
 async fn wait_for_ready(

@@ -466,21 +466,11 @@ async fn close_ok_is_followed_by_close_notify(wiring: Wiring) -> anyhow::Result<
     Ok(())
 }
 
-/// Runs spillctl against the management API with `args` before the
-/// command; (success, stdout, stderr).
+/// Runs spillctl's `vhost list` with `flags` before the command;
+/// (success, stdout, stderr).
 fn spillctl(sandbox: &Sandbox, flags: &[&str]) -> anyhow::Result<(bool, String, String)> {
-    let output = std::process::Command::new(spillctl_bin()?)
-        .arg("--addr")
-        .arg(sandbox.management_addr().to_string())
-        .args(flags)
-        .args(["--output", "json", "vhost", "list"])
-        .env("SPILLCTL_TOKEN", MANAGEMENT_TOKEN)
-        .output()?;
-    Ok((
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    ))
+    let args = [flags, &["--output", "json", "vhost", "list"]].concat();
+    sandbox.spillctl_as(MANAGEMENT_TOKEN, &args)
 }
 
 async fn spillctl_over_management_tls(wiring: Wiring) -> anyhow::Result<()> {

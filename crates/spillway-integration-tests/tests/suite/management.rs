@@ -13,9 +13,7 @@ use futures::StreamExt;
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::BasicProperties;
-use spillway_integration_tests::{
-    both_wirings, eventually, spillctl_bin, Sandbox, Wiring, MANAGEMENT_TOKEN,
-};
+use spillway_integration_tests::{both_wirings, eventually, Sandbox, Wiring, MANAGEMENT_TOKEN};
 use spillway_proto::management::management_client::ManagementClient;
 use spillway_proto::management::{self as m, argument_value};
 use tonic::transport::Channel;
@@ -876,23 +874,9 @@ async fn status_settings_and_reflection(sb: &mut Sandbox) -> anyhow::Result<()> 
 }
 
 /// Runs spillctl against the sandbox; returns (success, stdout, stderr).
-fn spillctl(sb: &Sandbox, token: &str, args: &[&str]) -> anyhow::Result<(bool, String, String)> {
-    let output = std::process::Command::new(spillctl_bin()?)
-        .arg("--addr")
-        .arg(sb.management_addr().to_string())
-        .args(args)
-        .env("SPILLCTL_TOKEN", token)
-        .output()?;
-    Ok((
-        output.status.success(),
-        String::from_utf8(output.stdout)?,
-        String::from_utf8(output.stderr)?,
-    ))
-}
-
 async fn spillctl_end_to_end(sb: &mut Sandbox) -> anyhow::Result<()> {
     let ok = |args: &[&str]| -> anyhow::Result<String> {
-        let (success, stdout, stderr) = spillctl(sb, MANAGEMENT_TOKEN, args)?;
+        let (success, stdout, stderr) = sb.spillctl_as(MANAGEMENT_TOKEN, args)?;
         anyhow::ensure!(success, "spillctl {args:?} failed: {stderr}");
         Ok(stdout)
     };
@@ -950,23 +934,22 @@ async fn spillctl_end_to_end(sb: &mut Sandbox) -> anyhow::Result<()> {
     conn.close(200, "bye".into()).await?;
 
     // Failures: non-zero exit, the server's reason on stderr.
-    let (success, _, stderr) = spillctl(sb, MANAGEMENT_TOKEN, &["queue", "get", "invoices"])?;
+    let (success, _, stderr) = sb.spillctl_as(MANAGEMENT_TOKEN, &["queue", "get", "invoices"])?;
     assert!(!success);
     assert!(
         stderr.contains("NotFound") && stderr.contains("no queue 'invoices'"),
         "{stderr}"
     );
-    let (success, _, stderr) = spillctl(sb, "wrong", &["vhost", "list"])?;
+    let (success, _, stderr) = sb.spillctl_as("wrong", &["vhost", "list"])?;
     assert!(!success);
     assert!(stderr.contains("Unauthenticated"), "{stderr}");
-    let (success, _, stderr) = spillctl(
-        sb,
+    let (success, _, stderr) = sb.spillctl_as(
         MANAGEMENT_TOKEN,
         &["settings", "--flow-to-disk-threshold", "1000000"],
     )?;
     assert!(success, "{stderr}");
     let (success, stdout, stderr) =
-        spillctl(sb, MANAGEMENT_TOKEN, &["status", "--output", "json"])?;
+        sb.spillctl_as(MANAGEMENT_TOKEN, &["status", "--output", "json"])?;
     assert!(success, "{stderr}");
     assert!(stdout.contains("1000000"), "{stdout}");
     Ok(())

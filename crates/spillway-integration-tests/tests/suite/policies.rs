@@ -12,9 +12,7 @@ use lapin::{BasicProperties, Channel, Confirmation, ExchangeKind};
 use spillway_integration_tests::amqp::{
     deaths, declare, fanout_to_queue, field, get, message_count, s, table, text,
 };
-use spillway_integration_tests::{
-    both_wirings, eventually, spillctl_bin, Management, Sandbox, MANAGEMENT_TOKEN,
-};
+use spillway_integration_tests::{both_wirings, eventually, Management, Sandbox, MANAGEMENT_TOKEN};
 use spillway_proto::management::{self as m, argument_value};
 use std::time::Duration;
 
@@ -795,14 +793,12 @@ async fn spillctl_sets_lists_shows_and_clears_policies(sb: &mut Sandbox) -> anyh
     let json = sb.spillctl(&["--output", "json", "operator-policy", "list"])?;
     let parsed: serde_json::Value = serde_json::from_str(&json)?;
     assert_eq!(parsed["policies"][0]["name"], "ctl-ops");
-    let bad = std::process::Command::new(spillctl_bin()?)
-        .arg("--addr")
-        .arg(sb.management_addr().to_string())
-        .args(["policy", "set", "bad", ".*", r#"{"x-max-length": 1}"#])
-        .env("SPILLCTL_TOKEN", MANAGEMENT_TOKEN)
-        .output()?;
-    assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("not recognised"));
+    let (ok, _, stderr) = sb.spillctl_as(
+        MANAGEMENT_TOKEN,
+        &["policy", "set", "bad", ".*", r#"{"x-max-length": 1}"#],
+    )?;
+    assert!(!ok);
+    assert!(stderr.contains("not recognised"), "{stderr}");
     sb.spillctl(&["policy", "clear", "ctl-limit"])?;
     sb.spillctl(&["operator-policy", "clear", "ctl-ops"])?;
     let shown = sb.spillctl(&["queue", "show", "ctl.q"])?;

@@ -22,9 +22,7 @@ use lapin::options::*;
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use spillway_integration_tests::amqp::{declare, s};
-use spillway_integration_tests::{
-    both_wirings, eventually, spillctl_bin, Management, Sandbox, MANAGEMENT_TOKEN,
-};
+use spillway_integration_tests::{both_wirings, eventually, spillctl_bin, Management, Sandbox};
 use spillway_proto::management as m;
 
 both_wirings!(
@@ -411,59 +409,37 @@ async fn users_and_permissions_survive_a_restart(sb: &mut Sandbox) -> anyhow::Re
     Ok(())
 }
 
-/// Runs spillctl against the sandbox with the management token.
-fn spillctl(sb: &Sandbox, args: &[&str]) -> anyhow::Result<String> {
-    let output = std::process::Command::new(spillctl_bin()?)
-        .arg("--addr")
-        .arg(sb.management_addr().to_string())
-        .args(args)
-        .env("SPILLCTL_TOKEN", MANAGEMENT_TOKEN)
-        .output()?;
-    let (stdout, stderr) = (
-        String::from_utf8(output.stdout)?,
-        String::from_utf8(output.stderr)?,
-    );
-    anyhow::ensure!(output.status.success(), "spillctl {args:?}: {stderr}");
-    Ok(stdout)
-}
-
 async fn spillctl_manages_users_and_permissions(sb: &mut Sandbox) -> anyhow::Result<()> {
-    spillctl(
-        sb,
-        &[
-            "user",
-            "add",
-            "ci",
-            "first-pw",
-            "--tags",
-            "monitoring,management",
-        ],
-    )?;
-    spillctl(
-        sb,
-        &[
-            "permissions",
-            "set",
-            "ci",
-            "--configure",
-            "^ci\\.",
-            "--write",
-            "^ci\\.",
-            "--read",
-            ".*",
-        ],
-    )?;
-    let users = spillctl(sb, &["user", "list"])?;
+    sb.spillctl(&[
+        "user",
+        "add",
+        "ci",
+        "first-pw",
+        "--tags",
+        "monitoring,management",
+    ])?;
+    sb.spillctl(&[
+        "permissions",
+        "set",
+        "ci",
+        "--configure",
+        "^ci\\.",
+        "--write",
+        "^ci\\.",
+        "--read",
+        ".*",
+    ])?;
+    let users = sb.spillctl(&["user", "list"])?;
     anyhow::ensure!(
         users.contains("ci") && users.contains("monitoring,management"),
         "{users}"
     );
     anyhow::ensure!(!users.contains("first-pw"), "a password listed: {users}");
-    let json = spillctl(sb, &["-o", "json", "permissions", "list", "ci"])?;
+    let json = sb.spillctl(&["-o", "json", "permissions", "list", "ci"])?;
     let value: serde_json::Value = serde_json::from_str(&json)?;
     anyhow::ensure!(value["permissions"][0]["configure"] == "^ci\\.", "{json}");
 
-    spillctl(sb, &["user", "passwd", "ci", "second-pw"])?;
+    sb.spillctl(&["user", "passwd", "ci", "second-pw"])?;
     let error = refused_connection(sb, "ci", "first-pw", "/").await?;
     anyhow::ensure!(error.contains("Login was refused"), "{error}");
     connect_as(sb, "ci", "second-pw", "/")
@@ -471,14 +447,14 @@ async fn spillctl_manages_users_and_permissions(sb: &mut Sandbox) -> anyhow::Res
         .close(200, s("bye"))
         .await?;
     // The tags stayed through the password change.
-    let json = spillctl(sb, &["-o", "json", "user", "list"])?;
+    let json = sb.spillctl(&["-o", "json", "user", "list"])?;
     anyhow::ensure!(json.contains("management"), "{json}");
 
-    spillctl(sb, &["permissions", "clear", "ci"])?;
+    sb.spillctl(&["permissions", "clear", "ci"])?;
     let error = refused_connection(sb, "ci", "second-pw", "/").await?;
     anyhow::ensure!(error.contains("NOT_ALLOWED"), "{error}");
-    spillctl(sb, &["user", "delete", "ci"])?;
-    let users = spillctl(sb, &["user", "list"])?;
+    sb.spillctl(&["user", "delete", "ci"])?;
+    let users = sb.spillctl(&["user", "list"])?;
     anyhow::ensure!(!users.contains("ci"), "{users}");
     Ok(())
 }
