@@ -269,11 +269,7 @@ async fn settle_one(shared: &Shared, window: &mut Window, out: &mut ProducerOutc
         }
     };
     match outcome {
-        Outcome::Accepted(_) => {
-            out.confirmed += 1;
-            out.confirmed_seqs.insert(seq);
-            shared.confirmed.fetch_add(1, Ordering::Relaxed);
-        }
+        Outcome::Accepted(_) => out.count_confirmed(shared, seq),
         Outcome::Released(_) => {
             out.nacked += 1;
             out.returned += 1;

@@ -669,6 +669,15 @@ struct ProducerOutcome {
     finished: Option<Instant>,
 }
 
+impl ProducerOutcome {
+    /// The broker confirmed message `seq` (an ack, a commit, `accepted`).
+    fn count_confirmed(&mut self, shared: &Shared, seq: u64) {
+        self.confirmed += 1;
+        self.confirmed_seqs.insert(seq);
+        shared.confirmed.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 struct Publisher {
     channel: lapin::Channel,
     queue: String,
@@ -743,9 +752,7 @@ impl Publisher {
             return Err(e).context("tx.commit");
         }
         for seq in self.uncommitted.drain(..) {
-            out.confirmed += 1;
-            out.confirmed_seqs.insert(seq);
-            shared.confirmed.fetch_add(1, Ordering::Relaxed);
+            out.count_confirmed(shared, seq);
         }
         Ok(())
     }
@@ -775,9 +782,7 @@ impl Publisher {
             };
             match confirmation {
                 Confirmation::Ack(ret) => {
-                    out.confirmed += 1;
-                    out.confirmed_seqs.insert(seq);
-                    shared.confirmed.fetch_add(1, Ordering::Relaxed);
+                    out.count_confirmed(shared, seq);
                     out.returned += u64::from(ret.is_some());
                 }
                 Confirmation::Nack(ret) => {

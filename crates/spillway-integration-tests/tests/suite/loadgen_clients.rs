@@ -219,9 +219,6 @@ async fn amqp1_client_round_trips_transient_and_persistent_messages(
 ) -> anyhow::Result<()> {
     let runs: [&[&str]; 3] = [
         // Settled deliveries (case a's consumer); two producers, two competing consumers.
-        // The transfers are unsettled here: pre-settled ones (case a's producer) sent just
-        // before the client closes can be dropped by the gateway, which aborts its link
-        // tasks when the connection ends (make bench reports those as lost).
         &[
             "--queue",
             "amqp1-a",
