@@ -7,7 +7,7 @@
 # make sim SEEDS=N      the storage group's deterministic simulation (SEED=S replays one)
 .PHONY: images run test test-stages build deps test-deps venv lint test-build test-rust test-python bench bench-delayed fmt clean \
 	test-fuzz fuzz sim \
-	bench-flow-to-disk bench-console \
+	bench-flow-to-disk bench-console bench-admin-polling \
 	docker-check images-from-build compose-test compose-faults
 
 CARGO := scripts/cargo.sh
@@ -88,6 +88,12 @@ bench: deps
 # Uses the broker the last build made (target/release/spillway, or SPILLWAY_BIN).
 bench-console: deps venv test-deps
 	.venv/bin/python scripts/bench-console.py
+
+# 100,000 queues, 8 clients polling GET /api/queues/%2F/<one queue> in a loop, and a bystander
+# publishing with confirms: its p50/p99, the polls/s, the broker's peak RSS (BENCH_ADMIN_*: see
+# the script). Uses the broker the last build made (target/release/spillway, or SPILLWAY_BIN).
+bench-admin-polling: deps venv test-deps
+	.venv/bin/python scripts/bench-admin-polling.py
 
 # Backlogs of 2 GiB (1 KiB and 64 KiB messages) built with no consumer, then drained: Spillway
 # spilling past a 256 MiB threshold, Spillway all in memory, RabbitMQ with a 256 MiB watermark.
