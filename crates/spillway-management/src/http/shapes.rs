@@ -110,8 +110,17 @@ pub fn message_properties(value: Option<&Value>) -> Result<m::MessageProperties,
     Ok(properties)
 }
 
-/// A vhost with its ready and unacknowledged messages.
-pub fn vhost(vhost: &m::Vhost, ready: u64, unacked: u64) -> Value {
+pub fn vhost(vhost: &m::Vhost, queues: &[m::Queue]) -> Value {
+    let ready: u64 = queues
+        .iter()
+        .filter_map(|q| q.status.as_ref())
+        .map(|s| s.messages)
+        .sum();
+    let unacked: u64 = queues
+        .iter()
+        .filter_map(|q| q.status.as_ref())
+        .map(|s| s.unacked)
+        .sum();
     json!({
         "name": vhost.name,
         "description": "",
