@@ -688,17 +688,18 @@ async fn handshake<S: ClientStream>(
                 debug_assert!(false, "the login was answered above");
             }
             Ok(HandshakeStep::Open(negotiated)) => {
-                login_throttle.succeeded(peer.ip());
+                login_throttle.succeeded(peer.ip(), &negotiated.user);
                 break negotiated;
             }
             Err(error) => {
                 if let Some(refusal) = handshake.take_refusal() {
                     log_login_refusal(context, peer, &refusal);
-                    if login_throttle.failed(peer.ip(), config.clock.now()) {
+                    let user = refusal.user().unwrap_or("");
+                    if login_throttle.failed(peer.ip(), user, config.clock.now()) {
                         tracing::warn!(
                             %peer,
                             failures = spillway_telemetry::FREE_LOGIN_FAILURES,
-                            "logins from this address are throttled to one a second after {} failures in a row",
+                            "logins from this address are throttled to one a second after {} failures that no success of the same user forgave",
                             spillway_telemetry::FREE_LOGIN_FAILURES
                         );
                     }

@@ -200,15 +200,16 @@ impl Authenticator {
         let result = self.check(headers, peer, &mut user).await;
         match result {
             Ok(caller) => {
-                self.throttle.succeeded(address);
+                self.throttle.succeeded(address, &user);
                 Ok(caller)
             }
             Err(Identify::Refused(refusal)) => {
-                self.log_refusal(refusal, peer, &user);
-                if refusal.is_a_guess() && self.throttle.failed(address, Instant::now()) {
+                let shown = if user == TOKEN_BEARER { "" } else { &user };
+                self.log_refusal(refusal, peer, shown);
+                if refusal.is_a_guess() && self.throttle.failed(address, &user, Instant::now()) {
                     tracing::warn!(
                         peer = ?peer,
-                        "management calls from this address are throttled to one a second after {} refused credentials in a row",
+                        "management calls from this address are throttled to one a second after {} refused credentials that no success of the same user forgave",
                         spillway_telemetry::FREE_LOGIN_FAILURES
                     );
                 }
@@ -225,12 +226,18 @@ impl Authenticator {
         user_seen: &mut String,
     ) -> Result<Caller, Identify> {
         let loopback = peer.is_some_and(|a| a.ip().is_loopback());
-        let (name, password) =
-            match configured_check(&self.config, credentials(headers)?, loopback)? {
-                Checked::Operator(caller) => return Ok(caller),
-                Checked::Stored { name, password } => (name, password),
-            };
-        name.clone_into(user_seen);
+        let offered = credentials(headers)?;
+        // Who the throttle counts a failure against, and forgives on a
+        // success: the user named, or the bearer of a token (a name no
+        // user can have, as it holds a NUL).
+        match &offered {
+            Credentials::Token(_) => TOKEN_BEARER.clone_into(user_seen),
+            Credentials::Basic { name, .. } => name.clone_into(user_seen),
+        }
+        let (name, password) = match configured_check(&self.config, offered, loopback)? {
+            Checked::Operator(caller) => return Ok(caller),
+            Checked::Stored { name, password } => (name, password),
+        };
         let answer = self
             .engine
             .authenticate_user(AuthenticateUserRequest {
@@ -281,6 +288,10 @@ impl Authenticator {
         );
     }
 }
+
+/// The name a bearer token's failures and successes are counted under by
+/// the login throttle (and shown in the refusal log).
+const TOKEN_BEARER: &str = "\u{0}token";
 
 /// What the `authorization` header offers.
 #[derive(Debug, PartialEq, Eq)]

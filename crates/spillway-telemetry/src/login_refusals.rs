@@ -76,8 +76,9 @@ impl RefusalLog {
     }
 }
 
-/// Failed logins in a row one address may make before its attempts are
-/// throttled.
+/// Failed logins one address may make (within [`LOGIN_FAILURE_MEMORY`] of
+/// each other, and not forgiven by the failing user's own success) before
+/// its attempts are throttled.
 pub const FREE_LOGIN_FAILURES: u32 = 10;
 /// A throttled address gets one login attempt per this interval.
 pub const THROTTLED_LOGIN_INTERVAL: Duration = Duration::from_secs(1);
@@ -86,11 +87,22 @@ pub const LOGIN_FAILURE_MEMORY: Duration = Duration::from_secs(300);
 /// The most addresses [`LoginThrottle`] remembers; past it the oldest are
 /// forgotten, so a scan from many addresses cannot grow it without bound.
 const THROTTLED_ADDRESSES: usize = 4096;
+/// The most user names one address's failures are kept apart for; the
+/// failures of further names are counted together, and only time forgives
+/// them (a guesser cycling through names gains nothing from it).
+const NAMES_PER_ADDRESS: usize = 32;
 
 /// Slows login attempts from an address that keeps failing (hand-written
 /// for the same reason as [`RefusalLog`]: `governor` limits a rate from the
 /// first attempt, where this one must cost nothing until an address has
-/// failed, and must be reset by a success).
+/// failed, and must forgive a user who then gets its password right).
+///
+/// Failures are counted per address and user name. An address is throttled
+/// when the failures of all its names add up to [`FREE_LOGIN_FAILURES`]; a
+/// successful login forgives only that user's failures at that address. So
+/// a guesser who also holds an account gains nothing by logging in with
+/// it between guesses, while a user who mistyped its own password is
+/// forgiven by getting it right.
 #[derive(Debug, Default)]
 pub struct LoginThrottle {
     addresses: Mutex<HashMap<IpAddr, Failures>>,
@@ -98,27 +110,51 @@ pub struct LoginThrottle {
 
 #[derive(Debug)]
 struct Failures {
-    in_a_row: u32,
+    /// Failures per user name, at most [`NAMES_PER_ADDRESS`] names.
+    by_user: HashMap<String, u32>,
+    /// Failures of the names past [`NAMES_PER_ADDRESS`].
+    other_users: u32,
     last: Instant,
     /// When the next throttled attempt may be checked.
     next_turn: Instant,
 }
 
+impl Failures {
+    fn new(now: Instant) -> Self {
+        Self {
+            by_user: HashMap::new(),
+            other_users: 0,
+            last: now,
+            next_turn: now,
+        }
+    }
+
+    fn total(&self) -> u32 {
+        self.by_user
+            .values()
+            .fold(self.other_users, |sum, n| sum.saturating_add(*n))
+    }
+
+    fn forgotten(&self, now: Instant) -> bool {
+        now.duration_since(self.last) >= LOGIN_FAILURE_MEMORY
+    }
+}
+
 impl LoginThrottle {
     /// How long a login attempt from `peer` at `now` waits before its
-    /// credentials are checked: nothing until the address has failed
-    /// [`FREE_LOGIN_FAILURES`] times in a row, then its turn, one attempt
-    /// per [`THROTTLED_LOGIN_INTERVAL`] (parallel connections queue up).
+    /// credentials are checked: nothing until the address's failures reach
+    /// [`FREE_LOGIN_FAILURES`], then its turn, one attempt per
+    /// [`THROTTLED_LOGIN_INTERVAL`] (parallel connections queue up).
     pub fn wait(&self, peer: IpAddr, now: Instant) -> Duration {
         let mut addresses = self.lock();
         let Some(failures) = addresses.get_mut(&peer) else {
             return Duration::ZERO;
         };
-        if now.duration_since(failures.last) >= LOGIN_FAILURE_MEMORY {
+        if failures.forgotten(now) {
             addresses.remove(&peer);
             return Duration::ZERO;
         }
-        if failures.in_a_row < FREE_LOGIN_FAILURES {
+        if failures.total() < FREE_LOGIN_FAILURES {
             return Duration::ZERO;
         }
         let turn = failures.next_turn.max(now);
@@ -126,37 +162,49 @@ impl LoginThrottle {
         turn.duration_since(now)
     }
 
-    /// A login from `peer` was refused; true when this failure is the one
-    /// that starts throttling the address (for a log line).
-    pub fn failed(&self, peer: IpAddr, now: Instant) -> bool {
+    /// A login of `user` from `peer` was refused; true when this failure is
+    /// the one that starts throttling the address (for a log line).
+    pub fn failed(&self, peer: IpAddr, user: &str, now: Instant) -> bool {
         let mut addresses = self.lock();
         if addresses.len() >= THROTTLED_ADDRESSES && !addresses.contains_key(&peer) {
-            addresses.retain(|_, f| now.duration_since(f.last) < LOGIN_FAILURE_MEMORY);
+            addresses.retain(|_, f| !f.forgotten(now));
             if addresses.len() >= THROTTLED_ADDRESSES {
                 // A flood from many addresses: forget the ones that failed
                 // least, rather than grow.
-                addresses.retain(|_, f| f.in_a_row >= FREE_LOGIN_FAILURES);
+                addresses.retain(|_, f| f.total() >= FREE_LOGIN_FAILURES);
                 if addresses.len() >= THROTTLED_ADDRESSES {
                     addresses.clear();
                 }
             }
         }
-        let failures = addresses.entry(peer).or_insert(Failures {
-            in_a_row: 0,
-            last: now,
-            next_turn: now,
-        });
-        if now.duration_since(failures.last) >= LOGIN_FAILURE_MEMORY {
-            failures.in_a_row = 0;
+        let failures = addresses.entry(peer).or_insert_with(|| Failures::new(now));
+        if failures.forgotten(now) {
+            *failures = Failures::new(now);
         }
-        failures.in_a_row = failures.in_a_row.saturating_add(1);
+        let before = failures.total();
+        if let Some(count) = failures.by_user.get_mut(user) {
+            *count = count.saturating_add(1);
+        } else if failures.by_user.len() < NAMES_PER_ADDRESS {
+            // A user name is a short string (≤ 255 bytes): the key is bounded.
+            failures.by_user.insert(user.to_string(), 1);
+        } else {
+            failures.other_users = failures.other_users.saturating_add(1);
+        }
         failures.last = now;
-        failures.in_a_row == FREE_LOGIN_FAILURES
+        before < FREE_LOGIN_FAILURES && failures.total() >= FREE_LOGIN_FAILURES
     }
 
-    /// A login from `peer` succeeded: its failures are forgiven.
-    pub fn succeeded(&self, peer: IpAddr) {
-        self.lock().remove(&peer);
+    /// A login of `user` from `peer` succeeded: that user's failures at
+    /// that address are forgiven, nobody else's.
+    pub fn succeeded(&self, peer: IpAddr, user: &str) {
+        let mut addresses = self.lock();
+        let Some(failures) = addresses.get_mut(&peer) else {
+            return;
+        };
+        failures.by_user.remove(user);
+        if failures.total() == 0 {
+            addresses.remove(&peer);
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, Failures>> {
@@ -215,10 +263,10 @@ mod tests {
         let start = Instant::now();
         for n in 1..FREE_LOGIN_FAILURES {
             assert_eq!(throttle.wait(REMOTE, start), Duration::ZERO);
-            assert!(!throttle.failed(REMOTE, start), "failure {n}");
+            assert!(!throttle.failed(REMOTE, "guest", start), "failure {n}");
         }
         assert!(
-            throttle.failed(REMOTE, start),
+            throttle.failed(REMOTE, "guest", start),
             "the last free failure starts the throttle"
         );
         // Three parallel attempts queue up, one interval apart; another
@@ -238,15 +286,63 @@ mod tests {
         assert_eq!(throttle.wait(REMOTE, later), Duration::ZERO);
         assert_eq!(throttle.wait(REMOTE, later), THROTTLED_LOGIN_INTERVAL);
         // A success forgives; so does a long quiet.
-        throttle.succeeded(REMOTE);
+        throttle.succeeded(REMOTE, "guest");
         assert_eq!(throttle.wait(REMOTE, later), Duration::ZERO);
         for _ in 0..FREE_LOGIN_FAILURES {
-            throttle.failed(REMOTE, later);
+            throttle.failed(REMOTE, "guest", later);
         }
         assert_eq!(throttle.wait(REMOTE, later), Duration::ZERO);
         assert!(throttle.wait(REMOTE, later) > Duration::ZERO);
         let forgiven = later + LOGIN_FAILURE_MEMORY;
         assert_eq!(throttle.wait(REMOTE, forgiven), Duration::ZERO);
         assert_eq!(throttle.wait(REMOTE, forgiven), Duration::ZERO);
+    }
+
+    #[test]
+    fn another_users_success_forgives_nothing() {
+        let throttle = LoginThrottle::default();
+        let now = Instant::now();
+        // A guesser with an account of its own logs in with it after nine
+        // guesses at the administrator's password, then guesses again.
+        for _ in 0..FREE_LOGIN_FAILURES - 1 {
+            assert_eq!(throttle.wait(REMOTE, now), Duration::ZERO);
+            assert!(!throttle.failed(REMOTE, "admin", now));
+        }
+        throttle.succeeded(REMOTE, "mallory");
+        assert_eq!(throttle.wait(REMOTE, now), Duration::ZERO);
+        assert!(
+            throttle.failed(REMOTE, "admin", now),
+            "the tenth failure throttles, whoever logged in between"
+        );
+        throttle.succeeded(REMOTE, "mallory");
+        assert_eq!(throttle.wait(REMOTE, now), Duration::ZERO);
+        assert_eq!(throttle.wait(REMOTE, now), THROTTLED_LOGIN_INTERVAL);
+        // The administrator's own success forgives the administrator's
+        // failures, and so the address.
+        throttle.succeeded(REMOTE, "admin");
+        assert_eq!(throttle.wait(REMOTE, now), Duration::ZERO);
+        assert_eq!(throttle.wait(REMOTE, now), Duration::ZERO);
+    }
+
+    #[test]
+    fn failures_of_many_names_add_up_and_stay_bounded() {
+        let throttle = LoginThrottle::default();
+        let now = Instant::now();
+        for n in 0..10 * NAMES_PER_ADDRESS {
+            throttle.failed(REMOTE, &format!("user-{n}"), now);
+        }
+        let (names, total) = throttle
+            .addresses
+            .lock()
+            .map(|a| (a[&REMOTE].by_user.len(), a[&REMOTE].total()))
+            .unwrap_or_default();
+        assert!(names <= NAMES_PER_ADDRESS, "{names} names held");
+        assert_eq!(total as usize, 10 * NAMES_PER_ADDRESS);
+        // Successes of every name it tried leave the overflow's failures.
+        for n in 0..10 * NAMES_PER_ADDRESS {
+            throttle.succeeded(REMOTE, &format!("user-{n}"));
+        }
+        assert_eq!(throttle.wait(REMOTE, now), Duration::ZERO);
+        assert_eq!(throttle.wait(REMOTE, now), THROTTLED_LOGIN_INTERVAL);
     }
 }

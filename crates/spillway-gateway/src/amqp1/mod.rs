@@ -334,7 +334,11 @@ async fn open<S: ClientStream>(
                 }
                 Err(refusal) => {
                     crate::server::log_login_refusal(context, peer, &refusal);
-                    if context.login_throttle.failed(peer.ip(), config.clock.now()) {
+                    let user = refusal.user().unwrap_or("");
+                    if context
+                        .login_throttle
+                        .failed(peer.ip(), user, config.clock.now())
+                    {
                         tracing::warn!(%peer, "logins from this address are throttled");
                     }
                     handshake::sasl_finish(stream, SaslCode::Auth).await?;
@@ -373,7 +377,7 @@ async fn open<S: ClientStream>(
         _ => return Ok(None),
     };
     if header == SASL_HEADER {
-        context.login_throttle.succeeded(peer.ip());
+        context.login_throttle.succeeded(peer.ip(), &user);
     }
     let (seen, open) = handshake::read_open(stream).await?;
     let vhost = handshake::vhost_of(open.hostname.as_deref()).to_string();

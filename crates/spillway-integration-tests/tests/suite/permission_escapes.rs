@@ -14,7 +14,9 @@
 //!   never seeded with the configuration's users again;
 //! - a password guesser is slowed, over AMQP and management: after
 //!   `FREE_LOGIN_FAILURES` refusals in a row from one address, its attempts
-//!   take turns one a second, and the right password still gets in.
+//!   take turns one a second, and the right password still gets in; a
+//!   guesser that logs in with an account of its own between guesses (over
+//!   AMQP 0-9-1, 1.0 or management) is slowed all the same.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -34,6 +36,7 @@ both_wirings!(
     alternate_exchanges_need_write_permission,
     management_cannot_peek_or_move_an_exclusive_queue,
     a_password_guesser_is_slowed_and_the_user_still_gets_in,
+    a_guessers_own_logins_do_not_reset_its_throttle,
     deleting_the_stored_guest_removes_it_from_management_too,
 );
 
@@ -474,6 +477,101 @@ async fn a_password_guesser_is_slowed_and_the_user_still_gets_in(
     );
     let mut right = sb.management_as("ops", "ops-pw").await?;
     right.list_vhosts(m::ListVhostsRequest {}).await?;
+    Ok(())
+}
+
+/// A guesser holding an account of its own (no tags, so no management
+/// rights) logs in with it after nine wrong guesses at another user's
+/// password, over AMQP 0-9-1, AMQP 1.0 and management: its own success
+/// forgives only its own failures, so the tenth guess still starts the
+/// throttle and three more take turns a second apart.
+async fn a_guessers_own_logins_do_not_reset_its_throttle(sb: &mut Sandbox) -> anyhow::Result<()> {
+    use spillway_telemetry::{FREE_LOGIN_FAILURES, THROTTLED_LOGIN_INTERVAL};
+    let mut admin = sb.management().await?;
+    admin
+        .put_user(m::PutUserRequest {
+            name: "mallory".into(),
+            password: Some("mallory-pw".into()),
+            tags: vec![],
+            loopback_only: false,
+        })
+        .await?;
+    admin
+        .set_permissions(m::SetPermissionsRequest {
+            user: "mallory".into(),
+            vhost: "/".into(),
+            configure: "^mallory\\.".into(),
+            write: "^mallory\\.".into(),
+            read: "^mallory\\.".into(),
+        })
+        .await?;
+    let addr = sb.amqp_addr();
+    let login = |user: &str, password: &str| {
+        let uri = format!("amqp://{user}:{password}@{addr}/%2f");
+        async move { Connection::connect(&uri, ConnectionProperties::default()).await }
+    };
+    let amqp1_login = || async move {
+        fe2o3_amqp::Connection::builder()
+            .container_id("mallory-1.0")
+            .hostname("vhost:/")
+            .sasl_profile(fe2o3_amqp::sasl_profile::SaslProfile::Plain {
+                username: "mallory".into(),
+                password: "mallory-pw".into(),
+            })
+            .open(format!("amqp://{addr}").as_str())
+            .await
+    };
+    // Over AMQP: nine guesses, its own 0-9-1 login, nine more, its own 1.0
+    // login, one more: nineteen failures, two successes of someone else.
+    for n in 0..FREE_LOGIN_FAILURES - 1 {
+        anyhow::ensure!(login("guest", &format!("wrong-{n}")).await.is_err());
+    }
+    login("mallory", "mallory-pw")
+        .await?
+        .close(200, s("bye"))
+        .await?;
+    for n in 0..FREE_LOGIN_FAILURES - 1 {
+        anyhow::ensure!(login("guest", &format!("again-{n}")).await.is_err());
+    }
+    amqp1_login().await?.close().await?;
+    anyhow::ensure!(login("guest", "one-more").await.is_err());
+    let started = Instant::now();
+    let (a, b, c) = tokio::join!(
+        login("guest", "wrong-a"),
+        login("guest", "wrong-b"),
+        login("guest", "wrong-c")
+    );
+    anyhow::ensure!(a.is_err() && b.is_err() && c.is_err());
+    let took = started.elapsed();
+    anyhow::ensure!(
+        took >= THROTTLED_LOGIN_INTERVAL * 2 - Duration::from_millis(50),
+        "three guesses after the guesser's own logins took {took:?}: its logins forgave its guesses"
+    );
+
+    // Over management: a call of its own (authenticated, then refused for
+    // want of tags) between the guesses forgives nothing either.
+    let mut own = sb.management_as("mallory", "mallory-pw").await?;
+    let mut wrong = sb.management_as("guest", "wrong").await?;
+    for _ in 0..FREE_LOGIN_FAILURES - 1 {
+        anyhow::ensure!(wrong
+            .list_vhosts(m::ListVhostsRequest {})
+            .await
+            .is_err_and(|status| status.code() == tonic::Code::Unauthenticated));
+    }
+    anyhow::ensure!(own
+        .list_vhosts(m::ListVhostsRequest {})
+        .await
+        .is_err_and(|status| status.code() == tonic::Code::PermissionDenied));
+    anyhow::ensure!(wrong.list_vhosts(m::ListVhostsRequest {}).await.is_err());
+    let started = Instant::now();
+    for _ in 0..3 {
+        anyhow::ensure!(wrong.list_vhosts(m::ListVhostsRequest {}).await.is_err());
+    }
+    let took = started.elapsed();
+    anyhow::ensure!(
+        took >= THROTTLED_LOGIN_INTERVAL * 2 - Duration::from_millis(50),
+        "three management guesses after the guesser's own call took {took:?}"
+    );
     Ok(())
 }
 
