@@ -49,6 +49,11 @@ enum ChannelPhase {
     Open,
     /// We sent channel.close; waiting for the client's close-ok.
     ClosingByServer,
+    /// Our channel.close and the client's crossed, and we answered the
+    /// client's with close-ok. The spec (and RabbitMQ) still wait for the
+    /// client's close-ok to ours; a client that took our close-ok as the
+    /// end may instead open the channel again, which starts it anew.
+    ClosingCrossed,
     /// The client sent channel.close; waiting for the engine before close-ok.
     ClosingByClient,
 }
@@ -454,18 +459,29 @@ impl Connection {
             .on(id));
         };
         match channel.phase {
-            ChannelPhase::ClosingByServer => {
+            ChannelPhase::ClosingByServer | ChannelPhase::ClosingCrossed => {
+                // Spec 2.2.5 (and RabbitMQ): after our channel.close, every
+                // method but close and close-ok is dropped.
                 match method {
                     AMQPClass::Channel(chan::AMQPMethod::CloseOk(_)) => {
                         self.channels.remove(&channel_id);
                     }
                     AMQPClass::Channel(chan::AMQPMethod::Close(_)) => {
-                        // Both sides closed at once: answer and forget the channel.
+                        // Both sides closed at once: answer, and keep the
+                        // channel until the client's close-ok to ours, so
+                        // that close-ok is not taken for a method on a
+                        // channel that was never opened (504).
                         out.method(
                             channel_id,
                             AMQPClass::Channel(chan::AMQPMethod::CloseOk(chan::CloseOk {})),
                         );
+                        channel.phase = ChannelPhase::ClosingCrossed;
+                    }
+                    AMQPClass::Channel(chan::AMQPMethod::Open(_))
+                        if channel.phase == ChannelPhase::ClosingCrossed =>
+                    {
                         self.channels.remove(&channel_id);
+                        return self.open_channel(channel_id, commands);
                     }
                     _ => {}
                 }

@@ -706,3 +706,98 @@ fn the_memory_ceiling_holds_back_publishers_only_and_lets_go_when_back_under() {
         .expect("flow event");
     assert!(!connection.reading_paused() && connection.blocked().is_none());
 }
+
+/// The broker closes channel 1 (a publish to a missing exchange) while the
+/// client closes it too: the client's close is answered with close-ok, and
+/// its close-ok to the broker's close, or a new channel.open, ends the
+/// channel; neither is a 504 that kills the connection (amqp091-go's
+/// TestChannelExceptionWithCloseIssue43, RabbitMQ's reader).
+#[test]
+fn a_crossing_channel_close_is_answered_and_closes_only_the_channel() {
+    for then_reopen in [false, true] {
+        let (mut connection, mut out) = open_connection(GatewayConfig::default());
+        let mut commands = Vec::new();
+        let not_found = SessionEvent {
+            event: Some(Event::ChannelError(pb::ChannelError {
+                channel: 1,
+                error: Some(pb::AmqpError {
+                    code: u32::from(reply_code::NOT_FOUND),
+                    text: "no exchange 'x' in vhost '/'".into(),
+                    class_id: 60,
+                    method_id: 40,
+                    kind: 0,
+                }),
+            })),
+        };
+        connection
+            .on_event(not_found, &mut out, &mut commands)
+            .expect("a channel error closes the channel only");
+        let [SessionCommand {
+            command: Some(Command::ChannelClose(release)),
+        }] = commands.as_slice()
+        else {
+            panic!("expected the channel's release, got {commands:?}");
+        };
+        let release = release.request_id;
+        let sent = methods(&written(&mut out));
+        assert!(
+            matches!(sent.as_slice(), [(1, AMQPClass::Channel(chan::AMQPMethod::Close(c)))] if c.reply_code == reply_code::NOT_FOUND),
+            "{sent:?}"
+        );
+        let client_close = method_frame(
+            1,
+            AMQPClass::Channel(chan::AMQPMethod::Close(chan::Close {
+                reply_code: 200,
+                reply_text: "bye".into(),
+                class_id: 0,
+                method_id: 0,
+            })),
+        );
+        assert_eq!(
+            connection.on_frame(client_close, &mut out, &mut commands),
+            Ok(Next::Continue)
+        );
+        let sent = methods(&written(&mut out));
+        assert!(
+            matches!(
+                sent.as_slice(),
+                [(1, AMQPClass::Channel(chan::AMQPMethod::CloseOk(_)))]
+            ),
+            "{sent:?}"
+        );
+        commands.clear();
+        // The engine releases the channel (its reply comes before any
+        // other of the channel's, as the session's events are in order).
+        connection
+            .on_event(ok_reply(release), &mut out, &mut commands)
+            .expect("released");
+        assert!(commands.is_empty() && written(&mut out).is_empty());
+        if then_reopen {
+            // A client that took the close-ok as the end opens channel 1 anew.
+            open_channel(&mut connection, &mut out, 1);
+            continue;
+        }
+        let close_ok = method_frame(
+            1,
+            AMQPClass::Channel(chan::AMQPMethod::CloseOk(chan::CloseOk {})),
+        );
+        assert_eq!(
+            connection.on_frame(close_ok, &mut out, &mut commands),
+            Ok(Next::Continue),
+            "the client's close-ok to the broker's close is not a channel error"
+        );
+        assert!(written(&mut out).is_empty());
+        // The channel is gone now: a method on it is the usual 504.
+        let qos = method_frame(
+            1,
+            AMQPClass::Basic(basic::AMQPMethod::Qos(basic::Qos {
+                prefetch_count: 1,
+                ..Default::default()
+            })),
+        );
+        let Err(error) = connection.on_frame(qos, &mut out, &mut commands) else {
+            panic!("a method on the closed channel was accepted");
+        };
+        assert_eq!(error.code(), reply_code::CHANNEL_ERROR);
+    }
+}

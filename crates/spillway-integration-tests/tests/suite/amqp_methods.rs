@@ -32,6 +32,7 @@ both_wirings!(
     persistent_messages_survive_restart,
     max_length_drops_the_oldest,
     overflow_reject_publish_nacks,
+    crossing_channel_closes_keep_the_connection,
 );
 
 fn s(text: &str) -> ShortString {
@@ -1089,4 +1090,130 @@ async fn overflow_reject_publish_nacks(sb: &mut Sandbox) -> anyhow::Result<()> {
         .unwrap_err();
     assert_eq!(amqp_code(&error), Some(406), "{error}");
     Ok(())
+}
+
+/// A channel.close from the client that crosses the broker's own (a
+/// publish to a missing exchange, 404) closes that channel only, in both
+/// orders, as RabbitMQ does; a raw client plays each interleaving exactly.
+async fn crossing_channel_closes_keep_the_connection(sb: &mut Sandbox) -> anyhow::Result<()> {
+    use amq_protocol::protocol::{basic, channel, AMQPClass};
+    use spillway_integration_tests::raw;
+    use tokio::io::AsyncWriteExt;
+
+    let close = |code: u16| {
+        AMQPClass::Channel(channel::AMQPMethod::Close(channel::Close {
+            reply_code: code,
+            reply_text: "bye".into(),
+            class_id: 0,
+            method_id: 0,
+        }))
+    };
+    let close_ok = || AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {}));
+    let publish_to_nowhere = || -> anyhow::Result<Vec<u8>> {
+        let mut bytes = raw::method(
+            1,
+            AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
+                exchange: "no-such-exchange".into(),
+                routing_key: "k".into(),
+                mandatory: false,
+                immediate: false,
+            })),
+        )?;
+        bytes.extend(raw::content_header_frame(1, 0));
+        Ok(bytes)
+    };
+    // The broker's close first: the client, not yet having read it, sends
+    // its own; then it reads the broker's and answers close-ok (amqp091-go
+    // and the spec), or takes the broker's close-ok as the end and opens the
+    // channel again (both are seen in clients).
+    for answers_close_ok in [true, false] {
+        let mut socket = raw::open_connection(sb, 131_072, 16).await?;
+        raw::open_channels(&mut socket, 2).await?;
+        socket.write_all(&publish_to_nowhere()?).await?;
+        let (id, method) = crossing_read_method(&mut socket).await?;
+        let AMQPClass::Channel(channel::AMQPMethod::Close(closed)) = method else {
+            anyhow::bail!("expected the broker's channel.close, got {method:?}");
+        };
+        anyhow::ensure!(id == 1 && closed.reply_code == 404, "{id} {closed:?}");
+        raw::send_method(&mut socket, 1, close(200)).await?;
+        let (id, method) = crossing_read_method(&mut socket).await?;
+        anyhow::ensure!(
+            id == 1 && method == close_ok(),
+            "the crossing close got {method:?} on {id}, not channel.close-ok"
+        );
+        if answers_close_ok {
+            raw::send_method(&mut socket, 1, close_ok()).await?;
+        }
+        raw::send_channel_open(&mut socket, 1).await?;
+        let (id, method) = crossing_read_method(&mut socket).await?;
+        anyhow::ensure!(
+            id == 1 && matches!(method, AMQPClass::Channel(channel::AMQPMethod::OpenOk(_))),
+            "reopening channel 1 got {method:?} on {id}"
+        );
+        crossing_still_serves(&mut socket, "crossing-a").await?;
+    }
+
+    // The client's close first, in the same write as the publish: the
+    // broker answers close-ok, and whatever the engine then says of the
+    // publish does not close anything else.
+    let mut socket = raw::open_connection(sb, 131_072, 16).await?;
+    raw::open_channels(&mut socket, 2).await?;
+    let mut bytes = publish_to_nowhere()?;
+    bytes.extend(raw::method(1, close(200))?);
+    socket.write_all(&bytes).await?;
+    loop {
+        let (id, method) = crossing_read_method(&mut socket).await?;
+        anyhow::ensure!(id == 1, "{method:?} on channel {id}");
+        if method == close_ok() {
+            break;
+        }
+        // The broker's own close may still cross ours: answer it.
+        anyhow::ensure!(
+            matches!(method, AMQPClass::Channel(channel::AMQPMethod::Close(_))),
+            "{method:?}"
+        );
+        raw::send_method(&mut socket, 1, close_ok()).await?;
+    }
+    crossing_still_serves(&mut socket, "crossing-b").await?;
+    Ok(())
+}
+
+/// Channel 2 of a crossing-close test stays open through it all and must
+/// still work after.
+async fn crossing_still_serves(
+    socket: &mut tokio::net::TcpStream,
+    queue_name: &str,
+) -> anyhow::Result<()> {
+    use amq_protocol::frame::AMQPFrame;
+    use amq_protocol::protocol::{queue, AMQPClass};
+    use spillway_integration_tests::raw;
+    raw::send_method(
+        socket,
+        2,
+        AMQPClass::Queue(queue::AMQPMethod::Declare(queue::Declare {
+            queue: queue_name.into(),
+            passive: false,
+            durable: false,
+            exclusive: false,
+            auto_delete: true,
+            nowait: false,
+            arguments: Default::default(),
+        })),
+    )
+    .await?;
+    match raw::read_frame(socket).await? {
+        AMQPFrame::Method(2, AMQPClass::Queue(queue::AMQPMethod::DeclareOk(_))) => Ok(()),
+        other => anyhow::bail!("channel 2 no longer serves: {other:?}"),
+    }
+}
+
+/// The next frame, which must be a method.
+async fn crossing_read_method(
+    socket: &mut tokio::net::TcpStream,
+) -> anyhow::Result<(u16, amq_protocol::protocol::AMQPClass)> {
+    use amq_protocol::frame::AMQPFrame;
+    match spillway_integration_tests::raw::read_frame(socket).await? {
+        AMQPFrame::Method(id, method) => Ok((id, method)),
+        other => anyhow::bail!("expected a method, got {other:?}"),
+    }
 }
