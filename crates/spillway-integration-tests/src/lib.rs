@@ -45,6 +45,7 @@ use spillway_serve::{Role, Running, Settings};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 pub mod amqp;
+pub mod amqp1_raw;
 pub mod group;
 pub mod harness;
 pub mod pki;

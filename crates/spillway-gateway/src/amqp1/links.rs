@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use fe2o3_amqp::link::delivery::{DeliveryInfo, Sendable};
-use fe2o3_amqp::link::{CreditMode, Receiver, Sender};
-use fe2o3_amqp_types::definitions::{self, AmqpError};
+use fe2o3_amqp::link::{CreditMode, Receiver, RecvError, Sender};
+use fe2o3_amqp_types::definitions::{self, AmqpError, LinkError};
 use fe2o3_amqp_types::messaging::{Body, Outcome};
 use fe2o3_amqp_types::primitives::Value;
 use foldhash::HashMap;
@@ -35,6 +35,48 @@ use super::engine_session::{EngineSession, LinkChannel};
 use super::mapping;
 use super::Amqp1Error;
 use crate::metrics::GatewayMetrics;
+
+/// The error a receiving link is detached with when the library refuses
+/// what the client sent on it; None where the library has detached it
+/// itself (a message over the link's max-message-size) or the link is gone.
+///
+/// A client that sends transfers past the credit granted is the case that
+/// matters: the library refuses the transfer before it is decoded or put in
+/// the link's unsettled map, and the client hears
+/// `amqp:link:transfer-limit-exceeded`, so it cannot make the broker hold
+/// more than the credit it was given.
+fn receive_error_condition(error: &RecvError) -> Option<definitions::Error> {
+    let (condition, text): (definitions::ErrorCondition, &str) = match error {
+        RecvError::TransferLimitExceeded => (
+            LinkError::TransferLimitExceeded.into(),
+            "transfer sent with no link credit",
+        ),
+        RecvError::MessageDecode(_) => (
+            AmqpError::DecodeError.into(),
+            "the message cannot be decoded",
+        ),
+        RecvError::DeliveryIdIsNone
+        | RecvError::DeliveryTagIsNone
+        | RecvError::InconsistentFieldInMultiFrameDelivery => (
+            AmqpError::InvalidField.into(),
+            "a transfer lacks its delivery-id or tag, or changes them mid-message",
+        ),
+        RecvError::IllegalRcvSettleModeInTransfer => (
+            AmqpError::NotAllowed.into(),
+            "rcv-settle-mode second on a link negotiated as first",
+        ),
+        RecvError::TransactionalAcquisitionIsNotImeplemented => (
+            AmqpError::NotImplemented.into(),
+            "transactional acquisition",
+        ),
+        RecvError::LinkStateError(_) | RecvError::MessageSizeExceeded(_) => return None,
+    };
+    Some(definitions::Error::new(
+        condition,
+        Some(text.to_string()),
+        None,
+    ))
+}
 
 /// What every link of a connection needs to know.
 #[derive(Clone)]
@@ -119,7 +161,7 @@ pub async fn publish_from(
                     Ok(delivery) => delivery,
                     Err(error) => {
                         tracing::info!(%error, "amqp 1.0 receiving link ended");
-                        break LinkEnd::Detach(None);
+                        break LinkEnd::Detach(receive_error_condition(&error));
                     }
                 };
                 link.board.took_message();

@@ -3,7 +3,8 @@
 //! producer flow control holds back only the links that publish to an
 //! overfull queue (their credit), releasing them below resume capacity, and
 //! a receiver granting little credit drains a backlog that flowed to disk
-//! within the memory budget.
+//! within the memory budget; a hand-driven client that sends a transfer
+//! with no credit is detached with `amqp:link:transfer-limit-exceeded`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -31,6 +32,7 @@ both_wirings!(
     messages_cross_between_amqp_1_0_and_0_9_1,
     a_full_queue_holds_back_only_the_links_that_publish_to_it,
     a_low_credit_receiver_drains_a_spilled_backlog_within_the_budget,
+    a_transfer_past_the_credit_detaches_the_link,
 );
 
 async fn connect(sandbox: &Sandbox, name: &str) -> anyhow::Result<ConnectionHandle<()>> {
@@ -388,5 +390,114 @@ async fn a_low_credit_receiver_drains_a_spilled_backlog_within_the_budget(
         "resident bytes reached {highest}, over {THRESHOLD} + {ONE_BATCH}"
     );
     println!("{wiring:?}: {COUNT} messages drained over 1.0 with 5 credits, highest resident {highest} bytes (threshold {THRESHOLD})");
+    Ok(())
+}
+
+/// A client that sends a transfer its link has no credit for is detached
+/// with `amqp:link:transfer-limit-exceeded`, and the broker takes nothing
+/// from it. To have a link with no credit at all, the store's quota holds
+/// every connection that has published: a second link of a connection that
+/// has published is granted none.
+async fn a_transfer_past_the_credit_detaches_the_link(wiring: Wiring) -> anyhow::Result<()> {
+    use fe2o3_amqp_types::definitions::{ErrorCondition, LinkError};
+    use fe2o3_amqp_types::messaging::DeliveryState;
+    use fe2o3_amqp_types::performatives::Performative;
+    use spillway_integration_tests::amqp1_raw::RawAmqp1;
+    use spillway_integration_tests::eventually;
+    use spillway_proto::management as m;
+
+    let sandbox = Sandbox::start(wiring).await?;
+    let amqp = sandbox.connect().await?;
+    let channel = amqp.create_channel().await?;
+    channel
+        .queue_declare(
+            "credit".into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let mut admin = sandbox.management().await?;
+    admin
+        .set_store_quota(m::SetStoreQuotaRequest {
+            overfull_size: Some(1),
+            underfull_size: Some(1),
+        })
+        .await?;
+    eventually(Duration::from_secs(20), || {
+        let sandbox = &sandbox;
+        async move {
+            let status = sandbox
+                .management()
+                .await?
+                .get_broker_status(m::GetBrokerStatusRequest {})
+                .await?
+                .into_inner();
+            anyhow::ensure!(status.store_overfull, "store not overfull yet");
+            anyhow::Ok(())
+        }
+    })
+    .await?;
+
+    let mut client = RawAmqp1::connect(sandbox.amqp_addr(), "guest", "guest", "/").await?;
+    client.attach_sender(0, "/queues/credit").await?;
+    client
+        .until(|p| matches!(p, Performative::Flow(f) if f.handle.as_ref().is_some_and(|h| h.0 == 0) && f.link_credit.unwrap_or(0) > 0))
+        .await
+        .context("the first link got no credit")?;
+    let first = client.transfer(0, b"within the credit").await?;
+    let accepted = client
+        .until(|p| matches!(p, Performative::Disposition(d) if d.first <= first && d.last.unwrap_or(d.first) >= first))
+        .await?;
+    let Performative::Disposition(accepted) = accepted else {
+        unreachable!("until answers what it was asked for");
+    };
+    anyhow::ensure!(
+        matches!(accepted.state, Some(DeliveryState::Accepted(_))),
+        "{accepted:?}"
+    );
+
+    client.attach_sender(1, "/queues/credit").await?;
+    client.transfer(1, b"past the credit").await?;
+    let answer = client
+        .until(|p| match p {
+            Performative::Detach(d) => d.handle.0 == 1,
+            Performative::Flow(f) => {
+                f.handle.as_ref().is_some_and(|h| h.0 == 1) && f.link_credit.unwrap_or(0) > 0
+            }
+            _ => false,
+        })
+        .await?;
+    let Performative::Detach(detach) = answer else {
+        anyhow::bail!("the held link was granted credit, so nothing was exceeded: {answer:?}");
+    };
+    let condition = detach.error.as_ref().map(|error| &error.condition);
+    anyhow::ensure!(
+        matches!(
+            condition,
+            Some(ErrorCondition::LinkError(LinkError::TransferLimitExceeded))
+        ),
+        "detached with {:?}, not amqp:link:transfer-limit-exceeded",
+        detach.error
+    );
+
+    // Only the message sent within the credit was taken.
+    admin
+        .set_store_quota(m::SetStoreQuotaRequest {
+            overfull_size: Some(0),
+            underfull_size: Some(0),
+        })
+        .await?;
+    let depth = channel
+        .queue_declare(
+            "credit".into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?
+        .message_count();
+    anyhow::ensure!(depth == 1, "the queue holds {depth} messages, not 1");
     Ok(())
 }
