@@ -40,14 +40,64 @@ pub struct Settings {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default)]
 pub struct ClusterSettings {
-    /// Sent by every internal client and required by every internal server.
-    /// After loading, this holds the secret read from `secret_file` too.
+    /// Sent by every internal client: with `verifiers` set, the secret of
+    /// this process's role; without, one secret every process shares (its
+    /// role is then believed, so a separate role serves so on loopback
+    /// only). After loading, this holds the secret read from `secret_file`
+    /// too.
     pub secret: Option<spillway_proto::cluster::ClusterSecret>,
     /// A file holding the secret (surrounding whitespace ignored): what
     /// compose uses, so the secret appears in no environment.
     pub secret_file: Option<PathBuf>,
+    /// Each role's verifier: the SHA-256 of its secret, in hex. Set on
+    /// every process (they are not secret); a server checks each caller's
+    /// secret against its role's.
+    pub verifiers: ClusterVerifiers,
     /// Mutual TLS on every internal gRPC connection.
     pub tls: ClusterTlsSettings,
+}
+
+/// `cluster.verifiers`: per role, the SHA-256 of its secret (64 hex
+/// digits). Unset: the role is proven another way, or not at all.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct ClusterVerifiers {
+    pub gateway: Option<String>,
+    pub engine: Option<String>,
+    pub storage: Option<String>,
+    pub management: Option<String>,
+}
+
+impl ClusterVerifiers {
+    fn get(&self, role: spillway_proto::cluster::ClusterRole) -> Option<&String> {
+        use spillway_proto::cluster::ClusterRole;
+        match role {
+            ClusterRole::Gateway => self.gateway.as_ref(),
+            ClusterRole::Engine => self.engine.as_ref(),
+            ClusterRole::Storage => self.storage.as_ref(),
+            ClusterRole::Management => self.management.as_ref(),
+        }
+    }
+
+    /// The verifiers set, by role (values checked by the settings).
+    pub fn table(
+        &self,
+    ) -> std::collections::BTreeMap<spillway_proto::cluster::ClusterRole, [u8; 32]> {
+        spillway_proto::cluster::ClusterRole::ALL
+            .into_iter()
+            .filter_map(|role| {
+                let verifier = crate::cluster::parse_verifier(self.get(role)?)?;
+                Some((role, verifier))
+            })
+            .collect()
+    }
+
+    /// Whether any is set: per-role secrets are in force.
+    pub fn any(&self) -> bool {
+        spillway_proto::cluster::ClusterRole::ALL
+            .into_iter()
+            .any(|role| self.get(role).is_some())
+    }
 }
 
 /// Mutual TLS between the separate processes (`cluster.tls`): PEM files, all
@@ -191,6 +241,28 @@ impl ClusterSettings {
                 }
             }
             (None, None) => {}
+        }
+        for role in spillway_proto::cluster::ClusterRole::ALL {
+            let Some(verifier) = self.verifiers.get(role) else {
+                continue;
+            };
+            if crate::cluster::parse_verifier(verifier).is_none() {
+                found.push(Range {
+                    key: format!("cluster.verifiers.{role}"),
+                    value: Quoted(verifier).to_string(),
+                    allowed: format!(
+                        "64 hex digits: the SHA-256 of the {role} role's secret \
+                         (`tr -d '[:space:]' < SECRET_FILE | sha256sum`)"
+                    ),
+                });
+            }
+        }
+        if self.verifiers.any() && self.secret.is_none() && self.secret_file.is_none() {
+            found.push(Range {
+                key: "cluster.secret_file".into(),
+                value: "unset".into(),
+                allowed: "this role's own secret, since cluster.verifiers is set".into(),
+            });
         }
         found
     }

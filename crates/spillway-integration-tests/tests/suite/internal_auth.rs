@@ -26,7 +26,7 @@ use spillway_integration_tests::amqp::confirmed_round_trip;
 use spillway_integration_tests::{
     eventually, http_get, metric_value, spillway_bin, Component, Sandbox, Wiring,
 };
-use spillway_proto::cluster::SECRET_METADATA_KEY;
+use spillway_proto::cluster::{ClusterRole, ROLE_METADATA_KEY, SECRET_METADATA_KEY};
 use spillway_proto::engine::engine_admin_client::EngineAdminClient;
 use spillway_proto::engine::engine_client::EngineClient;
 use spillway_proto::engine::SessionCommand;
@@ -47,8 +47,12 @@ enum Credentials<'a> {
     Secret(&'a str),
 }
 
-fn request<T>(message: T, credentials: Credentials<'_>) -> Request<T> {
+/// `message` with `credentials`, calling as `role`.
+fn request_as<T>(message: T, role: ClusterRole, credentials: Credentials<'_>) -> Request<T> {
     let mut request = Request::new(message);
+    request
+        .metadata_mut()
+        .insert(ROLE_METADATA_KEY, role.as_str().parse().expect("ascii"));
     let value = match credentials {
         Credentials::Nothing => return request,
         Credentials::Wrong => "not-the-cluster-secret-at-all",
@@ -79,16 +83,27 @@ async fn call_every_service(
     let mut engine = EngineClient::new(channel(engine_addr).await?);
     let mut admin = EngineAdminClient::new(channel(engine_addr).await?);
 
+    // Each call as the role that makes it.
     let status = storage
-        .status(request(StatusRequest::default(), credentials))
+        .status(request_as(
+            StatusRequest::default(),
+            ClusterRole::Engine,
+            credentials,
+        ))
         .await;
     let vhosts = admin
-        .list_vhosts(request(ListVhostsRequest {}, credentials))
+        .list_vhosts(request_as(
+            ListVhostsRequest {},
+            ClusterRole::Management,
+            credentials,
+        ))
         .await;
     // A session that sends nothing: the stream is open once the engine
     // answers with its headers.
     let commands = futures::stream::pending::<SessionCommand>();
-    let session = engine.session(request(commands, credentials)).await;
+    let session = engine
+        .session(request_as(commands, ClusterRole::Gateway, credentials))
+        .await;
     Ok(vec![
         ("storage", status.err().map(|s| s.code())),
         ("engine_admin", vhosts.err().map(|s| s.code())),
@@ -373,17 +388,20 @@ async fn an_oversize_grpc_message_is_refused() {
             epoch: 0,
             sequence: 0,
         };
-        let written = storage.write(request(batch, credentials)).await;
+        let written = storage
+            .write(request_as(batch, ClusterRole::Engine, credentials))
+            .await;
         let code = written.as_ref().err().map(|status| status.code());
         anyhow::ensure!(
             matches!(code, Some(Code::OutOfRange | Code::ResourceExhausted)),
             "storage took a {OVERSIZE}-byte message: {written:?}"
         );
         let created = admin
-            .create_vhost(request(
+            .create_vhost(request_as(
                 CreateVhostRequest {
                     name: "v".repeat(OVERSIZE),
                 },
+                ClusterRole::Management,
                 credentials,
             ))
             .await;
@@ -395,10 +413,18 @@ async fn an_oversize_grpc_message_is_refused() {
         );
         // Both still serve calls within the limit.
         storage
-            .status(request(StatusRequest::default(), credentials))
+            .status(request_as(
+                StatusRequest::default(),
+                ClusterRole::Engine,
+                credentials,
+            ))
             .await?;
         admin
-            .list_vhosts(request(ListVhostsRequest {}, credentials))
+            .list_vhosts(request_as(
+                ListVhostsRequest {},
+                ClusterRole::Management,
+                credentials,
+            ))
             .await?;
         Ok(())
     })
@@ -531,7 +557,11 @@ async fn without_a_configured_secret_a_separate_role_uses_the_local_one() -> any
         let mut storage = StorageClient::new(channel(addr).await?);
         for credentials in [Credentials::Nothing, Credentials::Wrong] {
             let refused = storage
-                .status(request(StatusRequest::default(), credentials))
+                .status(request_as(
+                    StatusRequest::default(),
+                    ClusterRole::Engine,
+                    credentials,
+                ))
                 .await
                 .err()
                 .map(|status| status.code());
@@ -541,8 +571,9 @@ async fn without_a_configured_secret_a_separate_role_uses_the_local_one() -> any
             );
         }
         storage
-            .status(request(
+            .status(request_as(
                 StatusRequest::default(),
+                ClusterRole::Engine,
                 Credentials::Secret(secret.trim()),
             ))
             .await?;
