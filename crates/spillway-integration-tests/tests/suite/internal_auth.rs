@@ -7,8 +7,9 @@
 //!   `spillway_grpc_auth_failures_total{service}`, logged once per peer, and
 //!   the secret never appears in a log;
 //! - the right one: served, and AMQP clients are served through the gateway;
-//! - a separate role refuses to listen beyond loopback without a secret, and
-//!   a secret that is too short or given twice stops start-up;
+//! - a separate role refuses to listen beyond loopback without per-role
+//!   secrets (one shared secret is not enough), and a secret that is too
+//!   short or given twice stops start-up;
 //! - a gRPC message over the limit derived from `gateway.max_message_size`
 //!   is refused, while messages larger than one batch still flow.
 
@@ -311,11 +312,34 @@ async fn a_secret_that_is_too_short_missing_or_given_twice_stops_start_up() -> a
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_a_secret_a_separate_role_listens_beyond_loopback() -> anyhow::Result<()> {
+/// One shared secret proves only that the caller is the broker's, not which
+/// role: beyond loopback it is refused; per-role secrets are enough.
+#[tokio::test]
+async fn a_shared_secret_alone_will_not_listen_beyond_loopback() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let file = dir.path().join("secret");
     std::fs::write(&file, "0123456789abcdef0123456789\n")?;
+    let env = [
+        ("SPILLWAY_STORAGE__LISTEN", "0.0.0.0:0".to_string()),
+        ("SPILLWAY_CLUSTER__SECRET_FILE", file.display().to_string()),
+    ];
+    let exit = run_until_exit(dir.path(), "storage", &env).await?;
+    assert_refused(
+        &exit,
+        "a shared secret beyond loopback",
+        &[
+            "`storage.listen` is not a loopback address",
+            "one shared cluster secret would let every role make every call",
+            "cluster.verifiers",
+        ],
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_per_role_secrets_a_separate_role_listens_beyond_loopback() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let secrets = spillway_integration_tests::RoleSecrets::new(dir.path())?;
     let ready = dir.path().join("storage.ready");
     let mut child = tokio::process::Command::new(spillway_bin()?)
         .arg("--ready-file")
@@ -325,7 +349,7 @@ async fn with_a_secret_a_separate_role_listens_beyond_loopback() -> anyhow::Resu
         .env("SPILLWAY_STORAGE__LISTEN", "0.0.0.0:0")
         .env("SPILLWAY_TELEMETRY__METRICS_LISTEN", "127.0.0.1:0")
         .env("SPILLWAY_STORAGE__DATA_DIR", dir.path().join("data"))
-        .env("SPILLWAY_CLUSTER__SECRET_FILE", &file)
+        .envs(secrets.env(ClusterRole::Storage))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
