@@ -289,6 +289,9 @@ async fn unusable_tls_settings_stop_every_role() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A role, its environment, and the line its refusal must hold.
+type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], String);
+
 /// An address a role dials without its scheme (`127.0.0.1:5000` for
 /// `http://127.0.0.1:5000`) stops start-up, naming the setting and the
 /// expected form, rather than failing every second for ever as a transport
@@ -298,7 +301,7 @@ async fn an_address_without_its_scheme_stops_start_up() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let dialled = "is out of range: an address with its scheme, http://host:port \
                    (https://host:port with cluster.tls), e.g. \"http://127.0.0.1:50061\"";
-    let cases: [(&str, &[(&str, &str)], String); 4] = [
+    let cases: [Case; 4] = [
         (
             "storage",
             &[
