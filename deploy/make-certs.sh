@@ -8,7 +8,8 @@
 #   storage, engine, gateway, management .{pem,key}
 #                              one certificate per component for the internal
 #                              gRPC's mutual TLS (cluster.tls.*): serverAuth and
-#                              clientAuth, SAN = the compose service name(s)
+#                              clientAuth, SANs = the compose service name(s)
+#                              and the role (URI spillway://role/<role>)
 #   ca/client-ca.{pem,key}     the client-facing CA: signs the server certificate
 #   client-ca.pem              its certificate: what AMQPS clients, spillctl and
 #                              the loadgens trust
@@ -97,11 +98,14 @@ start_mode="$mode"
 ca cluster-ca "Spillway cluster CA (compose test)"
 # The storage nodes share one certificate, and so do the engines: each is
 # dialled by its own service name.
-leaf storage cluster-ca "serverAuth,clientAuth" "DNS:storage-1,DNS:storage-2,DNS:storage-3"
-leaf engine cluster-ca "serverAuth,clientAuth" "DNS:engine-1,DNS:engine-2"
-leaf management cluster-ca "serverAuth,clientAuth" "DNS:management"
+# Each names its role (URI spillway://role/<role>): the servers let a
+# certificate make only that role's calls (docs/security.md).
+leaf storage cluster-ca "serverAuth,clientAuth" \
+    "DNS:storage-1,DNS:storage-2,DNS:storage-3,URI:spillway://role/storage"
+leaf engine cluster-ca "serverAuth,clientAuth" "DNS:engine-1,DNS:engine-2,URI:spillway://role/engine"
+leaf management cluster-ca "serverAuth,clientAuth" "DNS:management,URI:spillway://role/management"
 # Both gateways present one certificate: they are clients of the engine only.
-leaf gateway cluster-ca "serverAuth,clientAuth" "DNS:gateway,DNS:gateway2"
+leaf gateway cluster-ca "serverAuth,clientAuth" "DNS:gateway,DNS:gateway2,URI:spillway://role/gateway"
 mode="$start_mode"
 ca client-ca "Spillway client CA (compose test)"
 leaf server client-ca "serverAuth" \

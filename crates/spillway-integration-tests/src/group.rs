@@ -14,11 +14,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::Context;
-use spillway_proto::cluster::{ClusterClient, ClusterSecret};
+use spillway_proto::cluster::ClusterRole;
 use spillway_proto::storage::storage_group_client::StorageGroupClient;
 use spillway_proto::storage::{GroupStatus, GroupStatusRequest};
 
-use crate::{eventually, new_secret, parse_addr, spillway_bin, stop_child, wait_for_ready};
+use crate::{eventually, parse_addr, spillway_bin, stop_child, wait_for_ready, RoleSecrets};
 
 /// One storage process of the group.
 struct Member {
@@ -29,7 +29,9 @@ struct Member {
 
 pub struct GroupSandbox {
     dir: tempfile::TempDir,
-    secret: ClusterSecret,
+    /// Every process holds its own role's secret only
+    /// (`cluster.verifiers`), as a deployment beyond loopback must.
+    secrets: RoleSecrets,
     /// Extra settings for every storage member (`SPILLWAY_STORAGE__…`).
     storage_env: Vec<(String, String)>,
     members: BTreeMap<u64, Member>,
@@ -71,7 +73,7 @@ impl GroupSandbox {
         standby: bool,
     ) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir().context("temp dir")?;
-        let secret = new_secret(dir.path())?;
+        let secrets = RoleSecrets::new(dir.path())?;
         let host = own_loopback()?;
         let mut ports = reserve_ports(host, size as usize + 2)?;
         let standby = match (standby, ports.pop()) {
@@ -92,7 +94,7 @@ impl GroupSandbox {
             .collect();
         let mut sandbox = Self {
             dir,
-            secret,
+            secrets,
             storage_env: storage_env
                 .iter()
                 .map(|(key, value)| (key.to_string(), value.to_string()))
@@ -177,6 +179,21 @@ impl GroupSandbox {
         self.spawn(role, &env)
     }
 
+    /// The per-role secrets the processes were given.
+    pub fn secrets(&self) -> &RoleSecrets {
+        &self.secrets
+    }
+
+    /// Member `id`'s address.
+    pub fn member_addr(&self, id: u64) -> anyhow::Result<SocketAddr> {
+        Ok(self.members.get(&id).context("no such member")?.addr)
+    }
+
+    /// The active engine's address.
+    pub fn engine_addr(&self) -> SocketAddr {
+        self.engine_addr
+    }
+
     /// SIGKILLs the active engine (the first one).
     pub async fn kill_engine(&mut self) -> anyhow::Result<()> {
         if let Some(mut child) = self.engine.take() {
@@ -250,6 +267,8 @@ impl GroupSandbox {
             "standby" => "engine",
             role => role.split('-').next().unwrap_or(role),
         };
+        let cluster_role =
+            ClusterRole::from_name(process).with_context(|| format!("no role {process}"))?;
         let mut command = Command::new(spillway_bin()?);
         command
             .arg("--ready-file")
@@ -257,10 +276,7 @@ impl GroupSandbox {
             .arg(process)
             .env("SPILLWAY_TELEMETRY__METRICS_LISTEN", "127.0.0.1:0")
             .env("SPILLWAY_STORAGE__DATA_DIR", self.dir.path().join(role))
-            .env(
-                "SPILLWAY_CLUSTER__SECRET_FILE",
-                self.dir.path().join(crate::SECRET_FILE),
-            )
+            .envs(self.secrets.env(cluster_role))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
@@ -389,11 +405,7 @@ impl GroupSandbox {
     /// Member `id`'s view of the group.
     pub async fn status_of(&self, id: u64) -> anyhow::Result<GroupStatus> {
         let member = self.members.get(&id).context("no such member")?;
-        let cluster = ClusterClient {
-            secret: Some(self.secret.clone()),
-            tls: None,
-            max_message_bytes: 4 << 20,
-        };
+        let cluster = self.secrets.client(ClusterRole::Management)?;
         let channel = spillway_proto::lazy_channel(&format!("http://{}", member.addr), &cluster)?;
         let mut client = StorageGroupClient::new(channel);
         let mut request = tonic::Request::new(GroupStatusRequest {});

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use spillway_proto::cluster::{ClusterClient, ClusterSecret, ClusterTls};
+use spillway_proto::cluster::{ClusterClient, ClusterRole, ClusterSecret, ClusterTls};
 use spillway_proto::storage::StoreStatus;
 use spillway_proto::{RemoteStorage, StorageApi};
 use spillway_serve::{Role, Running, Settings};
@@ -234,10 +234,11 @@ impl Sandbox {
     }
 
     /// What an internal gRPC client needs to be let in: the sandbox's
-    /// secret, its cluster TLS (when configured) and the default message
-    /// limit.
+    /// secret, calling as an engine (the store's client), its cluster TLS
+    /// (when configured) and the default message limit.
     pub fn cluster_client(&self) -> ClusterClient {
         ClusterClient {
+            role: Some(ClusterRole::Engine),
             secret: Some(self.secret.clone()),
             tls: self.cluster_tls.clone(),
             ..ClusterClient::default()
@@ -726,12 +727,81 @@ const SECRET_FILE: &str = "cluster-secret";
 /// A new random secret (32 bytes from the kernel, hex), written to the
 /// sandbox's secret file.
 fn new_secret(dir: &Path) -> anyhow::Result<ClusterSecret> {
+    new_secret_in(&dir.join(SECRET_FILE))
+}
+
+/// A new random secret (32 bytes from the kernel, hex), written to `path`.
+fn new_secret_in(path: &Path) -> anyhow::Result<ClusterSecret> {
     let mut bytes = [0u8; 32];
     std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut bytes)
         .context("reading /dev/urandom")?;
     let text: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    std::fs::write(dir.join(SECRET_FILE), format!("{text}\n")).context("writing the secret")?;
+    std::fs::write(path, format!("{text}\n")).context("writing the secret")?;
     ClusterSecret::new(&text).map_err(|error| anyhow::anyhow!("the sandbox's secret: {error}"))
+}
+
+/// One secret per role, each in its own file (`cluster-secret-<role>`), and
+/// every role's verifier: what a deployment with per-role secrets gives its
+/// processes (`cluster.secret_file` and `cluster.verifiers`).
+pub struct RoleSecrets {
+    dir: PathBuf,
+    secrets: BTreeMap<ClusterRole, ClusterSecret>,
+}
+
+impl RoleSecrets {
+    /// Makes a secret for every role in `dir`.
+    pub fn new(dir: &Path) -> anyhow::Result<Self> {
+        let mut secrets = BTreeMap::new();
+        for role in ClusterRole::ALL {
+            let path = dir.join(format!("{SECRET_FILE}-{role}"));
+            secrets.insert(role, new_secret_in(&path)?);
+        }
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            secrets,
+        })
+    }
+
+    /// `role`'s secret.
+    pub fn secret(&self, role: ClusterRole) -> anyhow::Result<&ClusterSecret> {
+        self.secrets.get(&role).context("a role without a secret")
+    }
+
+    /// `role`'s secret as text, for a test's own metadata.
+    pub fn text(&self, role: ClusterRole) -> anyhow::Result<String> {
+        Ok(String::from_utf8_lossy(self.secret(role)?.expose()).into_owned())
+    }
+
+    /// The environment of a process of `role`: its own secret's file and
+    /// every role's verifier.
+    pub fn env(&self, role: ClusterRole) -> Vec<(String, String)> {
+        let mut env = vec![(
+            "SPILLWAY_CLUSTER__SECRET_FILE".to_string(),
+            self.dir
+                .join(format!("{SECRET_FILE}-{role}"))
+                .display()
+                .to_string(),
+        )];
+        for (role, secret) in &self.secrets {
+            env.push((
+                format!(
+                    "SPILLWAY_CLUSTER__VERIFIERS__{}",
+                    role.as_str().to_ascii_uppercase()
+                ),
+                spillway_serve::cluster::role_verifier(secret),
+            ));
+        }
+        env
+    }
+
+    /// An internal client calling as `role`.
+    pub fn client(&self, role: ClusterRole) -> anyhow::Result<ClusterClient> {
+        Ok(ClusterClient {
+            role: Some(role),
+            secret: Some(self.secret(role)?.clone()),
+            ..ClusterClient::default()
+        })
+    }
 }
 
 /// Sends `signal` to `child` and waits for it to exit (SIGKILL after 10 s).

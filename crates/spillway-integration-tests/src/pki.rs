@@ -114,7 +114,9 @@ impl Pki {
 
     /// A component's certificate for the cluster's mutual TLS
     /// (`cluster.tls.cert_file`): CN `name`, SANs `localhost` and
-    /// `127.0.0.1`, good as a server's and as a client's.
+    /// `127.0.0.1`, good as a server's and as a client's. When `name` is a
+    /// role (`gateway`, `engine`, `storage`, `management`), it names that
+    /// role too (URI `spillway://role/<name>`).
     pub fn component(&self, name: &str) -> anyhow::Result<Identity> {
         self.issue(&format!("component-{name}"), component_params(name)?, false)
     }
@@ -225,6 +227,12 @@ fn client_params(user: &str) -> anyhow::Result<CertificateParams> {
 fn component_params(name: &str) -> anyhow::Result<CertificateParams> {
     let mut params =
         CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])?;
+    // A role's name: the certificate names that role (`spillway://role/…`).
+    if let Some(role) = spillway_proto::cluster::ClusterRole::from_name(name) {
+        params
+            .subject_alt_names
+            .push(rcgen::SanType::URI(role.uri().try_into()?));
+    }
     params.distinguished_name = DistinguishedName::new();
     params.distinguished_name.push(DnType::CommonName, name);
     params.use_authority_key_identifier_extension = true;

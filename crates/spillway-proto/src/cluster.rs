@@ -1,11 +1,13 @@
 //! What every internal gRPC call between Spillway's own components carries:
-//! the cluster secret (`cluster.secret`), as request metadata, the cluster's
-//! mutual TLS (`cluster.tls`), and the message-size limit both ends enforce.
+//! the caller's role ([`ClusterRole`]) and its secret (`cluster.secret`), as
+//! request metadata, the cluster's mutual TLS (`cluster.tls`), and the
+//! message-size limit both ends enforce.
 //!
-//! The server side (the interceptor that checks the secret) lives with the
+//! The server side (the guard that checks who calls what) lives with the
 //! wiring (`spillway-serve`); this module holds what clients and servers
-//! share: [`ClusterSecret`], the metadata key, the client interceptor
-//! [`ClusterCredentials`], [`ClusterTls`] and [`grpc_message_limit`].
+//! share: [`ClusterRole`], [`ClusterSecret`], the metadata keys, the client
+//! interceptor [`ClusterCredentials`], [`ClusterTls`] and
+//! [`grpc_message_limit`].
 
 use std::fmt;
 use std::sync::Arc;
@@ -20,6 +22,59 @@ use tonic::{Request, Status};
 
 /// The request metadata key that carries the cluster secret.
 pub const SECRET_METADATA_KEY: &str = "spillway-cluster-secret";
+
+/// The request metadata key that carries the caller's role.
+pub const ROLE_METADATA_KEY: &str = "spillway-cluster-role";
+
+/// The prefix of the URI a cluster certificate names its role with (a
+/// subject alternative name `spillway://role/gateway`).
+pub const ROLE_URI_PREFIX: &str = "spillway://role/";
+
+/// Which component calls: each role may make only the internal calls its
+/// component makes (`docs/security.md`), proven by a secret of its own or
+/// by the role its cluster certificate names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ClusterRole {
+    Gateway,
+    Engine,
+    Storage,
+    Management,
+}
+
+impl ClusterRole {
+    pub const ALL: [ClusterRole; 4] = [
+        ClusterRole::Gateway,
+        ClusterRole::Engine,
+        ClusterRole::Storage,
+        ClusterRole::Management,
+    ];
+
+    /// The role's name: in metadata, settings and certificates.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClusterRole::Gateway => "gateway",
+            ClusterRole::Engine => "engine",
+            ClusterRole::Storage => "storage",
+            ClusterRole::Management => "management",
+        }
+    }
+
+    /// The role named `name`, if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|role| role.as_str() == name)
+    }
+
+    /// The URI a cluster certificate names this role with.
+    pub fn uri(self) -> String {
+        format!("{ROLE_URI_PREFIX}{}", self.as_str())
+    }
+}
+
+impl fmt::Display for ClusterRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// The shortest secret accepted, in bytes.
 pub const MIN_SECRET_LEN: usize = 16;
@@ -199,8 +254,10 @@ pub fn cluster_uri(addr: &str, tls: bool) -> Result<String, String> {
 /// What an internal gRPC client needs to be let in and to size its messages.
 #[derive(Clone, Debug)]
 pub struct ClusterClient {
-    /// Sent with every call; `None`: nothing is sent (a peer without a
-    /// secret of its own accepts that; one with a secret refuses it).
+    /// The role this process calls as, sent with every call.
+    pub role: Option<ClusterRole>,
+    /// Sent with every call: the secret of this process's role (or the one
+    /// secret of a loopback set-up); `None`: nothing is sent.
     pub secret: Option<ClusterSecret>,
     /// Mutual TLS to every internal server; `None`: plaintext HTTP/2.
     pub tls: Option<ClusterTls>,
@@ -212,6 +269,7 @@ impl Default for ClusterClient {
     /// No secret, the limit of the default settings.
     fn default() -> Self {
         Self {
+            role: None,
             secret: None,
             tls: None,
             max_message_bytes: grpc_message_limit(128 << 20, 131_072),
@@ -221,19 +279,20 @@ impl Default for ClusterClient {
 
 impl ClusterClient {
     pub fn credentials(&self) -> ClusterCredentials {
-        ClusterCredentials::new(self.secret.as_ref())
+        ClusterCredentials::new(self.role, self.secret.as_ref())
     }
 }
 
-/// The client interceptor: adds the secret to every call (unary and
-/// streaming alike: tonic runs it on each call's request head).
+/// The client interceptor: adds the role and the secret to every call
+/// (unary and streaming alike: tonic runs it on each call's request head).
 #[derive(Clone, Debug, Default)]
 pub struct ClusterCredentials {
+    role: Option<ClusterRole>,
     value: Option<AsciiMetadataValue>,
 }
 
 impl ClusterCredentials {
-    pub fn new(secret: Option<&ClusterSecret>) -> Self {
+    pub fn new(role: Option<ClusterRole>, secret: Option<&ClusterSecret>) -> Self {
         let value = secret
             .and_then(|secret| AsciiMetadataValue::try_from(secret.expose()).ok())
             .map(|mut value| {
@@ -241,12 +300,18 @@ impl ClusterCredentials {
                 value.set_sensitive(true);
                 value
             });
-        Self { value }
+        Self { role, value }
     }
 }
 
 impl Interceptor for ClusterCredentials {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(role) = self.role {
+            request.metadata_mut().insert(
+                ROLE_METADATA_KEY,
+                AsciiMetadataValue::from_static(role.as_str()),
+            );
+        }
         if let Some(value) = &self.value {
             request
                 .metadata_mut()
@@ -280,7 +345,7 @@ mod tests {
     #[test]
     fn credentials_are_added_to_every_request_and_marked_sensitive() {
         let secret = ClusterSecret::new("0123456789abcdef").ok();
-        let mut credentials = ClusterCredentials::new(secret.as_ref());
+        let mut credentials = ClusterCredentials::new(Some(ClusterRole::Engine), secret.as_ref());
         let request = credentials.call(Request::new(()));
         let Ok(request) = request else {
             panic!("refused")
@@ -291,12 +356,19 @@ mod tests {
             Some("0123456789abcdef")
         );
         assert!(value.is_some_and(|v| v.is_sensitive()));
+        let role = request.metadata().get(ROLE_METADATA_KEY);
+        assert_eq!(role.and_then(|v| v.to_str().ok()), Some("engine"));
 
-        let mut none = ClusterCredentials::new(None);
+        let mut none = ClusterCredentials::new(None, None);
         let Ok(request) = none.call(Request::new(())) else {
             panic!("refused")
         };
         assert!(request.metadata().get(SECRET_METADATA_KEY).is_none());
+        assert!(request.metadata().get(ROLE_METADATA_KEY).is_none());
+        for role in ClusterRole::ALL {
+            assert_eq!(ClusterRole::from_name(role.as_str()), Some(role));
+        }
+        assert_eq!(ClusterRole::from_name("all-in-one"), None);
     }
 
     #[test]

@@ -3,11 +3,11 @@
 //! or one role per process (gRPC across the boundaries). The components know
 //! nothing of each other's location; this crate is the only place that does.
 
-mod cluster;
+pub mod cluster;
 mod roles;
 mod settings;
 
-pub use cluster::{require_protection_off_loopback, ClusterAuth, ClusterInterceptor};
+pub use cluster::{require_protection_off_loopback, ClusterAuth, Guarded};
 pub use roles::{run, run_with_metrics, Role, Running};
 pub use settings::{Origin, Problem, Settings, SettingsError};
 

@@ -23,9 +23,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::StreamExt;
-use tonic::service::interceptor::InterceptedService;
 
-use crate::cluster::{local_cluster_secret, require_protection_off_loopback, ClusterAuth};
+use crate::cluster::{local_cluster_secret, require_protection_off_loopback, Callers, ClusterAuth};
 use crate::Settings;
 
 /// Which components this process runs.
@@ -40,6 +39,19 @@ pub enum Role {
 }
 
 impl Role {
+    /// The role this process calls the internal services as (all-in-one
+    /// calls none).
+    pub fn cluster_role(self) -> Option<spillway_proto::cluster::ClusterRole> {
+        use spillway_proto::cluster::ClusterRole;
+        match self {
+            Role::AllInOne => None,
+            Role::Gateway => Some(ClusterRole::Gateway),
+            Role::Engine => Some(ClusterRole::Engine),
+            Role::Storage => Some(ClusterRole::Storage),
+            Role::Management => Some(ClusterRole::Management),
+        }
+    }
+
     /// Where the role serves `/metrics` and `/healthz` when
     /// `telemetry.metrics_listen` is not set: one port per role, so that
     /// separate processes on one host do not collide. Not 9090: that is
@@ -175,9 +187,30 @@ pub async fn run_with_metrics(
         Role::AllInOne => None,
         _ => settings.cluster.tls.load()?,
     };
-    // Before anything listens: no internal gRPC beyond loopback without the
-    // secret or mutual TLS.
-    let protected = settings.cluster.secret.is_some() || cluster_tls.is_some();
+    let own_role = role.cluster_role();
+    let per_role = settings.cluster.verifiers.any();
+    // A role that proves itself by its certificate: the certificate must say
+    // which role it is, or every call would be refused.
+    let certified = match (&settings.cluster.tls.cert_file, role) {
+        (_, Role::AllInOne) | (None, _) => None,
+        (Some(path), _) => {
+            let pem = std::fs::read(path).with_context(|| {
+                format!("cluster.tls.cert_file: cannot read {}", path.display())
+            })?;
+            crate::cluster::role_in_pem(&pem).map_err(|error| {
+                anyhow::anyhow!("cluster.tls.cert_file {}: {error}", path.display())
+            })?
+        }
+    };
+    if let (Some(own), Some(certified)) = (own_role, certified) {
+        anyhow::ensure!(
+            own == certified,
+            "cluster.tls.cert_file names the {certified} role, and this process is the {own} role"
+        );
+    }
+    // Before anything listens: no internal gRPC beyond loopback unless the
+    // callers prove their roles.
+    let protected = per_role || (cluster_tls.is_some() && certified.is_some());
     match role {
         Role::Engine => {
             let listen = &settings.engine.listen;
@@ -190,18 +223,50 @@ pub async fn run_with_metrics(
         }
         Role::AllInOne | Role::Gateway | Role::Management => {}
     }
-    // Internal gRPC (separate roles only): the secret every client sends and
-    // every server requires, and the message limit both ends keep to. On
-    // loopback with neither a secret nor mutual TLS configured, the roles of
-    // this machine share one made in the data directory, so that no other
-    // local process is trusted.
     let secret = match (role, &settings.cluster.secret) {
         (Role::AllInOne, _) => None,
         (_, Some(secret)) => Some(secret.clone()),
         (_, None) if cluster_tls.is_some() => None,
         (_, None) => Some(local_cluster_secret(&settings.storage.data_dir)?),
     };
+    // How callers prove their role (`cluster.rs`): per-role secrets when
+    // verifiers are set; else one shared secret (configured, or the local
+    // one of the data directory when there is no cluster TLS either); else
+    // the role their cluster certificate names.
+    let callers = match &secret {
+        _ if per_role => Callers::PerRole(settings.cluster.verifiers.table()),
+        Some(secret) => Callers::Shared(secret.clone()),
+        None => Callers::Certificates,
+    };
+    if let (Some(own), Callers::Certificates, None) = (own_role, &callers, certified) {
+        anyhow::bail!(
+            "cluster.tls.cert_file names no role, and with cluster TLS alone (no cluster \
+             secret) a component proves its role by its certificate: issue the {own} \
+             certificate with the subject alternative name URI {}",
+            own.uri()
+        );
+    }
+    // This role's secret must be the one its verifier is of: a mix-up would
+    // otherwise only show as every call refused.
+    if let (Some(own), true, Some(secret)) = (own_role, per_role, &secret) {
+        let table = settings.cluster.verifiers.table();
+        let Some(verifier) = table.get(&own) else {
+            anyhow::bail!(
+                "cluster.verifiers.{own} is not set: the other verifiers are, so this \
+                 {own} process's secret cannot be checked"
+            );
+        };
+        anyhow::ensure!(
+            crate::cluster::parse_verifier(&crate::cluster::role_verifier(secret))
+                .is_some_and(|mine| mine == *verifier),
+            "cluster.secret (or cluster.secret_file) is not the {own} role's secret: its \
+             SHA-256 is not cluster.verifiers.{own}"
+        );
+    }
+    // Internal gRPC (separate roles only): the role and secret every client
+    // sends, and the message limit both ends keep to.
     let cluster = ClusterClient {
+        role: own_role,
         secret: secret.clone(),
         tls: cluster_tls.clone(),
         max_message_bytes: grpc_message_limit(
@@ -209,7 +274,7 @@ pub async fn run_with_metrics(
             settings.gateway.frame_max,
         ),
     };
-    let auth = ClusterAuth::new(secret);
+    let auth = ClusterAuth::new(callers, cluster_tls.is_some());
     // One ceiling per process, over what its components hold for clients,
     // and one clock.
     let memory = MemoryCeiling::new(settings.engine.memory_high_watermark());
@@ -261,10 +326,7 @@ pub async fn run_with_metrics(
                     let storage = StorageService::new(store)
                         .with_shutdown(stopped.clone())
                         .into_server(cluster.max_message_bytes);
-                    router.add_service(InterceptedService::new(
-                        storage,
-                        auth.interceptor("storage"),
-                    ))
+                    router.add_service(auth.guard("storage", storage))
                 }
                 Some(group) => {
                     let group = StorageGroup::start(store, group, cluster.clone()).await?;
@@ -275,14 +337,8 @@ pub async fn run_with_metrics(
                     let members =
                         StorageGroupService::new(group).into_server(cluster.max_message_bytes);
                     router
-                        .add_service(InterceptedService::new(
-                            storage,
-                            auth.interceptor("storage"),
-                        ))
-                        .add_service(InterceptedService::new(
-                            members,
-                            auth.interceptor("storage_group"),
-                        ))
+                        .add_service(auth.guard("storage", storage))
+                        .add_service(auth.guard("storage_group", members))
                 }
             };
             start_grpc(
@@ -313,14 +369,8 @@ pub async fn run_with_metrics(
                 .into_server(limit);
             let admin = EngineAdminService::new(engine).into_server(limit);
             let router = internal_server(cluster_tls.as_ref())?
-                .add_service(InterceptedService::new(
-                    sessions,
-                    auth.interceptor("engine"),
-                ))
-                .add_service(InterceptedService::new(
-                    admin,
-                    auth.interceptor("engine_admin"),
-                ));
+                .add_service(auth.guard("engine", sessions))
+                .add_service(auth.guard("engine_admin", admin));
             start_grpc(
                 &mut running,
                 "engine",

@@ -40,14 +40,64 @@ pub struct Settings {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default)]
 pub struct ClusterSettings {
-    /// Sent by every internal client and required by every internal server.
-    /// After loading, this holds the secret read from `secret_file` too.
+    /// Sent by every internal client: with `verifiers` set, the secret of
+    /// this process's role; without, one secret every process shares (its
+    /// role is then believed, so a separate role serves so on loopback
+    /// only). After loading, this holds the secret read from `secret_file`
+    /// too.
     pub secret: Option<spillway_proto::cluster::ClusterSecret>,
     /// A file holding the secret (surrounding whitespace ignored): what
     /// compose uses, so the secret appears in no environment.
     pub secret_file: Option<PathBuf>,
+    /// Each role's verifier: the SHA-256 of its secret, in hex. Set on
+    /// every process (they are not secret); a server checks each caller's
+    /// secret against its role's.
+    pub verifiers: ClusterVerifiers,
     /// Mutual TLS on every internal gRPC connection.
     pub tls: ClusterTlsSettings,
+}
+
+/// `cluster.verifiers`: per role, the SHA-256 of its secret (64 hex
+/// digits). Unset: the role is proven another way, or not at all.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct ClusterVerifiers {
+    pub gateway: Option<String>,
+    pub engine: Option<String>,
+    pub storage: Option<String>,
+    pub management: Option<String>,
+}
+
+impl ClusterVerifiers {
+    fn get(&self, role: spillway_proto::cluster::ClusterRole) -> Option<&String> {
+        use spillway_proto::cluster::ClusterRole;
+        match role {
+            ClusterRole::Gateway => self.gateway.as_ref(),
+            ClusterRole::Engine => self.engine.as_ref(),
+            ClusterRole::Storage => self.storage.as_ref(),
+            ClusterRole::Management => self.management.as_ref(),
+        }
+    }
+
+    /// The verifiers set, by role (values checked by the settings).
+    pub fn table(
+        &self,
+    ) -> std::collections::BTreeMap<spillway_proto::cluster::ClusterRole, [u8; 32]> {
+        spillway_proto::cluster::ClusterRole::ALL
+            .into_iter()
+            .filter_map(|role| {
+                let verifier = crate::cluster::parse_verifier(self.get(role)?)?;
+                Some((role, verifier))
+            })
+            .collect()
+    }
+
+    /// Whether any is set: per-role secrets are in force.
+    pub fn any(&self) -> bool {
+        spillway_proto::cluster::ClusterRole::ALL
+            .into_iter()
+            .any(|role| self.get(role).is_some())
+    }
 }
 
 /// Mutual TLS between the separate processes (`cluster.tls`): PEM files, all
@@ -191,6 +241,28 @@ impl ClusterSettings {
                 }
             }
             (None, None) => {}
+        }
+        for role in spillway_proto::cluster::ClusterRole::ALL {
+            let Some(verifier) = self.verifiers.get(role) else {
+                continue;
+            };
+            if crate::cluster::parse_verifier(verifier).is_none() {
+                found.push(Range {
+                    key: format!("cluster.verifiers.{role}"),
+                    value: Quoted(verifier).to_string(),
+                    allowed: format!(
+                        "64 hex digits: the SHA-256 of the {role} role's secret \
+                         (`tr -d '[:space:]' < SECRET_FILE | sha256sum`)"
+                    ),
+                });
+            }
+        }
+        if self.verifiers.any() && self.secret.is_none() && self.secret_file.is_none() {
+            found.push(Range {
+                key: "cluster.secret_file".into(),
+                value: "unset".into(),
+                allowed: "this role's own secret, since cluster.verifiers is set".into(),
+            });
         }
         found
     }
@@ -1352,12 +1424,143 @@ impl Settings {
                 "a literal IP:port, e.g. \"127.0.0.1:9471\"",
             );
         }
+        found.extend(self.addresses_out_of_range());
         let needed_by = gateway.amqps_listen().map(|_| "gateway.amqps_listen");
         found.extend(gateway.tls.check("gateway", needed_by));
         found.extend(self.management.tls.check("management", None));
         found.extend(self.cluster.tls.check());
         found
     }
+}
+
+/// What a dialled address must look like, for the refusal's text.
+const DIALLED: &str = "an address with its scheme, http://host:port (https://host:port with \
+                       cluster.tls), e.g. \"http://127.0.0.1:50061\"";
+
+/// What a gRPC listen address must look like, for the refusal's text.
+const LISTENED: &str = "host:port (an IP address or a host name, and a port; no scheme), \
+                        e.g. \"127.0.0.1:50061\"";
+
+impl Settings {
+    /// Every address a role dials (another component, a storage group
+    /// member, the OTLP collector) and every gRPC listen address, checked
+    /// for its form before anything starts: an address without its scheme
+    /// (`127.0.0.1:5000` for `http://127.0.0.1:5000`) would otherwise be
+    /// accepted and fail every second for ever as a transport error.
+    fn addresses_out_of_range(&self) -> Vec<Range> {
+        let mut found = Vec::new();
+        let mut dialled = |key: String, addr: &str, needs_port: bool| {
+            if dialled_address_is_usable(addr, needs_port) {
+                return;
+            }
+            let allowed = if needs_port {
+                DIALLED
+            } else {
+                "an http:// or https:// URL, e.g. \"http://127.0.0.1:4317\""
+            };
+            found.push(Range {
+                key,
+                value: Quoted(addr).to_string(),
+                allowed: allowed.to_string(),
+            });
+        };
+        // One address, or a list that replaces it when not empty.
+        let one_or_list = [
+            (
+                "gateway.engine_addr",
+                &self.gateway.engine_addr,
+                "gateway.engine_addrs",
+                &self.gateway.engine_addrs,
+            ),
+            (
+                "engine.storage_addr",
+                &self.engine.storage_addr,
+                "engine.storage_addrs",
+                &self.engine.storage_addrs,
+            ),
+            (
+                "management.storage_addr",
+                &self.management.storage_addr,
+                "management.storage_addrs",
+                &self.management.storage_addrs,
+            ),
+            (
+                "management.engine_addr",
+                &self.management.engine_addr,
+                "management.engine_addrs",
+                &self.management.engine_addrs,
+            ),
+        ];
+        for (one_key, one, list_key, list) in one_or_list {
+            if list.is_empty() {
+                dialled(one_key.to_string(), one, true);
+            }
+            for addr in list {
+                dialled(list_key.to_string(), addr, true);
+            }
+        }
+        for (id, addr) in &self.storage.members {
+            dialled(format!("storage.members.{id}"), addr, true);
+        }
+        if let Some(endpoint) = self.telemetry.otlp_endpoint() {
+            dialled("telemetry.otlp_endpoint".to_string(), endpoint, false);
+        }
+        for (key, listen) in [
+            ("engine.listen", &self.engine.listen),
+            ("storage.listen", &self.storage.listen),
+            ("management.listen", &self.management.listen),
+        ] {
+            if !listen_address_is_usable(listen) {
+                found.push(Range {
+                    key: key.to_string(),
+                    value: Quoted(listen).to_string(),
+                    allowed: LISTENED.to_string(),
+                });
+            }
+        }
+        let http_listen = self.management.http_listen.trim();
+        if !http_listen.is_empty() && http_listen.parse::<SocketAddr>().is_err() {
+            found.push(Range {
+                key: "management.http_listen".to_string(),
+                value: Quoted(&self.management.http_listen).to_string(),
+                allowed: "a literal IP:port, e.g. \"127.0.0.1:15672\", or empty for none"
+                    .to_string(),
+            });
+        }
+        found
+    }
+}
+
+/// Whether `addr` is a URI a gRPC client can dial: scheme `http` or
+/// `https`, a host, (with `needs_port`) a port, and no path beyond `/`.
+fn dialled_address_is_usable(addr: &str, needs_port: bool) -> bool {
+    let Ok(uri) = addr.trim().parse::<tonic::codegen::http::Uri>() else {
+        return false;
+    };
+    let scheme_ok = matches!(uri.scheme_str(), Some("http" | "https"));
+    let Some(authority) = uri.authority() else {
+        return false;
+    };
+    let host_ok = !authority.host().is_empty() && !authority.as_str().contains('@');
+    let port_ok = !needs_port || authority.port_u16().is_some_and(|port| port != 0);
+    let path_ok = matches!(uri.path(), "" | "/") && uri.query().is_none();
+    scheme_ok && host_ok && port_ok && path_ok
+}
+
+/// Whether `listen` is `host:port` as a listener binds it (the host an IP
+/// address, `[v6]`, or a name to resolve; port 0 picks one).
+fn listen_address_is_usable(listen: &str) -> bool {
+    if listen.parse::<SocketAddr>().is_ok() {
+        return true;
+    }
+    let Some((host, port)) = listen.rsplit_once(':') else {
+        return false;
+    };
+    let host_ok = !host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'));
+    host_ok && port.parse::<u16>().is_ok()
 }
 
 /// Each user's name must be set and used once.
@@ -2130,6 +2333,54 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn an_address_without_its_scheme_or_port_is_refused_naming_the_key() {
+        let toml = "[storage]\nnode_id = 1\nlisten = \"http://0.0.0.0:50071\"\n\
+                    [storage.members]\n1 = \"127.0.0.1:5000\"\n2 = \"http://127.0.0.1:5001\"\n\
+                    [management]\nengine_addr = \"http://engine\"\nhttp_listen = \"\"\n\
+                    listen = \"50051\"\n";
+        let vars = [
+            ("SPILLWAY_GATEWAY__ENGINE_ADDRS", "http://e1:50061,e2:50061"),
+            ("SPILLWAY_ENGINE__STORAGE_ADDR", "storage:50071"),
+            ("SPILLWAY_TELEMETRY__OTLP_ENDPOINT", "collector:4317"),
+        ];
+        let (file, result) = load(toml, &vars);
+        let lines: Vec<String> = problems(result).iter().map(ToString::to_string).collect();
+        let file = file.display();
+        let dialled = "is out of range: an address with its scheme, http://host:port \
+                       (https://host:port with cluster.tls), e.g. \"http://127.0.0.1:50061\"";
+        let listened = "is out of range: host:port (an IP address or a host name, and a \
+                        port; no scheme), e.g. \"127.0.0.1:50061\"";
+        assert_eq!(
+            lines,
+            [
+                format!(
+                    "`gateway.engine_addrs` = \"e2:50061\" (in environment variable \
+                     SPILLWAY_GATEWAY__ENGINE_ADDRS) {dialled}"
+                ),
+                format!(
+                    "`engine.storage_addr` = \"storage:50071\" (in environment variable \
+                     SPILLWAY_ENGINE__STORAGE_ADDR) {dialled}"
+                ),
+                format!("`management.engine_addr` = \"http://engine\" (in {file}) {dialled}"),
+                format!("`storage.members.1` = \"127.0.0.1:5000\" (in {file}) {dialled}"),
+                "`telemetry.otlp_endpoint` = \"collector:4317\" (in environment variable \
+                 SPILLWAY_TELEMETRY__OTLP_ENDPOINT) is out of range: an http:// or https:// \
+                 URL, e.g. \"http://127.0.0.1:4317\""
+                    .to_string(),
+                format!("`storage.listen` = \"http://0.0.0.0:50071\" (in {file}) {listened}"),
+                format!("`management.listen` = \"50051\" (in {file}) {listened}"),
+            ]
+        );
+        // The forms that work: with the scheme; listening on a name.
+        let good = "[gateway]\nengine_addrs = [\"https://engine-1:50061\"]\n\
+                    [engine]\nlisten = \"localhost:0\"\nstorage_addr = \"http://[::1]:50071/\"\n\
+                    [storage]\nlisten = \"[::]:50071\"\n\
+                    [telemetry]\notlp_endpoint = \"https://collector.example\"\n";
+        let (_, result) = load(good, &[]);
+        assert!(result.is_ok(), "{result:?}");
     }
 
     #[test]

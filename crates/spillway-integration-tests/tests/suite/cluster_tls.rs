@@ -20,7 +20,7 @@ use std::time::Duration;
 use spillway_integration_tests::amqp::confirmed_round_trip;
 use spillway_integration_tests::pki::{Identity, Pki};
 use spillway_integration_tests::{eventually, spillway_bin, Sandbox, Wiring};
-use spillway_proto::cluster::SECRET_METADATA_KEY;
+use spillway_proto::cluster::{ClusterRole, ROLE_METADATA_KEY, SECRET_METADATA_KEY};
 use spillway_proto::engine::engine_admin_client::EngineAdminClient;
 use spillway_proto::engine::engine_client::EngineClient;
 use spillway_proto::engine::SessionCommand;
@@ -75,8 +75,12 @@ fn channel(
         .connect_lazy())
 }
 
-fn with_secret<T>(message: T, sandbox: &Sandbox) -> Request<T> {
+/// `message` with the sandbox's secret, calling as `role`.
+fn with_secret<T>(message: T, role: ClusterRole, sandbox: &Sandbox) -> Request<T> {
     let mut request = Request::new(message);
+    request
+        .metadata_mut()
+        .insert(ROLE_METADATA_KEY, role.as_str().parse().expect("ascii"));
     let secret = String::from_utf8_lossy(sandbox.cluster_secret().expose()).into_owned();
     request
         .metadata_mut()
@@ -99,15 +103,25 @@ async fn call_every_service(
     let mut admin = EngineAdminClient::new(channel(pki, engine_addr, transport)?);
 
     let status = storage
-        .status(with_secret(StatusRequest::default(), sandbox))
+        .status(with_secret(
+            StatusRequest::default(),
+            ClusterRole::Engine,
+            sandbox,
+        ))
         .await;
     let vhosts = admin
-        .list_vhosts(with_secret(ListVhostsRequest {}, sandbox))
+        .list_vhosts(with_secret(
+            ListVhostsRequest {},
+            ClusterRole::Management,
+            sandbox,
+        ))
         .await;
     // A session that sends nothing: the stream is open once the engine
     // answers with its headers.
     let commands = futures::stream::pending::<SessionCommand>();
-    let session = engine.session(with_secret(commands, sandbox)).await;
+    let session = engine
+        .session(with_secret(commands, ClusterRole::Gateway, sandbox))
+        .await;
     Ok(vec![
         ("storage", status.map(drop)),
         ("engine_admin", vhosts.map(drop)),
@@ -368,8 +382,10 @@ async fn with_cluster_tls_and_no_secret_a_separate_role_listens_beyond_loopback(
         async move { outcome }
     })
     .await;
+    // The store's client is an engine: its certificate names that role.
+    let engine = pki.component("engine")?;
     let served = match &started {
-        Ok(()) => storage_serves_over_tls(&pki, &member, &ready).await,
+        Ok(()) => storage_serves_over_tls(&pki, &engine, &ready).await,
         Err(_) => Ok(()),
     };
     child.kill().await?;

@@ -289,6 +289,71 @@ async fn unusable_tls_settings_stop_every_role() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A role, its environment, and the line its refusal must hold.
+type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], String);
+
+/// An address a role dials without its scheme (`127.0.0.1:5000` for
+/// `http://127.0.0.1:5000`) stops start-up, naming the setting and the
+/// expected form, rather than failing every second for ever as a transport
+/// error; a gRPC listen address that is not host:port stops it too.
+#[tokio::test]
+async fn an_address_without_its_scheme_stops_start_up() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dialled = "is out of range: an address with its scheme, http://host:port \
+                   (https://host:port with cluster.tls), e.g. \"http://127.0.0.1:50061\"";
+    let cases: [Case; 4] = [
+        (
+            "storage",
+            &[
+                ("SPILLWAY_STORAGE__NODE_ID", "1"),
+                ("SPILLWAY_STORAGE__MEMBERS__1", "127.0.0.1:5000"),
+                ("SPILLWAY_STORAGE__MEMBERS__2", "http://127.0.0.1:5001"),
+            ],
+            format!(
+                "`storage.members.1` = \"127.0.0.1:5000\" (in environment variable \
+                 SPILLWAY_STORAGE__MEMBERS__1) {dialled}"
+            ),
+        ),
+        (
+            "gateway",
+            &[("SPILLWAY_GATEWAY__ENGINE_ADDR", "localhost:50061")],
+            format!(
+                "`gateway.engine_addr` = \"localhost:50061\" (in environment variable \
+                 SPILLWAY_GATEWAY__ENGINE_ADDR) {dialled}"
+            ),
+        ),
+        (
+            "engine",
+            &[(
+                "SPILLWAY_ENGINE__STORAGE_ADDRS",
+                "http://127.0.0.1:50071,127.0.0.1:50072",
+            )],
+            format!(
+                "`engine.storage_addrs` = \"127.0.0.1:50072\" (in environment variable \
+                 SPILLWAY_ENGINE__STORAGE_ADDRS) {dialled}"
+            ),
+        ),
+        (
+            "engine",
+            &[("SPILLWAY_ENGINE__LISTEN", "http://127.0.0.1:0")],
+            "`engine.listen` = \"http://127.0.0.1:0\" (in environment variable \
+             SPILLWAY_ENGINE__LISTEN) is out of range: host:port (an IP address or a host \
+             name, and a port; no scheme), e.g. \"127.0.0.1:50061\""
+                .into(),
+        ),
+    ];
+    for (role, env, expected) in &cases {
+        let exit = run(dir.path(), role, None, env).await?;
+        assert_refused(&exit, role, &[expected.as_str()]);
+        assert!(
+            !exit.stderr.contains("transport error"),
+            "spillway {role} dialled:\n{}",
+            exit.stderr
+        );
+    }
+    Ok(())
+}
+
 /// An expected start-up failure is one `error:` line with its causes, and
 /// exit status 1: no backtrace, even when the environment asks for one.
 #[tokio::test]

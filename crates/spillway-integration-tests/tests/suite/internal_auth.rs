@@ -7,8 +7,9 @@
 //!   `spillway_grpc_auth_failures_total{service}`, logged once per peer, and
 //!   the secret never appears in a log;
 //! - the right one: served, and AMQP clients are served through the gateway;
-//! - a separate role refuses to listen beyond loopback without a secret, and
-//!   a secret that is too short or given twice stops start-up;
+//! - a separate role refuses to listen beyond loopback without per-role
+//!   secrets (one shared secret is not enough), and a secret that is too
+//!   short or given twice stops start-up;
 //! - a gRPC message over the limit derived from `gateway.max_message_size`
 //!   is refused, while messages larger than one batch still flow.
 
@@ -26,7 +27,7 @@ use spillway_integration_tests::amqp::confirmed_round_trip;
 use spillway_integration_tests::{
     eventually, http_get, metric_value, spillway_bin, Component, Sandbox, Wiring,
 };
-use spillway_proto::cluster::SECRET_METADATA_KEY;
+use spillway_proto::cluster::{ClusterRole, ROLE_METADATA_KEY, SECRET_METADATA_KEY};
 use spillway_proto::engine::engine_admin_client::EngineAdminClient;
 use spillway_proto::engine::engine_client::EngineClient;
 use spillway_proto::engine::SessionCommand;
@@ -47,8 +48,12 @@ enum Credentials<'a> {
     Secret(&'a str),
 }
 
-fn request<T>(message: T, credentials: Credentials<'_>) -> Request<T> {
+/// `message` with `credentials`, calling as `role`.
+fn request_as<T>(message: T, role: ClusterRole, credentials: Credentials<'_>) -> Request<T> {
     let mut request = Request::new(message);
+    request
+        .metadata_mut()
+        .insert(ROLE_METADATA_KEY, role.as_str().parse().expect("ascii"));
     let value = match credentials {
         Credentials::Nothing => return request,
         Credentials::Wrong => "not-the-cluster-secret-at-all",
@@ -79,16 +84,27 @@ async fn call_every_service(
     let mut engine = EngineClient::new(channel(engine_addr).await?);
     let mut admin = EngineAdminClient::new(channel(engine_addr).await?);
 
+    // Each call as the role that makes it.
     let status = storage
-        .status(request(StatusRequest::default(), credentials))
+        .status(request_as(
+            StatusRequest::default(),
+            ClusterRole::Engine,
+            credentials,
+        ))
         .await;
     let vhosts = admin
-        .list_vhosts(request(ListVhostsRequest {}, credentials))
+        .list_vhosts(request_as(
+            ListVhostsRequest {},
+            ClusterRole::Management,
+            credentials,
+        ))
         .await;
     // A session that sends nothing: the stream is open once the engine
     // answers with its headers.
     let commands = futures::stream::pending::<SessionCommand>();
-    let session = engine.session(request(commands, credentials)).await;
+    let session = engine
+        .session(request_as(commands, ClusterRole::Gateway, credentials))
+        .await;
     Ok(vec![
         ("storage", status.err().map(|s| s.code())),
         ("engine_admin", vhosts.err().map(|s| s.code())),
@@ -296,11 +312,34 @@ async fn a_secret_that_is_too_short_missing_or_given_twice_stops_start_up() -> a
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_a_secret_a_separate_role_listens_beyond_loopback() -> anyhow::Result<()> {
+/// One shared secret proves only that the caller is the broker's, not which
+/// role: beyond loopback it is refused; per-role secrets are enough.
+#[tokio::test]
+async fn a_shared_secret_alone_will_not_listen_beyond_loopback() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let file = dir.path().join("secret");
     std::fs::write(&file, "0123456789abcdef0123456789\n")?;
+    let env = [
+        ("SPILLWAY_STORAGE__LISTEN", "0.0.0.0:0".to_string()),
+        ("SPILLWAY_CLUSTER__SECRET_FILE", file.display().to_string()),
+    ];
+    let exit = run_until_exit(dir.path(), "storage", &env).await?;
+    assert_refused(
+        &exit,
+        "a shared secret beyond loopback",
+        &[
+            "`storage.listen` is not a loopback address",
+            "one shared cluster secret would let every role make every call",
+            "cluster.verifiers",
+        ],
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_per_role_secrets_a_separate_role_listens_beyond_loopback() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let secrets = spillway_integration_tests::RoleSecrets::new(dir.path())?;
     let ready = dir.path().join("storage.ready");
     let mut child = tokio::process::Command::new(spillway_bin()?)
         .arg("--ready-file")
@@ -310,7 +349,7 @@ async fn with_a_secret_a_separate_role_listens_beyond_loopback() -> anyhow::Resu
         .env("SPILLWAY_STORAGE__LISTEN", "0.0.0.0:0")
         .env("SPILLWAY_TELEMETRY__METRICS_LISTEN", "127.0.0.1:0")
         .env("SPILLWAY_STORAGE__DATA_DIR", dir.path().join("data"))
-        .env("SPILLWAY_CLUSTER__SECRET_FILE", &file)
+        .envs(secrets.env(ClusterRole::Storage))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -373,17 +412,20 @@ async fn an_oversize_grpc_message_is_refused() {
             epoch: 0,
             sequence: 0,
         };
-        let written = storage.write(request(batch, credentials)).await;
+        let written = storage
+            .write(request_as(batch, ClusterRole::Engine, credentials))
+            .await;
         let code = written.as_ref().err().map(|status| status.code());
         anyhow::ensure!(
             matches!(code, Some(Code::OutOfRange | Code::ResourceExhausted)),
             "storage took a {OVERSIZE}-byte message: {written:?}"
         );
         let created = admin
-            .create_vhost(request(
+            .create_vhost(request_as(
                 CreateVhostRequest {
                     name: "v".repeat(OVERSIZE),
                 },
+                ClusterRole::Management,
                 credentials,
             ))
             .await;
@@ -395,10 +437,18 @@ async fn an_oversize_grpc_message_is_refused() {
         );
         // Both still serve calls within the limit.
         storage
-            .status(request(StatusRequest::default(), credentials))
+            .status(request_as(
+                StatusRequest::default(),
+                ClusterRole::Engine,
+                credentials,
+            ))
             .await?;
         admin
-            .list_vhosts(request(ListVhostsRequest {}, credentials))
+            .list_vhosts(request_as(
+                ListVhostsRequest {},
+                ClusterRole::Management,
+                credentials,
+            ))
             .await?;
         Ok(())
     })
@@ -531,7 +581,11 @@ async fn without_a_configured_secret_a_separate_role_uses_the_local_one() -> any
         let mut storage = StorageClient::new(channel(addr).await?);
         for credentials in [Credentials::Nothing, Credentials::Wrong] {
             let refused = storage
-                .status(request(StatusRequest::default(), credentials))
+                .status(request_as(
+                    StatusRequest::default(),
+                    ClusterRole::Engine,
+                    credentials,
+                ))
                 .await
                 .err()
                 .map(|status| status.code());
@@ -541,8 +595,9 @@ async fn without_a_configured_secret_a_separate_role_uses_the_local_one() -> any
             );
         }
         storage
-            .status(request(
+            .status(request_as(
                 StatusRequest::default(),
+                ClusterRole::Engine,
                 Credentials::Secret(secret.trim()),
             ))
             .await?;

@@ -40,6 +40,7 @@ mod publisher_pacing;
 mod queue_deletion;
 mod queue_types;
 mod replication;
+mod role_rights;
 mod storage_faults;
 mod transactions;
 mod update_secret;
