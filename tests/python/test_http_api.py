@@ -636,3 +636,52 @@ def test_consumers_are_listed_with_their_queue_channel_and_settings(http, broker
         ch.basic_cancel(tag)
         assert wait_until(lambda: not listed(), FIGURES)
 
+
+def test_a_management_user_sees_the_totals_of_its_vhosts_only(http, broker, made):
+    """Five queues and four messages in the user's vhost, more of both in
+    the default one: the overview counts the five and the four, as
+    RabbitMQ's does for a user without monitoring."""
+    vhost, user = uniq("tenant.v"), uniq("tenant.u")
+    vpath, upath = f"/api/vhosts/{q(vhost)}", f"/api/users/{q(user)}"
+    assert http.call("PUT", vpath).status_code == 201
+    made.append(vpath)
+    assert http.call("PUT", upath, json={"password": "pw", "tags": "management"}) \
+        .status_code == 201
+    made.append(upath)
+    assert http.call("PUT", f"/api/permissions/{q(vhost)}/{q(user)}",
+                     json={"configure": ".*", "write": ".*", "read": ".*"}).status_code == 201
+    prefix = uniq("totals")
+    for v, queues, messages in [(vhost, 5, 4), ("/", 8, 7)]:
+        for i in range(queues):
+            path = f"/api/queues/{q(v)}/{q(f'{prefix}.{i}')}"
+            assert http.call("PUT", path, json={"durable": False}).status_code == 201
+            made.append(path)
+        for _ in range(messages):
+            response = http.call("POST", f"/api/exchanges/{q(v)}/amq.default/publish", json={
+                "routing_key": f"{prefix}.0", "payload": "x", "payload_encoding": "string",
+                "properties": {}})
+            assert response.json() == {"routed": True}, response.text
+    as_user = (user, "pw")
+
+    def totals():
+        overview = http.get("/api/overview", auth=as_user)
+        return (overview["object_totals"]["queues"],
+                overview["queue_totals"].get("messages"),
+                overview["queue_totals"].get("messages_ready"))
+    assert wait_until(lambda: totals() == (5, 4, 4), FIGURES), totals()
+    if isinstance(broker, SpillwayBroker):
+        exchanges = http.get("/api/exchanges", auth=as_user)
+        assert http.get("/api/overview", auth=as_user)["object_totals"]["exchanges"] == \
+            len(exchanges)
+    assert wait_until(lambda: http.get("/api/overview")["object_totals"]["queues"] >= 13,
+                      FIGURES)
+
+    # Nodes are the monitoring user's, policies the policymaker's,
+    # operator policies the administrator's.
+    for path in ["/api/nodes", "/api/policies", f"/api/policies/{q(vhost)}",
+                 "/api/operator-policies"]:
+        assert http.call("GET", path, auth=as_user).status_code == 401, path
+    assert http.call("PUT", upath, json={"password": "pw", "tags": "policymaker"}) \
+        .status_code == 204
+    assert http.get("/api/policies", auth=as_user) == []
+    assert http.call("GET", "/api/nodes", auth=as_user).status_code == 401

@@ -25,6 +25,7 @@ both_wirings!(
     hostile_requests_meet_the_bounds,
     definitions_move_a_topology_whole_or_not_at_all,
     cross_site_requests_and_bodies_that_are_not_json_are_refused,
+    a_management_user_sees_the_totals_of_its_vhosts_only,
 );
 
 /// One HTTP/1.1 request over a fresh connection, as guest unless
@@ -738,5 +739,84 @@ async fn cross_site_requests_and_bodies_that_are_not_json_are_refused(
         !head.to_ascii_lowercase().contains("www-authenticate"),
         "{head}"
     );
+    Ok(())
+}
+
+async fn a_management_user_sees_the_totals_of_its_vhosts_only(
+    sb: &mut Sandbox,
+) -> anyhow::Result<()> {
+    // Five queues and four messages in the user's vhost; more of both
+    // in the default vhost, which it may not see.
+    let (status, body) = request(sb, "PUT", "/api/vhosts/tenant", None, None).await?;
+    assert_eq!(status, 201, "{body}");
+    let user = json!({"password": "tenant-pw", "tags": "management"});
+    let (status, body) = request(sb, "PUT", "/api/users/tenant", Some(&user), None).await?;
+    assert_eq!(status, 201, "{body}");
+    let all = json!({"configure": ".*", "write": ".*", "read": ".*"});
+    let (status, body) = request(
+        sb,
+        "PUT",
+        "/api/permissions/tenant/tenant",
+        Some(&all),
+        None,
+    )
+    .await?;
+    assert_eq!(status, 201, "{body}");
+    for (vhost, queues, messages) in [("tenant", 5, 4), ("%2F", 8, 7)] {
+        for i in 0..queues {
+            let path = format!("/api/queues/{vhost}/totals.{i}");
+            let (status, body) = request(sb, "PUT", &path, Some(&json!({})), None).await?;
+            assert_eq!(status, 201, "{path}: {body}");
+        }
+        for _ in 0..messages {
+            let publish =
+                json!({"routing_key": "totals.0", "payload": "x", "payload_encoding": "string"});
+            let path = format!("/api/exchanges/{vhost}/amq.default/publish");
+            let (status, body) = request(sb, "POST", &path, Some(&publish), None).await?;
+            assert_eq!((status, body.as_str()), (200, r#"{"routed":true}"#));
+        }
+    }
+    let tenant = "Basic dGVuYW50OnRlbmFudC1wdw=="; // tenant:tenant-pw
+    let (status, body) = request(sb, "GET", "/api/overview", None, Some(tenant)).await?;
+    assert_eq!(status, 200, "{body}");
+    let overview: Value = serde_json::from_str(&body)?;
+    assert_eq!(overview["object_totals"]["queues"], 5, "{overview}");
+    assert_eq!(overview["queue_totals"]["messages"], 4, "{overview}");
+    assert_eq!(overview["queue_totals"]["messages_ready"], 4, "{overview}");
+    let (_, body) = request(sb, "GET", "/api/exchanges", None, Some(tenant)).await?;
+    let exchanges: Value = serde_json::from_str(&body)?;
+    assert_eq!(
+        overview["object_totals"]["exchanges"],
+        exchanges.as_array().map(Vec::len).unwrap_or_default(),
+        "{overview}"
+    );
+    // guest, an administrator, sees both vhosts.
+    let overview = get_json(sb, "/api/overview").await?;
+    assert!(
+        overview["object_totals"]["queues"].as_u64() >= Some(13),
+        "{overview}"
+    );
+    assert!(
+        overview["queue_totals"]["messages"].as_u64() >= Some(11),
+        "{overview}"
+    );
+    // As in RabbitMQ: nodes are the monitoring user's, policies the
+    // policymaker's, operator policies the administrator's.
+    for path in [
+        "/api/nodes",
+        "/api/policies",
+        "/api/policies/tenant",
+        "/api/operator-policies",
+    ] {
+        let (status, body) = request(sb, "GET", path, None, Some(tenant)).await?;
+        assert_eq!(status, 401, "{path}: {body}");
+    }
+    let user = json!({"password": "tenant-pw", "tags": "policymaker"});
+    let (status, body) = request(sb, "PUT", "/api/users/tenant", Some(&user), None).await?;
+    assert_eq!(status, 204, "{body}");
+    let (status, body) = request(sb, "GET", "/api/policies", None, Some(tenant)).await?;
+    assert_eq!((status, body.as_str()), (200, "[]"));
+    let (status, _) = request(sb, "GET", "/api/nodes", None, Some(tenant)).await?;
+    assert_eq!(status, 401);
     Ok(())
 }
