@@ -84,14 +84,99 @@ def test_whoami_overview_and_nodes_answer_in_rabbitmqs_shapes(http):
     assert http.get("/api/health/checks/local-alarms") == {"status": "ok"}
 
 
-def test_wrong_or_missing_credentials_get_401_with_a_challenge(http):
+def test_wrong_or_missing_credentials_get_401(http):
     for auth in [("guest", "wrong"), ("nobody", "guest")]:
         response = http.call("GET", "/api/overview", auth=auth)
         assert response.status_code == 401, response.text
-        assert response.headers["www-authenticate"].startswith("Basic")
         assert response.json()["error"] == "not_authorized"
     response = requests.get(http.base + "/api/queues", timeout=30)
     assert response.status_code == 401
+
+
+@pytest.mark.spillway_only
+def test_a_refused_login_carries_no_basic_challenge_for_a_browser_to_cache(http):
+    # RabbitMQ 3.10 sends `WWW-Authenticate: Basic`: the browser then asks
+    # with its own dialog and sends what it was given with every request
+    # to the port, other sites' forms included.
+    for auth in [("guest", "wrong"), None]:
+        response = requests.get(http.base + "/api/overview", auth=auth, timeout=30,
+                                headers={"accept": "text/html"})
+        assert response.status_code == 401, response.text
+        assert "basic" not in response.headers.get("www-authenticate", "").lower()
+
+
+def origin_of(http) -> str:
+    return http.base  # scheme://host:port, as a browser writes its Origin
+
+
+@pytest.mark.spillway_only
+def test_another_sites_form_creates_nothing(http, made):
+    """A form on another site posts text/plain (no preflight) with the
+    administrator's cached credentials: refused, and nothing is made."""
+    queue = uniq("csrf.q")
+    qpath = f"/api/queues/%2F/{q(queue)}"
+    assert http.call("PUT", qpath, json={"durable": False}).status_code == 201
+    made.append(qpath)
+    binding = f"/api/bindings/%2F/e/amq.direct/q/{q(queue)}"
+    form = '{"routing_key": "stolen", "x": "="}'
+    for headers, expected in [
+        ({"content-type": "text/plain"}, 415),
+        ({"content-type": "application/x-www-form-urlencoded"}, 415),
+        ({"content-type": "multipart/form-data; boundary=x"}, 415),
+        ({"content-type": "text/plain", "origin": "http://evil.example"}, 403),
+        ({"content-type": "application/json", "origin": "http://evil.example"}, 403),
+        ({"content-type": "application/json", "origin": "null"}, 403),
+        ({"content-type": "application/json", "sec-fetch-site": "cross-site"}, 403),
+        ({"content-type": "application/json", "sec-fetch-site": "same-site"}, 403),
+        # A browser's fetch can send a body without a type and without asking.
+        ({"origin": origin_of(http)}, 415),
+    ]:
+        response = http.call("POST", binding, data=form, headers=headers)
+        assert response.status_code == expected, (headers, response.text)
+        assert response.json()["reason"], response.text
+    assert all(b["routing_key"] != "stolen" for b in http.get(f"{qpath}/bindings"))
+
+    # An administrator through /api/definitions, the issue's worst case.
+    user = uniq("csrf.admin")
+    definitions = ('{"users": [{"name": "%s", "password_hash": '
+                   '"kI3GCqW5JLMJa4iX1lo7X4D6XbYqlLgxIs30+P6tENUV2POR", '
+                   '"hashing_algorithm": "rabbit_password_hashing_sha256", '
+                   '"tags": "administrator"}]}' % user)
+    for headers in [{"content-type": "text/plain"},
+                    {"content-type": "text/plain", "origin": "null"},
+                    {"content-type": "application/json", "origin": "http://evil.example"}]:
+        response = http.call("POST", "/api/definitions", data=definitions, headers=headers)
+        assert response.status_code in (403, 415), (headers, response.text)
+    assert http.call("GET", f"/api/users/{q(user)}").status_code == 404
+
+    # Reading the API from another page is refused too; the console's page
+    # may still be opened from a link on another site.
+    response = http.call("GET", "/api/overview", headers={"origin": "http://evil.example"})
+    assert response.status_code == 403
+    response = http.call("GET", "/api/overview", headers={"sec-fetch-site": "cross-site"})
+    assert response.status_code == 403
+    response = requests.get(http.base + "/", headers={"sec-fetch-site": "cross-site"},
+                            timeout=30)
+    assert response.status_code == 200
+
+
+@pytest.mark.spillway_only
+def test_the_consoles_own_requests_and_tools_without_an_origin_still_work(http, made):
+    queue = uniq("same.q")
+    qpath = f"/api/queues/%2F/{q(queue)}"
+    # What the console's fetch() sends: its origin, same-origin.
+    response = http.call("PUT", qpath, json={"durable": False},
+                         headers={"origin": origin_of(http), "sec-fetch-site": "same-origin"})
+    assert response.status_code == 201, response.text
+    made.append(qpath)
+    response = http.call("POST", f"/api/bindings/%2F/e/amq.direct/q/{q(queue)}",
+                         data='{"routing_key": "mine"}',
+                         headers={"origin": origin_of(http),
+                                  "content-type": "application/json; charset=utf-8"})
+    assert response.status_code == 201, response.text
+    assert http.get("/api/overview", headers={"sec-fetch-site": "same-origin"})["node"]
+    # A tool: no origin, no body, no content type.
+    assert http.call("DELETE", f"{qpath}/contents").status_code == 204
 
 
 def test_unknown_objects_get_404(http):
@@ -550,3 +635,53 @@ def test_consumers_are_listed_with_their_queue_channel_and_settings(http, broker
         assert any(c["consumer_tag"] == tag for c in http.get("/api/consumers"))
         ch.basic_cancel(tag)
         assert wait_until(lambda: not listed(), FIGURES)
+
+
+def test_a_management_user_sees_the_totals_of_its_vhosts_only(http, broker, made):
+    """Five queues and four messages in the user's vhost, more of both in
+    the default one: the overview counts the five and the four, as
+    RabbitMQ's does for a user without monitoring."""
+    vhost, user = uniq("tenant.v"), uniq("tenant.u")
+    vpath, upath = f"/api/vhosts/{q(vhost)}", f"/api/users/{q(user)}"
+    assert http.call("PUT", vpath).status_code == 201
+    made.append(vpath)
+    assert http.call("PUT", upath, json={"password": "pw", "tags": "management"}) \
+        .status_code == 201
+    made.append(upath)
+    assert http.call("PUT", f"/api/permissions/{q(vhost)}/{q(user)}",
+                     json={"configure": ".*", "write": ".*", "read": ".*"}).status_code == 201
+    prefix = uniq("totals")
+    for v, queues, messages in [(vhost, 5, 4), ("/", 8, 7)]:
+        for i in range(queues):
+            path = f"/api/queues/{q(v)}/{q(f'{prefix}.{i}')}"
+            assert http.call("PUT", path, json={"durable": False}).status_code == 201
+            made.append(path)
+        for _ in range(messages):
+            response = http.call("POST", f"/api/exchanges/{q(v)}/amq.default/publish", json={
+                "routing_key": f"{prefix}.0", "payload": "x", "payload_encoding": "string",
+                "properties": {}})
+            assert response.json() == {"routed": True}, response.text
+    as_user = (user, "pw")
+
+    def totals():
+        overview = http.get("/api/overview", auth=as_user)
+        return (overview["object_totals"]["queues"],
+                overview["queue_totals"].get("messages"),
+                overview["queue_totals"].get("messages_ready"))
+    assert wait_until(lambda: totals() == (5, 4, 4), FIGURES), totals()
+    if isinstance(broker, SpillwayBroker):
+        exchanges = http.get("/api/exchanges", auth=as_user)
+        assert http.get("/api/overview", auth=as_user)["object_totals"]["exchanges"] == \
+            len(exchanges)
+    assert wait_until(lambda: http.get("/api/overview")["object_totals"]["queues"] >= 13,
+                      FIGURES)
+
+    # Nodes are the monitoring user's, policies the policymaker's,
+    # operator policies the administrator's.
+    for path in ["/api/nodes", "/api/policies", f"/api/policies/{q(vhost)}",
+                 "/api/operator-policies"]:
+        assert http.call("GET", path, auth=as_user).status_code == 401, path
+    assert http.call("PUT", upath, json={"password": "pw", "tags": "policymaker"}) \
+        .status_code == 204
+    assert http.get("/api/policies", auth=as_user) == []
+    assert http.call("GET", "/api/nodes", auth=as_user).status_code == 401

@@ -46,7 +46,8 @@ const ROUTES = [
   ['exchanges/:vhost/:name', pages.exchange],
   ['connections', pages.connections, 'Connections'],
   ['users', pages.users, 'Users', (can) => can.admin],
-  ['policies', pages.policies, 'Policies'],
+  // Reading policies is the policymaker's, as in RabbitMQ.
+  ['policies', pages.policies, 'Policies', (can) => can.policies],
 ];
 
 // How often pages poll: the user's choice (header), 5 s unless changed.

@@ -5,8 +5,8 @@
 //! |---|---|
 //! | `administrator` | everything |
 //! | `monitoring` | see everything (every vhost, every connection, the broker), plus what `management` may |
-//! | `policymaker` | what `management` may, plus set and clear policies and change queue settings (`UpdateQueue`) in vhosts it has permissions in (operator policies are the administrator's) |
-//! | `management` | see the vhosts it has permissions in and its own connections and channels; declare, delete, bind, purge, peek and move there as its configure/write/read patterns allow, as over AMQP |
+//! | `policymaker` | what `management` may, plus list, set and clear policies and change queue settings (`UpdateQueue`) in vhosts it has permissions in (operator policies are the administrator's) |
+//! | `management` | see the vhosts it has permissions in (their queues, exchanges and bindings, not their policies) and its own connections and channels; declare, delete, bind, purge, peek and move there as its configure/write/read patterns allow, as over AMQP; the broker status with the totals of those vhosts only |
 //! | none of these | nothing: PERMISSION_DENIED |
 //!
 //! Users, permissions, vhosts, limits, broker settings, the store quota and
@@ -41,6 +41,9 @@ pub enum Need<'a> {
     },
     /// Queue settings (RabbitMQ's policies).
     Policy { vhost: &'a str },
+    /// The `policymaker` tag alone: to read policies, as RabbitMQ's
+    /// management plugin allows (with [`Need::See`] for the vhost).
+    Policymaker,
 }
 
 /// The caller the authenticating service put on the request. A request
@@ -112,17 +115,17 @@ fn check(user: &StoredUser, need: Need<'_>) -> Result<(), Status> {
             )))
         }
         Need::Policy { vhost } => {
-            if !(user.has_tag("policymaker")) {
-                return Err(Status::permission_denied(format!(
-                    "user '{}' needs the policymaker or administrator tag",
-                    user.name
-                )));
-            }
+            check(user, Need::Policymaker)?;
             if !user.permissions.contains_key(vhost) {
                 return Err(no_access_to_vhost(user, vhost));
             }
             Ok(())
         }
+        Need::Policymaker if user.has_tag("policymaker") => Ok(()),
+        Need::Policymaker => Err(Status::permission_denied(format!(
+            "user '{}' needs the policymaker or administrator tag",
+            user.name
+        ))),
     }
 }
 
@@ -202,6 +205,12 @@ mod tests {
         assert!(refused.message().contains("ACCESS_REFUSED"), "{refused:?}");
         assert!(authorize(&app, &[Need::Monitoring]).is_err());
         assert!(authorize(&app, &[Need::Policy { vhost: "/" }]).is_err());
+        assert!(authorize(&app, &[Need::Policymaker]).is_err());
+        assert!(authorize(&monitor, &[Need::Policymaker]).is_err());
+        let maker = user(&["policymaker"], &[("/", [".*", ".*", ".*"])]);
+        assert!(authorize(&maker, &[Need::Policymaker, Need::See { vhost: "/" }]).is_ok());
+        assert!(authorize(&maker, &[Need::Policy { vhost: "/" }]).is_ok());
+        assert!(authorize(&maker, &[Need::Policy { vhost: "other" }]).is_err());
         assert!(sees_connections_of(&app, "u"));
         assert!(!sees_connections_of(&app, "someone"));
         assert!(sees_connections_of(&monitor, "someone"));

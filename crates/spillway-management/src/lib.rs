@@ -88,6 +88,67 @@ impl ManagementService {
     }
 }
 
+impl ManagementService {
+    /// Replaces the broker's totals with those of the vhosts `caller` sees,
+    /// for a caller without `monitoring` (RabbitMQ's overview sums only the
+    /// vhosts such a user may access): vhosts, queues, connections,
+    /// channels, consumers, messages and their bytes, spilled messages,
+    /// blocked channels. Flow to disk's threshold, state and resident bytes
+    /// and the store's figures stay the broker's: they are the broker's
+    /// health, not what is in a vhost.
+    async fn count_visible_vhosts_only(
+        &self,
+        caller: &Caller,
+        status: &mut m::BrokerStatus,
+    ) -> Result<(), Status> {
+        let vhosts: Vec<m::Vhost> = self
+            .engine
+            .list_vhosts(m::ListVhostsRequest {})
+            .await?
+            .vhosts
+            .into_iter()
+            .filter(|vhost| authorize::sees_vhost(caller, &vhost.name))
+            .collect();
+        status.vhosts = vhosts.len() as u32;
+        status.queues = vhosts.iter().map(|vhost| vhost.queues).sum();
+        status.connections = vhosts.iter().map(|vhost| vhost.connections).sum();
+        status.messages_ready = 0;
+        status.messages_unacked = 0;
+        status.message_bytes = 0;
+        status.consumers = 0;
+        status.spilled_messages = 0;
+        status.spilled_bytes = 0;
+        for vhost in &vhosts {
+            let queues = self
+                .engine
+                .list_queues(m::ListQueuesRequest {
+                    vhost: vhost.name.clone(),
+                })
+                .await?
+                .queues;
+            for queue in queues.iter().filter_map(|queue| queue.status.as_ref()) {
+                status.messages_ready += queue.messages;
+                status.messages_unacked += queue.unacked;
+                status.message_bytes += queue.bytes;
+                status.consumers += queue.consumers as u32;
+                status.spilled_messages += queue.spilled_messages;
+                status.spilled_bytes += queue.spilled_bytes;
+            }
+        }
+        let channels = self
+            .engine
+            .list_channels(m::ListChannelsRequest::default())
+            .await?
+            .channels;
+        let visible = channels
+            .iter()
+            .filter(|channel| vhosts.iter().any(|vhost| vhost.name == channel.vhost));
+        status.channels = visible.clone().count() as u32;
+        status.blocked_channels = visible.filter(|channel| channel.blocked).count() as u32;
+        Ok(())
+    }
+}
+
 /// What the management service serves: its gRPC routes and its HTTP API.
 pub struct Served {
     pub grpc: Routes,
@@ -430,8 +491,12 @@ macro_rules! management_impl {
                 &self,
                 request: Request<m::GetBrokerStatusRequest>,
             ) -> Result<Response<m::BrokerStatus>, Status> {
-                authorize(&caller_of(&request)?, &[Need::Overview])?;
+                let caller = caller_of(&request)?;
+                authorize(&caller, &[Need::Overview])?;
                 let mut status = self.engine.get_broker_status(request.into_inner()).await?;
+                if authorize(&caller, &[Need::Monitoring]).is_err() {
+                    self.count_visible_vhosts_only(&caller, &mut status).await?;
+                }
                 let store = self.storage.status(false).await?;
                 status.store_disk_bytes = store.disk_bytes;
                 status.stored_messages = store.estimated_keys;
@@ -669,7 +734,7 @@ management_impl! {
     list_bindings(ListBindingsRequest) -> ListBindingsResponse, |r| [Need::See { vhost: &r.vhost }];
     delete_binding(DeleteBindingRequest) -> DeleteBindingResponse, |r| bind(r.binding.as_ref())?;
     list_limits(ListLimitsRequest) -> ListLimitsResponse, |r| [Need::Monitoring];
-    list_policies(ListPoliciesRequest) -> ListPoliciesResponse, |r| [Need::See { vhost: &r.vhost }];
+    list_policies(ListPoliciesRequest) -> ListPoliciesResponse, |r| policy_list_needs(&r.vhost, r.operator);
     list_users(ListUsersRequest) -> ListUsersResponse, |r| [Need::Administrator];
     list_permissions(ListPermissionsRequest) -> ListPermissionsResponse, |r| [Need::Administrator];
     export_definitions(ExportDefinitionsRequest) -> Definitions, |r| [Need::Administrator];
@@ -684,6 +749,16 @@ fn policy_need(vhost: &str, operator: bool) -> Need<'_> {
     } else {
         Need::Policy { vhost }
     }
+}
+
+/// Reading policies needs `policymaker` (and sight of the vhost), reading
+/// operator policies `administrator`, as RabbitMQ's `/api/policies` and
+/// `/api/operator-policies`.
+fn policy_list_needs(vhost: &str, operator: bool) -> [Need<'_>; 2] {
+    if operator {
+        return [Need::Administrator, Need::Administrator];
+    }
+    [Need::Policymaker, Need::See { vhost }]
 }
 
 /// The storage group as management shows it.

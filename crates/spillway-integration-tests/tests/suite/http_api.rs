@@ -24,6 +24,8 @@ both_wirings!(
     connections_close_over_http,
     hostile_requests_meet_the_bounds,
     definitions_move_a_topology_whole_or_not_at_all,
+    cross_site_requests_and_bodies_that_are_not_json_are_refused,
+    a_management_user_sees_the_totals_of_its_vhosts_only,
 );
 
 /// One HTTP/1.1 request over a fresh connection, as guest unless
@@ -47,6 +49,12 @@ async fn request(
 
 /// Sends `bytes` as they are; the status and body of the answer.
 async fn raw(sb: &Sandbox, bytes: &[u8]) -> anyhow::Result<(u16, String)> {
+    let (status, _head, body) = raw_answer(sb, bytes).await?;
+    Ok((status, body))
+}
+
+/// Sends `bytes` as they are; the status, head and body of the answer.
+async fn raw_answer(sb: &Sandbox, bytes: &[u8]) -> anyhow::Result<(u16, String, String)> {
     let mut stream = tokio::net::TcpStream::connect(sb.management_http_addr()).await?;
     // The server may answer and close before it has read everything.
     let _ = stream.write_all(bytes).await;
@@ -61,7 +69,7 @@ async fn raw(sb: &Sandbox, bytes: &[u8]) -> anyhow::Result<(u16, String)> {
         .nth(1)
         .and_then(|status| status.parse().ok())
         .ok_or_else(|| anyhow::anyhow!("no status in {head:?}"))?;
-    Ok((status, body.to_string()))
+    Ok((status, head.to_string(), body.to_string()))
 }
 
 async fn get_json(sb: &Sandbox, path: &str) -> anyhow::Result<Value> {
@@ -270,7 +278,7 @@ async fn connections_close_over_http(sb: &mut Sandbox) -> anyhow::Result<()> {
 }
 
 async fn hostile_requests_meet_the_bounds(sb: &mut Sandbox) -> anyhow::Result<()> {
-    // No credentials, wrong ones: 401 with RabbitMQ's challenge.
+    // No credentials, wrong ones: 401.
     let (status, body) = raw(
         sb,
         b"GET /api/overview HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n",
@@ -296,7 +304,7 @@ async fn hostile_requests_meet_the_bounds(sb: &mut Sandbox) -> anyhow::Result<()
     assert_eq!(status, 413);
     let (status, _) = request(sb, "GET", "/api/queues/%2F/big", None, None).await?;
     assert_eq!(status, 404);
-    // Not JSON, nested arguments, a wrong page: 400 with a reason.
+    // Malformed JSON, nested arguments, a wrong page: 400 with a reason.
     for (method, path, body) in [
         ("PUT", "/api/queues/%2F/bad", "{not json"),
         (
@@ -307,7 +315,7 @@ async fn hostile_requests_meet_the_bounds(sb: &mut Sandbox) -> anyhow::Result<()
         ("GET", "/api/queues?page=0", ""),
     ] {
         let head = format!(
-            "{method} {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\nauthorization: Basic Z3Vlc3Q6Z3Vlc3Q=\r\ncontent-length: {}\r\n\r\n{body}",
+            "{method} {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\nauthorization: Basic Z3Vlc3Q6Z3Vlc3Q=\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
             body.len()
         );
         let (status, answer) = raw(sb, head.as_bytes()).await?;
@@ -603,6 +611,212 @@ async fn definitions_move_a_topology_whole_or_not_at_all(sb: &mut Sandbox) -> an
         Some(watcher),
     )
     .await?;
+    assert_eq!(status, 401);
+    Ok(())
+}
+
+/// A request as a browser sends it for another site's page: guest's
+/// credentials (as a browser that cached them would add), `headers` added
+/// to the head, the body sent as it is.
+async fn from_a_browser(
+    sb: &Sandbox,
+    method: &str,
+    path: &str,
+    headers: &str,
+    body: &str,
+) -> anyhow::Result<(u16, String, String)> {
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nhost: broker.test:15672\r\nconnection: close\r\nauthorization: Basic Z3Vlc3Q6Z3Vlc3Q=\r\n{headers}content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    raw_answer(sb, head.as_bytes()).await
+}
+
+async fn cross_site_requests_and_bodies_that_are_not_json_are_refused(
+    sb: &mut Sandbox,
+) -> anyhow::Result<()> {
+    let (status, body) =
+        request(sb, "PUT", "/api/queues/%2F/csrf.q", Some(&json!({})), None).await?;
+    assert_eq!(status, 201, "{body}");
+    let binding = "/api/bindings/%2F/e/amq.direct/q/csrf.q";
+    let json_type = "content-type: application/json\r\n";
+    // What a form on another site sends: text/plain, and its origin.
+    let form = r#"{"routing_key": "stolen", "ignored": "="}"#;
+    for (headers, expected) in [
+        ("content-type: text/plain\r\n".to_string(), 415),
+        (
+            "content-type: application/x-www-form-urlencoded\r\n".into(),
+            415,
+        ),
+        ("content-type: text/plain\r\norigin: null\r\n".into(), 403),
+        (format!("{json_type}origin: http://evil.example\r\n"), 403),
+        (format!("{json_type}origin: null\r\n"), 403),
+        (
+            format!("{json_type}origin: http://broker.test:8080\r\n"),
+            403,
+        ),
+        (format!("{json_type}sec-fetch-site: cross-site\r\n"), 403),
+        (format!("{json_type}sec-fetch-site: same-site\r\n"), 403),
+        // A body without a content type, from a browser (its fetch can
+        // send one without asking first).
+        ("origin: http://broker.test:15672\r\n".into(), 415),
+        ("sec-fetch-site: same-origin\r\n".into(), 415),
+    ] {
+        let (status, _, answer) = from_a_browser(sb, "POST", binding, &headers, form).await?;
+        assert_eq!(status, expected, "{headers:?}: {answer}");
+        let error: Value = serde_json::from_str(&answer)?;
+        assert!(error["reason"].as_str().is_some(), "{answer}");
+    }
+    let bindings = get_json(sb, "/api/queues/%2F/csrf.q/bindings").await?;
+    assert!(
+        !bindings.to_string().contains("stolen"),
+        "a refused request made a binding: {bindings}"
+    );
+    // An administrator through /api/definitions: refused, nobody made.
+    let definitions =
+        r#"{"users": [{"name": "csrf-admin", "password_hash": "", "tags": "administrator"}]}"#;
+    for headers in [
+        "content-type: text/plain\r\n",
+        "content-type: application/json\r\norigin: http://evil.example\r\n",
+    ] {
+        let (status, _, answer) =
+            from_a_browser(sb, "POST", "/api/definitions", headers, definitions).await?;
+        assert!(
+            status == 415 || status == 403,
+            "{headers:?}: {status} {answer}"
+        );
+    }
+    let (status, _) = request(sb, "GET", "/api/users/csrf-admin", None, None).await?;
+    assert_eq!(status, 404);
+    // Reading the API from another site is refused too; opening the
+    // console from a link is not.
+    let (status, _, _) = from_a_browser(
+        sb,
+        "GET",
+        "/api/overview",
+        "origin: http://evil.example\r\n",
+        "",
+    )
+    .await?;
+    assert_eq!(status, 403);
+    let (status, _, _) =
+        from_a_browser(sb, "GET", "/", "sec-fetch-site: cross-site\r\n", "").await?;
+    assert_eq!(status, 200);
+
+    // The console's own requests: same origin (with or without the
+    // default port), or a browser that says so.
+    for (i, headers) in [
+        format!("{json_type}origin: http://broker.test:15672\r\n"),
+        format!("{json_type}origin: http://BROKER.test:15672\r\nsec-fetch-site: same-origin\r\n"),
+        "content-type: application/json; charset=utf-8\r\n".to_string(),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let mine = json!({ "routing_key": format!("mine.{i}") }).to_string();
+        let (status, _, answer) = from_a_browser(sb, "POST", binding, headers, &mine).await?;
+        assert_eq!(status, 201, "{headers:?}: {answer}");
+    }
+    // A tool's body without a content type is read as JSON (pyrabbit2's
+    // publish sends none; RabbitMQ reads it).
+    let (status, _, answer) =
+        from_a_browser(sb, "POST", binding, "", r#"{"routing_key": "tool"}"#).await?;
+    assert_eq!(status, 201, "{answer}");
+    // No body needs no content type (curl -X DELETE, rabbitmqadmin).
+    let (status, _, answer) =
+        from_a_browser(sb, "DELETE", "/api/queues/%2F/csrf.q", "", "").await?;
+    assert_eq!(status, 204, "{answer}");
+
+    // A refused login carries no Basic challenge a browser would answer
+    // with its own dialog (and then cache).
+    let (status, head, _) = raw_answer(
+        sb,
+        b"GET /api/overview HTTP/1.1\r\nhost: t\r\nconnection: close\r\nauthorization: Basic Z3Vlc3Q6d3Jvbmc=\r\n\r\n",
+    )
+    .await?;
+    assert_eq!(status, 401);
+    assert!(
+        !head.to_ascii_lowercase().contains("www-authenticate"),
+        "{head}"
+    );
+    Ok(())
+}
+
+async fn a_management_user_sees_the_totals_of_its_vhosts_only(
+    sb: &mut Sandbox,
+) -> anyhow::Result<()> {
+    // Five queues and four messages in the user's vhost; more of both
+    // in the default vhost, which it may not see.
+    let (status, body) = request(sb, "PUT", "/api/vhosts/tenant", None, None).await?;
+    assert_eq!(status, 201, "{body}");
+    let user = json!({"password": "tenant-pw", "tags": "management"});
+    let (status, body) = request(sb, "PUT", "/api/users/tenant", Some(&user), None).await?;
+    assert_eq!(status, 201, "{body}");
+    let all = json!({"configure": ".*", "write": ".*", "read": ".*"});
+    let (status, body) = request(
+        sb,
+        "PUT",
+        "/api/permissions/tenant/tenant",
+        Some(&all),
+        None,
+    )
+    .await?;
+    assert_eq!(status, 201, "{body}");
+    for (vhost, queues, messages) in [("tenant", 5, 4), ("%2F", 8, 7)] {
+        for i in 0..queues {
+            let path = format!("/api/queues/{vhost}/totals.{i}");
+            let (status, body) = request(sb, "PUT", &path, Some(&json!({})), None).await?;
+            assert_eq!(status, 201, "{path}: {body}");
+        }
+        for _ in 0..messages {
+            let publish =
+                json!({"routing_key": "totals.0", "payload": "x", "payload_encoding": "string"});
+            let path = format!("/api/exchanges/{vhost}/amq.default/publish");
+            let (status, body) = request(sb, "POST", &path, Some(&publish), None).await?;
+            assert_eq!((status, body.as_str()), (200, r#"{"routed":true}"#));
+        }
+    }
+    let tenant = "Basic dGVuYW50OnRlbmFudC1wdw=="; // tenant:tenant-pw
+    let (status, body) = request(sb, "GET", "/api/overview", None, Some(tenant)).await?;
+    assert_eq!(status, 200, "{body}");
+    let overview: Value = serde_json::from_str(&body)?;
+    assert_eq!(overview["object_totals"]["queues"], 5, "{overview}");
+    assert_eq!(overview["queue_totals"]["messages"], 4, "{overview}");
+    assert_eq!(overview["queue_totals"]["messages_ready"], 4, "{overview}");
+    let (_, body) = request(sb, "GET", "/api/exchanges", None, Some(tenant)).await?;
+    let exchanges: Value = serde_json::from_str(&body)?;
+    assert_eq!(
+        overview["object_totals"]["exchanges"],
+        exchanges.as_array().map(Vec::len).unwrap_or_default(),
+        "{overview}"
+    );
+    // guest, an administrator, sees both vhosts.
+    let overview = get_json(sb, "/api/overview").await?;
+    assert!(
+        overview["object_totals"]["queues"].as_u64() >= Some(13),
+        "{overview}"
+    );
+    assert!(
+        overview["queue_totals"]["messages"].as_u64() >= Some(11),
+        "{overview}"
+    );
+    // As in RabbitMQ: nodes are the monitoring user's, policies the
+    // policymaker's, operator policies the administrator's.
+    for path in [
+        "/api/nodes",
+        "/api/policies",
+        "/api/policies/tenant",
+        "/api/operator-policies",
+    ] {
+        let (status, body) = request(sb, "GET", path, None, Some(tenant)).await?;
+        assert_eq!(status, 401, "{path}: {body}");
+    }
+    let user = json!({"password": "tenant-pw", "tags": "policymaker"});
+    let (status, body) = request(sb, "PUT", "/api/users/tenant", Some(&user), None).await?;
+    assert_eq!(status, 204, "{body}");
+    let (status, body) = request(sb, "GET", "/api/policies", None, Some(tenant)).await?;
+    assert_eq!((status, body.as_str()), (200, "[]"));
+    let (status, _) = request(sb, "GET", "/api/nodes", None, Some(tenant)).await?;
     assert_eq!(status, 401);
     Ok(())
 }

@@ -273,7 +273,14 @@ async fn visible_vhosts(api: &HttpApi, caller: &Caller) -> Result<Vec<m::Vhost>,
 
 // ---------------------------------------------------------------- overview
 
+/// The broker's figures; a caller without `monitoring` gets the totals of
+/// its vhosts only (the gRPC `GetBrokerStatus` counts them, reading their
+/// queues: hence the list slot).
 async fn overview(State(api): State<Api>, Who(caller): Who) -> Answer {
+    let _slot = match authorize(&caller, &[Need::Monitoring]) {
+        Ok(()) => None,
+        Err(_) => Some(api.list_slot().await?),
+    };
     let status = ask(api
         .service
         .get_broker_status(call(&caller, m::GetBrokerStatusRequest {})))
@@ -360,11 +367,14 @@ async fn node_view(api: &HttpApi, caller: &Caller) -> Result<Value, ApiError> {
     }))
 }
 
+/// Nodes are the monitoring user's, as in RabbitMQ.
 async fn nodes(State(api): State<Api>, Who(caller): Who) -> Answer {
+    authorize(&caller, &[Need::Monitoring])?;
     json(json!([node_view(&api, &caller).await?]))
 }
 
 async fn node(State(api): State<Api>, Who(caller): Who, Path(name): Path<String>) -> Answer {
+    authorize(&caller, &[Need::Monitoring])?;
     if name != api.node {
         return Err(ApiError::not_found());
     }
@@ -687,6 +697,13 @@ async fn policies(
     vhost: Option<String>,
     operator: bool,
 ) -> Result<Vec<Value>, ApiError> {
+    // The tag first: without it the answer is 401, not an empty list.
+    let tag = if operator {
+        Need::Administrator
+    } else {
+        Need::Policymaker
+    };
+    authorize(caller, &[tag])?;
     let vhosts = match vhost {
         Some(vhost) => vec![vhost],
         None => visible_vhosts(api, caller)

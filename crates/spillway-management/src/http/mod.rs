@@ -24,7 +24,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use axum::body::Body;
 use axum::extract::DefaultBodyLimit;
-use axum::http::{HeaderValue, Request, StatusCode};
+use axum::http::{Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use hyper::body::Incoming;
@@ -42,6 +42,7 @@ use crate::ManagementService;
 
 mod console;
 pub mod definitions;
+mod guard;
 mod handlers;
 pub mod pages;
 pub mod rates;
@@ -59,9 +60,6 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long open requests may finish once the server stops.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
-
-/// The realm of the `WWW-Authenticate` challenge, as RabbitMQ's.
-const REALM: &str = "Basic realm=\"RabbitMQ Management\"";
 
 /// What the endpoints share: the service and who checks credentials.
 pub struct HttpApi {
@@ -114,6 +112,7 @@ impl HttpApi {
         handlers::router(api.clone())
             .merge(console::router(api))
             .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+            .layer(axum::middleware::from_fn(guard::refuse_cross_site))
             .fallback(|| async { ApiError::not_found() })
     }
 }
@@ -178,16 +177,15 @@ impl From<Status> for ApiError {
     }
 }
 
+/// A 401 carries no `WWW-Authenticate: Basic` challenge: a browser would
+/// answer it with its own login dialog and then send the credentials it
+/// was given with every request to this port, another site's forms
+/// included. The console logs in with its own form; tools send their
+/// credentials with the request (RabbitMQ's clients, curl `-u`, requests).
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({"error": self.error, "reason": self.reason});
-        let mut response = (self.status, axum::Json(body)).into_response();
-        if self.status == StatusCode::UNAUTHORIZED {
-            response
-                .headers_mut()
-                .insert("www-authenticate", HeaderValue::from_static(REALM));
-        }
-        response
+        (self.status, axum::Json(body)).into_response()
     }
 }
 
