@@ -17,6 +17,12 @@
 //!
 //! [`EngineAdminService`] serves the same calls over gRPC (`EngineAdmin` in
 //! `proto/spillway/engine/v1/admin.proto`).
+//!
+//! What one queue or one vhost is asked about costs one lookup under the
+//! broker lock. What looks at every queue of a vhost (lists, consumers,
+//! message totals, the broker's status) walks them a chunk at a time,
+//! letting the lock go between chunks (`walk.rs`): such answers are not a
+//! snapshot, as RabbitMQ's are not.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -41,8 +47,8 @@ use crate::persistence::{await_written, store_op};
 use crate::policy::Policy;
 use crate::queue::Queue;
 use crate::routing::as_integer;
-use crate::stats::QueueStats;
 use crate::vhost::VHost;
+use crate::walk::walk_queues;
 
 /// The user name management's internal sessions run as. They are opened and
 /// closed under one broker lock, so no listing ever sees them.
@@ -191,7 +197,11 @@ fn exchange_view(
     }
 }
 
-fn queue_view(vhost: &str, queue: &Queue, stats: Option<&QueueStats>) -> m::Queue {
+/// One queue as management shows it, with `unacked` deliveries of it
+/// counted by the caller.
+fn queue_view(vhost: &str, queue: &Queue, unacked: u64) -> m::Queue {
+    #[cfg(test)]
+    crate::walk::hooks::count_queue_view();
     m::Queue {
         vhost: vhost.to_string(),
         name: queue.name.clone(),
@@ -209,7 +219,7 @@ fn queue_view(vhost: &str, queue: &Queue, stats: Option<&QueueStats>) -> m::Queu
         ),
         status: Some(m::QueueStatus {
             messages: queue.messages.len() as u64,
-            unacked: stats.map(|s| s.unacked).unwrap_or_default(),
+            unacked,
             consumers: queue.consumers.len() as u64,
             bytes: queue.ready_bytes,
             resident_bytes: queue.resident_bytes,
@@ -309,22 +319,19 @@ impl Engine {
         Ok(id)
     }
 
-    fn stats_of(&self, vhost: &str) -> HashMap<String, QueueStats> {
-        self.queue_stats()
-            .into_iter()
-            .filter(|s| s.vhost == vhost)
-            .map(|s| (s.queue.clone(), s))
-            .collect()
-    }
-
+    /// One queue: one lookup, and its unacknowledged deliveries counted on
+    /// the vhost's channels. No other queue is looked at.
     fn queue_info(&self, vhost_name: &str, name: &str) -> Result<m::Queue, ServiceError> {
-        let stats = self.stats_of(vhost_name);
         let broker = self.shared.broker.lock();
         let queue = vhost(&broker, vhost_name)?
             .queues
             .get(name)
             .ok_or_else(|| not_found("queue", name, vhost_name))?;
-        Ok(queue_view(vhost_name, queue, stats.get(name)))
+        let unacked = unacked_by_queue(&broker, vhost_name, Some(name))
+            .get(name)
+            .copied()
+            .unwrap_or_default();
+        Ok(queue_view(vhost_name, queue, unacked))
     }
 
     /// Closes every client connection of `vhost` with `reason`.
@@ -349,6 +356,69 @@ impl Engine {
             }
         }
         closed
+    }
+}
+
+/// Unacknowledged deliveries per queue of `vhost_name` (of the queue `only`
+/// when given), counted on the vhost's channels a run at a time: a pass
+/// over deliveries, not over queues.
+fn unacked_by_queue(broker: &Broker, vhost_name: &str, only: Option<&str>) -> HashMap<String, u64> {
+    let mut counts: HashMap<String, u64> = HashMap::new();
+    for session in broker.sessions.values().filter(|s| s.vhost == vhost_name) {
+        for channel in session.channels.values() {
+            channel.unacked_runs(|queue, count| {
+                if only.is_some_and(|only| only != queue) {
+                    return;
+                }
+                match counts.get_mut(queue) {
+                    Some(total) => *total += count,
+                    None => {
+                        counts.insert(queue.to_string(), count);
+                    }
+                }
+            });
+        }
+    }
+    counts
+}
+
+/// Unacknowledged deliveries per vhost, of queues that still exist (a
+/// deleted queue's deliveries stay on their channels until settled, and
+/// no queue list counts them).
+fn unacked_by_vhost(broker: &Broker) -> HashMap<String, u64> {
+    let mut counts: HashMap<String, u64> = HashMap::new();
+    for session in broker.sessions.values() {
+        let Some(vhost) = broker.vhosts.get(&session.vhost) else {
+            continue;
+        };
+        let mut held = 0u64;
+        for channel in session.channels.values() {
+            channel.unacked_runs(|queue, count| {
+                if vhost.queues.contains_key(queue) {
+                    held += count;
+                }
+            });
+        }
+        *counts.entry(session.vhost.clone()).or_default() += held;
+    }
+    counts
+}
+
+/// The broker status's figures summed over queues.
+#[derive(Default)]
+struct QueueTotals {
+    queues: u32,
+    messages: u64,
+    bytes: u64,
+    consumers: u32,
+}
+
+impl QueueTotals {
+    fn add(&mut self, queue: &Queue) {
+        self.queues += 1;
+        self.messages += queue.messages.len() as u64;
+        self.bytes += queue.ready_bytes;
+        self.consumers += queue.consumers.len() as u32;
     }
 }
 
@@ -576,20 +646,76 @@ impl EngineAdminApi for Engine {
         self.queue_info(&request.vhost, &request.name)
     }
 
+    /// Every queue of the vhost, in name order, built a chunk at a time
+    /// ([`walk_queues`]).
     async fn list_queues(
         &self,
         request: m::ListQueuesRequest,
     ) -> Result<m::ListQueuesResponse, ServiceError> {
-        let stats = self.stats_of(&request.vhost);
-        let broker = self.shared.broker.lock();
-        let vhost = vhost(&broker, &request.vhost)?;
-        let mut queues: Vec<m::Queue> = vhost
-            .queues
-            .values()
-            .map(|q| queue_view(&request.vhost, q, stats.get(&q.name)))
-            .collect();
-        queues.sort_by(|a, b| a.name.cmp(&b.name));
+        let unacked = {
+            let broker = self.shared.broker.lock();
+            vhost(&broker, &request.vhost)?;
+            unacked_by_queue(&broker, &request.vhost, None)
+        };
+        let mut queues = Vec::new();
+        walk_queues(&self.shared, &request.vhost, |_, queue| {
+            let unacked = unacked.get(queue.name.as_str()).copied();
+            queues.push(queue_view(
+                &request.vhost,
+                queue,
+                unacked.unwrap_or_default(),
+            ));
+        })
+        .await?;
         Ok(m::ListQueuesResponse { queues })
+    }
+
+    async fn get_queue(&self, request: m::GetQueueRequest) -> Result<m::Queue, ServiceError> {
+        self.queue_info(&request.vhost, &request.name)
+    }
+
+    async fn get_vhost(&self, request: m::GetVhostRequest) -> Result<m::Vhost, ServiceError> {
+        let broker = self.shared.broker.lock();
+        Ok(vhost_view(&broker, vhost(&broker, &request.name)?))
+    }
+
+    /// Ready messages summed over each vhost's queues a chunk at a time;
+    /// unacknowledged ones counted on its channels.
+    async fn vhost_message_totals(
+        &self,
+        request: pb::VhostMessageTotalsRequest,
+    ) -> Result<pb::VhostMessageTotalsResponse, ServiceError> {
+        let (names, mut unacked) = {
+            let broker = self.shared.broker.lock();
+            let names: Vec<String> = if request.vhost.is_empty() {
+                broker.vhosts.keys().cloned().collect()
+            } else {
+                vec![vhost(&broker, &request.vhost)?.name.clone()]
+            };
+            (names, unacked_by_vhost(&broker))
+        };
+        let mut vhosts = Vec::with_capacity(names.len());
+        for name in names {
+            let mut ready = 0u64;
+            let walked = walk_queues(&self.shared, &name, |_, queue| {
+                ready += queue.messages.len() as u64;
+            })
+            .await;
+            // Deleted meanwhile: not in the answer, unless it was the one asked.
+            if let Err(error) = walked {
+                if request.vhost.is_empty() {
+                    continue;
+                }
+                return Err(error);
+            }
+            vhosts.push(pb::VhostMessageTotals {
+                messages_unacked: unacked.remove(&name).unwrap_or_default(),
+                vhost: name,
+                messages_ready: ready,
+            });
+        }
+        vhosts.sort_by(|a, b| a.vhost.cmp(&b.vhost));
+        Ok(pb::VhostMessageTotalsResponse { vhosts })
     }
 
     async fn delete_queue(
@@ -779,12 +905,17 @@ impl EngineAdminApi for Engine {
         &self,
         _request: m::GetBrokerStatusRequest,
     ) -> Result<m::BrokerStatus, ServiceError> {
-        let stats = self.queue_stats();
+        // Every queue's figures, a chunk at a time; then the rest at once.
+        let names: Vec<String> = self.shared.broker.lock().vhosts.keys().cloned().collect();
+        let mut totals = QueueTotals::default();
+        for name in &names {
+            // A vhost deleted meanwhile adds nothing.
+            let _ = walk_queues(&self.shared, name, |_, queue| totals.add(queue)).await;
+        }
         let broker = self.shared.broker.lock();
-        let sessions = broker.sessions.values();
-        let (connections, channels) = sessions.fold((0u32, 0u32), |(c, ch), s| {
-            (c + 1, ch + s.channels.len() as u32)
-        });
+        let connections = broker.sessions.len() as u32;
+        let channels: usize = broker.sessions.values().map(|s| s.channels.len()).sum();
+        let unacked: u64 = unacked_by_vhost(&broker).values().sum();
         let flow = broker.flow_status();
         Ok(m::BrokerStatus {
             flow_to_disk_threshold: Some(flow.threshold_bytes),
@@ -796,13 +927,13 @@ impl EngineAdminApi for Engine {
             blocked_channels: broker.blocked_channels().len() as u32,
             version: env!("CARGO_PKG_VERSION").to_string(),
             vhosts: broker.vhosts.len() as u32,
-            queues: stats.len() as u32,
-            messages_ready: stats.iter().map(|s| s.messages).sum(),
-            messages_unacked: stats.iter().map(|s| s.unacked).sum(),
-            message_bytes: stats.iter().map(|s| s.bytes).sum(),
-            consumers: stats.iter().map(|s| s.consumers as u32).sum(),
+            queues: totals.queues,
+            messages_ready: totals.messages,
+            messages_unacked: unacked,
+            message_bytes: totals.bytes,
+            consumers: totals.consumers,
             connections,
-            channels,
+            channels: channels as u32,
             recovery: Some(crate::broker::recovery::status(&broker.recovery)),
             ..Default::default()
         })
@@ -877,17 +1008,19 @@ impl EngineAdminApi for Engine {
         &self,
         request: m::ListConsumersRequest,
     ) -> Result<m::ListConsumersResponse, ServiceError> {
-        let broker = self.shared.broker.lock();
-        if !request.vhost.is_empty() {
-            vhost(&broker, &request.vhost)?;
-        }
+        let names: Vec<String> = {
+            let broker = self.shared.broker.lock();
+            if request.vhost.is_empty() {
+                broker.vhosts.keys().cloned().collect()
+            } else {
+                vec![vhost(&broker, &request.vhost)?.name.clone()]
+            }
+        };
         let mut consumers = Vec::new();
-        for (vhost_name, vhost) in broker
-            .vhosts
-            .iter()
-            .filter(|(name, _)| request.vhost.is_empty() || **name == request.vhost)
-        {
-            for queue in vhost.queues.values() {
+        for vhost_name in &names {
+            // Every queue is looked at, a chunk at a time; a vhost deleted
+            // meanwhile has none left.
+            let _ = walk_queues(&self.shared, vhost_name, |broker, queue| {
                 for (position, consumer) in queue.consumers.iter().enumerate() {
                     let Some(session) = broker.sessions.get(&consumer.session) else {
                         continue;
@@ -916,7 +1049,8 @@ impl EngineAdminApi for Engine {
                         exclusive: queue.exclusive_consumer,
                     });
                 }
-            }
+            })
+            .await;
         }
         consumers.sort_by(|a, b| (&a.vhost, &a.queue).cmp(&(&b.vhost, &b.queue)));
         Ok(m::ListConsumersResponse { consumers })
@@ -1820,7 +1954,7 @@ fn move_round(
         target.enqueue(entry);
     }
     if let Some(vhost) = broker.vhosts.get_mut(vhost_name) {
-        vhost.queues.insert(destination.to_string(), target);
+        vhost.insert_queue(target);
     }
     broker.reschedule_expiry(vhost_name, destination);
     progress.moved += count;

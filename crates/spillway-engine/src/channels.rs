@@ -58,6 +58,30 @@ pub struct ChannelState {
 }
 
 impl ChannelState {
+    /// Calls `visit` with each run of its unacknowledged deliveries that
+    /// came from one queue: `(queue, how many)`. A channel's deliveries
+    /// mostly come from one queue, so a count by queue costs one lookup per
+    /// run rather than one per delivery (a consumer with no prefetch can
+    /// hold hundreds of thousands, and counts are taken under the broker
+    /// lock).
+    pub fn unacked_runs<'a>(&'a self, mut visit: impl FnMut(&'a str, u64)) {
+        let mut run: Option<(&str, u64)> = None;
+        for delivery in self.unacked.values() {
+            let queue = delivery.queue.as_str();
+            match &mut run {
+                Some((current, count)) if *current == queue => *count += 1,
+                _ => {
+                    if let Some((finished, count)) = run.replace((queue, 1)) {
+                        visit(finished, count);
+                    }
+                }
+            }
+        }
+        if let Some((finished, count)) = run {
+            visit(finished, count);
+        }
+    }
+
     pub fn take_delivery_tag(&mut self) -> u64 {
         self.next_delivery_tag += 1;
         self.next_delivery_tag

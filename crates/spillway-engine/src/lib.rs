@@ -75,6 +75,7 @@ mod stats;
 mod tests;
 mod transaction;
 mod vhost;
+mod walk;
 
 pub use admin::EngineAdminService;
 pub use broker::flow_to_disk::FlowStatus;

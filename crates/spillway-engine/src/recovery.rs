@@ -120,7 +120,7 @@ pub(crate) fn install_definitions(
         queue.arguments = arguments;
         queue.recovering = true;
         pending.push((def.vhost, def.name.clone()));
-        vhost.queues.insert(def.name, queue);
+        vhost.insert_queue(queue);
     }
     for def in definitions.bindings {
         let Some(vhost) = broker.vhosts.get_mut(&def.vhost) else {

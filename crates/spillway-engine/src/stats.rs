@@ -45,59 +45,32 @@ impl Engine {
     /// Every queue of every vhost, sorted by vhost then name.
     ///
     /// Holds the broker lock for one pass over the sessions' unacked
-    /// deliveries and the queues' ready messages.
+    /// deliveries, then for each chunk of queues (`walk.rs`): a scrape of
+    /// 100,000 queues does not hold up the message path for all of them.
     pub fn queue_stats(&self) -> Vec<QueueStats> {
-        let broker = self.shared.broker.lock();
-        // Every unacknowledged delivery is looked at under the broker's
-        // lock, so the walk is kept cheap: a channel's deliveries mostly
-        // come from one queue, and a run of them is counted with one
-        // lookup rather than one hash per delivery (a consumer with no
-        // prefetch can hold hundreds of thousands).
-        let mut unacked: HashMap<(&str, &str), u64> = HashMap::new();
-        for session in broker.sessions.values() {
-            let vhost = session.vhost.as_str();
-            for channel in session.channels.values() {
-                let mut run: Option<(&str, u64)> = None;
-                for delivery in channel.unacked.values() {
-                    let queue = delivery.queue.as_str();
-                    match &mut run {
-                        Some((current, count)) if *current == queue => *count += 1,
-                        _ => {
-                            if let Some(finished) = run.replace((queue, 1)) {
-                                add_run(&mut unacked, vhost, finished);
-                            }
-                        }
-                    }
-                }
-                if let Some(finished) = run {
-                    add_run(&mut unacked, vhost, finished);
-                }
-            }
-        }
-        let mut stats: Vec<QueueStats> = broker
-            .vhosts
-            .values()
-            .flat_map(|vhost| {
-                let unacked = &unacked;
-                vhost.queues.values().map(move |queue| QueueStats {
-                    vhost: vhost.name.clone(),
+        let (vhosts, unacked) = {
+            let broker = self.shared.broker.lock();
+            let mut vhosts: Vec<String> = broker.vhosts.keys().cloned().collect();
+            vhosts.sort();
+            (vhosts, unacked_counts(&broker))
+        };
+        let mut stats = Vec::new();
+        for vhost in &vhosts {
+            crate::walk::walk_queues_blocking(&self.shared, vhost, |_, queue| {
+                stats.push(QueueStats {
+                    vhost: vhost.clone(),
                     queue: queue.name.clone(),
                     messages: queue.messages.len() as u64,
-                    unacked: unacked
-                        .get(&(vhost.name.as_str(), queue.name.as_str()))
-                        .copied()
-                        .unwrap_or_default(),
+                    unacked: unacked.get(vhost, &queue.name),
                     consumers: queue.consumers.len() as u64,
                     bytes: queue.ready_bytes,
                     resident_bytes: queue.resident_bytes,
                     spilled_messages: queue.spilled_count,
                     spilled_bytes: queue.spilled_bytes,
                     dead_letters: queue.dead_letter_counts,
-                })
-            })
-            .collect();
-        drop(broker);
-        stats.sort_by(|a, b| (&a.vhost, &a.queue).cmp(&(&b.vhost, &b.queue)));
+                });
+            });
+        }
         stats
     }
 
@@ -135,6 +108,46 @@ impl Engine {
         };
         metrics.register_views(rabbitmq(false), rabbitmq(true));
         metrics.register_limit_refusals(self.shared.broker.lock().limits.refusals());
+    }
+}
+
+/// Unacknowledged deliveries per (vhost, queue), counted on every channel
+/// a run at a time ([`ChannelState::unacked_runs`]). The keys are owned: the
+/// counts outlive the lock.
+///
+/// [`ChannelState::unacked_runs`]: crate::channels::ChannelState::unacked_runs
+fn unacked_counts(broker: &crate::broker::Broker) -> UnackedCounts {
+    let mut unacked: HashMap<(&str, &str), u64> = HashMap::new();
+    for session in broker.sessions.values() {
+        let vhost = session.vhost.as_str();
+        for channel in session.channels.values() {
+            channel.unacked_runs(|queue, count| {
+                *unacked.entry((vhost, queue)).or_default() += count;
+            });
+        }
+    }
+    let mut owned = UnackedCounts::default();
+    for ((vhost, queue), count) in unacked {
+        owned
+            .0
+            .entry(vhost.to_string())
+            .or_default()
+            .insert(queue.to_string(), count);
+    }
+    owned
+}
+
+/// Unacknowledged deliveries by vhost, then queue.
+#[derive(Default)]
+struct UnackedCounts(HashMap<String, HashMap<String, u64>>);
+
+impl UnackedCounts {
+    fn get(&self, vhost: &str, queue: &str) -> u64 {
+        self.0
+            .get(vhost)
+            .and_then(|queues| queues.get(queue))
+            .copied()
+            .unwrap_or_default()
     }
 }
 
@@ -441,14 +454,6 @@ impl Collector for RabbitQueueCollector {
 }
 
 /// Adds a run of `count` unacknowledged deliveries from `queue` of `vhost`.
-fn add_run<'a>(
-    unacked: &mut HashMap<(&'a str, &'a str), u64>,
-    vhost: &'a str,
-    (queue, count): (&'a str, u64),
-) {
-    *unacked.entry((vhost, queue)).or_default() += count;
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;

@@ -48,6 +48,26 @@ impl ManagementService {
         Self { engine, storage }
     }
 
+    /// Ready and unacknowledged messages of each vhost the caller sees
+    /// (of `vhost` alone when given), for the HTTP API's vhosts. Not a gRPC
+    /// method: the public API shows the same figures per queue.
+    pub async fn vhost_message_totals(
+        &self,
+        caller: &Caller,
+        vhost: Option<&str>,
+    ) -> Result<Vec<spillway_proto::engine::VhostMessageTotals>, Status> {
+        match vhost {
+            Some(vhost) => authorize(caller, &[Need::See { vhost }])?,
+            None => authorize(caller, &[Need::Overview])?,
+        }
+        let request = spillway_proto::engine::VhostMessageTotalsRequest {
+            vhost: vhost.unwrap_or_default().to_string(),
+        };
+        let mut totals = self.engine.vhost_message_totals(request).await?.vhosts;
+        totals.retain(|totals| authorize::sees_vhost(caller, &totals.vhost));
+        Ok(totals)
+    }
+
     /// The authenticated management service plus server reflection (left
     /// open: it only describes the public schema), ready to serve, and the
     /// HTTP API over the same service and authenticator (served only when
@@ -406,15 +426,9 @@ macro_rules! management_impl {
                 request: Request<m::GetVhostRequest>,
             ) -> Result<Response<m::Vhost>, Status> {
                 let caller = caller_of(&request)?;
-                let name = request.into_inner().name;
-                authorize(&caller, &[Need::See { vhost: &name }])?;
-                let vhosts = self.engine.list_vhosts(m::ListVhostsRequest {}).await?;
-                vhosts
-                    .vhosts
-                    .into_iter()
-                    .find(|v| v.name == name)
-                    .map(Response::new)
-                    .ok_or_else(|| Status::not_found(format!("vhost '{name}' not found")))
+                let request = request.into_inner();
+                authorize(&caller, &[Need::See { vhost: &request.name }])?;
+                answer(self.engine.get_vhost(request).await)
             }
 
             async fn get_exchange(
@@ -440,17 +454,10 @@ macro_rules! management_impl {
                 request: Request<m::GetQueueRequest>,
             ) -> Result<Response<m::Queue>, Status> {
                 let caller = caller_of(&request)?;
-                let m::GetQueueRequest { vhost, name } = request.into_inner();
-                authorize(&caller, &[Need::See { vhost: &vhost }])?;
-                let list = self
-                    .engine
-                    .list_queues(m::ListQueuesRequest { vhost: vhost.clone() })
-                    .await?;
-                list.queues
-                    .into_iter()
-                    .find(|q| q.name == name)
-                    .map(Response::new)
-                    .ok_or_else(|| not_found("queue", &name, &vhost))
+                let request = request.into_inner();
+                authorize(&caller, &[Need::See { vhost: &request.vhost }])?;
+                // One lookup in the engine, not a list of the vhost's queues.
+                answer(self.engine.get_queue(request).await)
             }
 
             async fn get_binding(

@@ -29,6 +29,9 @@ macro_rules! for_each_engine_admin_call {
             delete_exchange(m::DeleteExchangeRequest) -> m::DeleteExchangeResponse;
             create_queue(m::CreateQueueRequest) -> m::Queue;
             list_queues(m::ListQueuesRequest) -> m::ListQueuesResponse;
+            get_queue(m::GetQueueRequest) -> m::Queue;
+            get_vhost(m::GetVhostRequest) -> m::Vhost;
+            vhost_message_totals(pb::VhostMessageTotalsRequest) -> pb::VhostMessageTotalsResponse;
             delete_queue(m::DeleteQueueRequest) -> m::DeleteQueueResponse;
             purge_queue(m::PurgeQueueRequest) -> m::PurgeQueueResponse;
             peek_messages(m::PeekMessagesRequest) -> m::PeekMessagesResponse;
@@ -96,6 +99,16 @@ pub trait EngineAdminApi: Send + Sync + 'static {
         &self,
         request: m::ListQueuesRequest,
     ) -> Result<m::ListQueuesResponse, ServiceError>;
+    /// One queue, looked up alone.
+    async fn get_queue(&self, request: m::GetQueueRequest) -> Result<m::Queue, ServiceError>;
+    /// One vhost, looked up alone.
+    async fn get_vhost(&self, request: m::GetVhostRequest) -> Result<m::Vhost, ServiceError>;
+    /// Ready and unacknowledged messages per vhost (every vhost, or the one
+    /// asked).
+    async fn vhost_message_totals(
+        &self,
+        request: pb::VhostMessageTotalsRequest,
+    ) -> Result<pb::VhostMessageTotalsResponse, ServiceError>;
     async fn delete_queue(
         &self,
         request: m::DeleteQueueRequest,

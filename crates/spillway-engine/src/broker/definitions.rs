@@ -358,7 +358,7 @@ impl Broker {
             );
         }
         let vhost = self.vhost_mut(&vhost_name)?;
-        vhost.queues.insert(name.clone(), queue);
+        vhost.insert_queue(queue);
         self.apply_policies_to_queue(&vhost_name, &name);
         self.touch_queue(&vhost_name, &name);
         if qpid_dlq {
@@ -436,7 +436,7 @@ impl Broker {
                     arguments: amqp::encode_table(&dlq.arguments),
                 })));
             }
-            vhost.queues.insert(queue_name.clone(), dlq);
+            vhost.insert_queue(dlq);
         }
         let binding = qpid_dlq_binding(queue);
         let exchange_durable = vhost
@@ -717,7 +717,7 @@ impl Broker {
         let Some(vhost) = self.vhosts.get_mut(vhost_name) else {
             return;
         };
-        let Some(queue) = vhost.queues.remove(name) else {
+        let Some(queue) = vhost.remove_queue(name) else {
             return;
         };
         if queue.recovering {

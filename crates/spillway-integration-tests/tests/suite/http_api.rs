@@ -135,6 +135,32 @@ async fn queues_declared_over_http_serve_amqp_clients(sb: &mut Sandbox) -> anyho
         (json!(4), json!(1)),
         "{queue}"
     );
+    // The vhost's totals (summed by the engine, not from a list of its
+    // queues), alone and in the list of vhosts.
+    let vhost = get_json(sb, "/api/vhosts/%2F").await?;
+    let in_list = get_json(sb, "/api/vhosts").await?;
+    let in_list = in_list
+        .as_array()
+        .and_then(|vhosts| vhosts.iter().find(|v| v["name"] == "/"))
+        .cloned()
+        .unwrap_or_default();
+    for vhost in [&vhost, &in_list] {
+        assert_eq!(
+            (
+                vhost["messages"].clone(),
+                vhost["messages_ready"].clone(),
+                vhost["messages_unacknowledged"].clone()
+            ),
+            (json!(5), json!(4), json!(1)),
+            "{vhost}"
+        );
+    }
+    assert_eq!(
+        get_json(sb, "/api/aliveness-test/%2F").await?,
+        json!({"status": "ok"})
+    );
+    let (status, _) = request(sb, "GET", "/api/aliveness-test/nowhere", None, None).await?;
+    assert_eq!(status, 404);
     delivered.ack(BasicAckOptions::default()).await?;
 
     let page = get_json(sb, "/api/queues/%2F?page=1&page_size=10&name=orders").await?;

@@ -178,9 +178,15 @@ where
     Ok(future.await?.into_inner())
 }
 
-/// A vhost in RabbitMQ's shape, with its rates once sampled.
-fn vhost_json(api: &HttpApi, vhost: &m::Vhost, queues: &[m::Queue]) -> Value {
-    let mut value = shapes::vhost(vhost, queues);
+/// A vhost in RabbitMQ's shape, with its message totals (none when it
+/// went meanwhile) and its rates once sampled.
+fn vhost_json(
+    api: &HttpApi,
+    vhost: &m::Vhost,
+    totals: Option<&spillway_proto::engine::VhostMessageTotals>,
+) -> Value {
+    let (ready, unacked) = totals.map_or((0, 0), |t| (t.messages_ready, t.messages_unacked));
+    let mut value = shapes::vhost(vhost, ready, unacked);
     if let Some(stats) = api.rates.vhost_stats(&vhost.name) {
         value["message_stats"] = stats;
     }
@@ -277,10 +283,8 @@ async fn visible_vhosts(api: &HttpApi, caller: &Caller) -> Result<Vec<m::Vhost>,
 /// its vhosts only (the gRPC `GetBrokerStatus` counts them, reading their
 /// queues: hence the list slot).
 async fn overview(State(api): State<Api>, Who(caller): Who) -> Answer {
-    let _slot = match authorize(&caller, &[Need::Monitoring]) {
-        Ok(()) => None,
-        Err(_) => Some(api.list_slot().await?),
-    };
+    // Its totals read every queue (all of them, or the caller's vhosts').
+    let _slot = api.list_slot().await?;
     let status = ask(api
         .service
         .get_broker_status(call(&caller, m::GetBrokerStatusRequest {})))
@@ -354,6 +358,8 @@ async fn whoami(State(_api): State<Api>, Who(caller): Who) -> Answer {
 }
 
 async fn node_view(api: &HttpApi, caller: &Caller) -> Result<Value, ApiError> {
+    // The broker's status reads every queue.
+    let _slot = api.list_slot().await?;
     let status = ask(api
         .service
         .get_broker_status(call(caller, m::GetBrokerStatusRequest {})))
@@ -381,22 +387,16 @@ async fn node(State(api): State<Api>, Who(caller): Who, Path(name): Path<String>
     json(node_view(&api, &caller).await?)
 }
 
-/// The vhost exists and the engine answers for it.
+/// The vhost exists and the engine answers for it: one lookup under the
+/// engine's lock, none of its queues read.
 async fn aliveness_test(
     State(api): State<Api>,
     Who(caller): Who,
     Path(vhost): Path<String>,
 ) -> Answer {
-    ask(api.service.get_vhost(call(
-        &caller,
-        m::GetVhostRequest {
-            name: vhost.clone(),
-        },
-    )))
-    .await?;
     ask(api
         .service
-        .list_queues(call(&caller, m::ListQueuesRequest { vhost })))
+        .get_vhost(call(&caller, m::GetVhostRequest { name: vhost })))
     .await?;
     json(json!({"status": "ok"}))
 }
@@ -404,6 +404,8 @@ async fn aliveness_test(
 /// The store's disk quota is Spillway's resource alarm: while it is
 /// reached, publishers are blocked, as under RabbitMQ's disk alarm.
 async fn alarms(State(api): State<Api>, Who(caller): Who) -> Answer {
+    // The broker's status reads every queue.
+    let _slot = api.list_slot().await?;
     let status = ask(api
         .service
         .get_broker_status(call(&caller, m::GetBrokerStatusRequest {})))
@@ -432,16 +434,25 @@ async fn queues_of(api: &HttpApi, caller: &Caller, vhost: &str) -> Result<Vec<m:
     Ok(list.queues)
 }
 
+/// Each vhost with its message totals: the engine sums every queue's, a
+/// chunk at a time, under a list slot.
 async fn list_vhosts(
     State(api): State<Api>,
     Who(caller): Who,
     Query(query): Query<ListQuery>,
 ) -> Answer {
-    let mut items = Vec::new();
-    for vhost in visible_vhosts(&api, &caller).await? {
-        let queues = queues_of(&api, &caller, &vhost.name).await?;
-        items.push(vhost_json(&api, &vhost, &queues));
-    }
+    let vhosts = visible_vhosts(&api, &caller).await?;
+    let totals = {
+        let _slot = api.list_slot().await?;
+        api.service.vhost_message_totals(&caller, None).await?
+    };
+    let items = vhosts
+        .iter()
+        .map(|vhost| {
+            let totals = totals.iter().find(|t| t.vhost == vhost.name);
+            vhost_json(&api, vhost, totals)
+        })
+        .collect();
     list(items, &query)
 }
 
@@ -450,8 +461,13 @@ async fn get_vhost(State(api): State<Api>, Who(caller): Who, Path(name): Path<St
         .service
         .get_vhost(call(&caller, m::GetVhostRequest { name })))
     .await?;
-    let queues = queues_of(&api, &caller, &vhost.name).await?;
-    json(vhost_json(&api, &vhost, &queues))
+    let totals = {
+        let _slot = api.list_slot().await?;
+        api.service
+            .vhost_message_totals(&caller, Some(&vhost.name))
+            .await?
+    };
+    json(vhost_json(&api, &vhost, totals.first()))
 }
 
 /// As RabbitMQ's management plugin, the stored user who creates a vhost
@@ -1589,6 +1605,8 @@ async fn vhost_consumers(
 }
 
 async fn consumer_list(api: &HttpApi, caller: &Caller, vhost: String, query: &ListQuery) -> Answer {
+    // The engine reads every queue of the vhost (or of all) for them.
+    let _slot = api.list_slot().await?;
     let listed = ask(api
         .service
         .list_consumers(call(caller, m::ListConsumersRequest { vhost })))

@@ -110,17 +110,8 @@ pub fn message_properties(value: Option<&Value>) -> Result<m::MessageProperties,
     Ok(properties)
 }
 
-pub fn vhost(vhost: &m::Vhost, queues: &[m::Queue]) -> Value {
-    let ready: u64 = queues
-        .iter()
-        .filter_map(|q| q.status.as_ref())
-        .map(|s| s.messages)
-        .sum();
-    let unacked: u64 = queues
-        .iter()
-        .filter_map(|q| q.status.as_ref())
-        .map(|s| s.unacked)
-        .sum();
+/// A vhost with its ready and unacknowledged messages.
+pub fn vhost(vhost: &m::Vhost, ready: u64, unacked: u64) -> Value {
     json!({
         "name": vhost.name,
         "description": "",

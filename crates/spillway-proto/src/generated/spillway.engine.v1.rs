@@ -1146,6 +1146,29 @@ pub struct AuthenticateUserResponse {
     #[prost(message, repeated, tag = "3")]
     pub permissions: ::prost::alloc::vec::Vec<crate::management::Permission>,
 }
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct VhostMessageTotalsRequest {
+    /// Empty: every vhost.
+    #[prost(string, tag = "1")]
+    pub vhost: ::prost::alloc::string::String,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct VhostMessageTotals {
+    #[prost(string, tag = "1")]
+    pub vhost: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "2")]
+    pub messages_ready: u64,
+    #[prost(uint64, tag = "3")]
+    pub messages_unacked: u64,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct VhostMessageTotalsResponse {
+    #[prost(message, repeated, tag = "1")]
+    pub vhosts: ::prost::alloc::vec::Vec<VhostMessageTotals>,
+}
 /// Generated client implementations.
 pub mod engine_admin_client {
     #![allow(
@@ -1439,6 +1462,88 @@ pub mod engine_admin_client {
             let mut req = request.into_request();
             req.extensions_mut()
                 .insert(GrpcMethod::new("spillway.engine.v1.EngineAdmin", "ListQueues"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// One queue, looked up alone (not found from a list of every queue).
+        pub async fn get_queue(
+            &mut self,
+            request: impl tonic::IntoRequest<crate::management::GetQueueRequest>,
+        ) -> std::result::Result<
+            tonic::Response<crate::management::Queue>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = crate::lean_codec::LeanCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.engine.v1.EngineAdmin/GetQueue",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("spillway.engine.v1.EngineAdmin", "GetQueue"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// One vhost, looked up alone.
+        pub async fn get_vhost(
+            &mut self,
+            request: impl tonic::IntoRequest<crate::management::GetVhostRequest>,
+        ) -> std::result::Result<
+            tonic::Response<crate::management::Vhost>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = crate::lean_codec::LeanCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.engine.v1.EngineAdmin/GetVhost",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("spillway.engine.v1.EngineAdmin", "GetVhost"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// Ready and unacknowledged messages per vhost, for the HTTP API's vhosts
+        /// (RabbitMQ's `messages`): summed over the queues a chunk at a time,
+        /// without building a view of each.
+        pub async fn vhost_message_totals(
+            &mut self,
+            request: impl tonic::IntoRequest<super::VhostMessageTotalsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::VhostMessageTotalsResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = crate::lean_codec::LeanCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spillway.engine.v1.EngineAdmin/VhostMessageTotals",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new(
+                        "spillway.engine.v1.EngineAdmin",
+                        "VhostMessageTotals",
+                    ),
+                );
             self.inner.unary(req, path, codec).await
         }
         pub async fn delete_queue(
@@ -2348,6 +2453,32 @@ pub mod engine_admin_server {
             tonic::Response<crate::management::ListQueuesResponse>,
             tonic::Status,
         >;
+        /// One queue, looked up alone (not found from a list of every queue).
+        async fn get_queue(
+            &self,
+            request: tonic::Request<crate::management::GetQueueRequest>,
+        ) -> std::result::Result<
+            tonic::Response<crate::management::Queue>,
+            tonic::Status,
+        >;
+        /// One vhost, looked up alone.
+        async fn get_vhost(
+            &self,
+            request: tonic::Request<crate::management::GetVhostRequest>,
+        ) -> std::result::Result<
+            tonic::Response<crate::management::Vhost>,
+            tonic::Status,
+        >;
+        /// Ready and unacknowledged messages per vhost, for the HTTP API's vhosts
+        /// (RabbitMQ's `messages`): summed over the queues a chunk at a time,
+        /// without building a view of each.
+        async fn vhost_message_totals(
+            &self,
+            request: tonic::Request<super::VhostMessageTotalsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::VhostMessageTotalsResponse>,
+            tonic::Status,
+        >;
         async fn delete_queue(
             &self,
             request: tonic::Request<crate::management::DeleteQueueRequest>,
@@ -3013,6 +3144,142 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListQueuesSvc(inner);
+                        let codec = crate::lean_codec::LeanCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.engine.v1.EngineAdmin/GetQueue" => {
+                    #[allow(non_camel_case_types)]
+                    struct GetQueueSvc<T: EngineAdmin>(pub Arc<T>);
+                    impl<
+                        T: EngineAdmin,
+                    > tonic::server::UnaryService<crate::management::GetQueueRequest>
+                    for GetQueueSvc<T> {
+                        type Response = crate::management::Queue;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<crate::management::GetQueueRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as EngineAdmin>::get_queue(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = GetQueueSvc(inner);
+                        let codec = crate::lean_codec::LeanCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.engine.v1.EngineAdmin/GetVhost" => {
+                    #[allow(non_camel_case_types)]
+                    struct GetVhostSvc<T: EngineAdmin>(pub Arc<T>);
+                    impl<
+                        T: EngineAdmin,
+                    > tonic::server::UnaryService<crate::management::GetVhostRequest>
+                    for GetVhostSvc<T> {
+                        type Response = crate::management::Vhost;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<crate::management::GetVhostRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as EngineAdmin>::get_vhost(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = GetVhostSvc(inner);
+                        let codec = crate::lean_codec::LeanCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spillway.engine.v1.EngineAdmin/VhostMessageTotals" => {
+                    #[allow(non_camel_case_types)]
+                    struct VhostMessageTotalsSvc<T: EngineAdmin>(pub Arc<T>);
+                    impl<
+                        T: EngineAdmin,
+                    > tonic::server::UnaryService<super::VhostMessageTotalsRequest>
+                    for VhostMessageTotalsSvc<T> {
+                        type Response = super::VhostMessageTotalsResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::VhostMessageTotalsRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as EngineAdmin>::vhost_message_totals(&inner, request)
+                                    .await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = VhostMessageTotalsSvc(inner);
                         let codec = crate::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
