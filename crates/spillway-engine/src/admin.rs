@@ -240,29 +240,26 @@ fn queue_view(vhost: &str, queue: &Queue, unacked: u64) -> m::Queue {
     }
 }
 
-fn binding_views(vhost: &VHost) -> Vec<m::Binding> {
-    let mut bindings: Vec<m::Binding> = vhost
-        .exchanges
-        .values()
-        .flat_map(|exchange| {
-            exchange.bindings.iter().map(|binding| m::Binding {
-                vhost: vhost.name.clone(),
-                source: exchange.name.clone(),
-                destination: binding.destination.name().to_string(),
-                destination_is_exchange: matches!(binding.destination, Destination::Exchange(_)),
-                routing_key: binding.routing_key.clone(),
-                arguments: argument_map(&binding.arguments),
-            })
-        })
-        .collect();
-    bindings.sort_by(|a, b| {
-        (&a.source, &a.destination, &a.routing_key).cmp(&(
-            &b.source,
-            &b.destination,
-            &b.routing_key,
-        ))
-    });
-    bindings
+/// The bindings of `exchange` (in `vhost_name`) to `destination` (to any
+/// when empty), as management shows them. Only those asked for are built.
+fn binding_views(
+    vhost_name: &str,
+    exchange: &crate::exchange::Exchange,
+    destination: &str,
+    into: &mut Vec<m::Binding>,
+) {
+    let wanted = exchange
+        .bindings
+        .iter()
+        .filter(|binding| destination.is_empty() || binding.destination.name() == destination);
+    into.extend(wanted.map(|binding| m::Binding {
+        vhost: vhost_name.to_string(),
+        source: exchange.name.clone(),
+        destination: binding.destination.name().to_string(),
+        destination_is_exchange: matches!(binding.destination, Destination::Exchange(_)),
+        routing_key: binding.routing_key.clone(),
+        arguments: argument_map(&binding.arguments),
+    }));
 }
 
 fn binding_request(binding: Option<m::Binding>) -> Result<(m::Binding, Bytes), ServiceError> {
@@ -829,17 +826,51 @@ impl EngineAdminApi for Engine {
         Ok(binding)
     }
 
+    /// The vhost's bindings (of one source, to one destination, when
+    /// asked), an exchange at a time: the lock is held for one exchange's
+    /// bindings, then let go, so a vhost with 100,000 bindings spread over
+    /// its exchanges never holds up publishers for all of them.
     async fn list_bindings(
         &self,
         request: m::ListBindingsRequest,
     ) -> Result<m::ListBindingsResponse, ServiceError> {
-        let broker = self.shared.broker.lock();
-        let vhost = vhost(&broker, &request.vhost)?;
-        let bindings = binding_views(vhost)
-            .into_iter()
-            .filter(|b| request.source.is_empty() || b.source == request.source)
-            .filter(|b| request.destination.is_empty() || b.destination == request.destination)
-            .collect();
+        let sources: Vec<String> = {
+            let broker = self.shared.broker.lock();
+            let vhost = vhost(&broker, &request.vhost)?;
+            if request.source.is_empty() {
+                let mut names: Vec<String> = vhost.exchanges.keys().cloned().collect();
+                names.sort();
+                names
+            } else {
+                vec![request.source.clone()]
+            }
+        };
+        let mut bindings = Vec::new();
+        for source in &sources {
+            {
+                let broker = self.shared.broker.lock();
+                // A vhost deleted meanwhile has no bindings left.
+                let Some(vhost) = broker.vhosts.get(&request.vhost) else {
+                    break;
+                };
+                if let Some(exchange) = vhost.exchanges.get(source) {
+                    let before = bindings.len();
+                    binding_views(
+                        &request.vhost,
+                        exchange,
+                        &request.destination,
+                        &mut bindings,
+                    );
+                    bindings[before..].sort_by(|a, b| {
+                        (&a.destination, &a.routing_key).cmp(&(&b.destination, &b.routing_key))
+                    });
+                }
+                parking_lot::MutexGuard::unlock_fair(broker);
+            }
+            if sources.len() > 1 {
+                tokio::task::yield_now().await;
+            }
+        }
         Ok(m::ListBindingsResponse { bindings })
     }
 
@@ -1218,7 +1249,7 @@ impl EngineAdminApi for Engine {
         &self,
         request: m::ExportDefinitionsRequest,
     ) -> Result<m::Definitions, ServiceError> {
-        crate::definitions_admin::export(&self.shared, &request)
+        crate::definitions_admin::export(&self.shared, &request).await
     }
 
     async fn import_definitions(

@@ -46,6 +46,7 @@ use crate::model::{Binding, Destination, SessionId};
 use crate::persistence::{await_written, store_op};
 use crate::policy::{Policy, MAX_POLICIES_PER_VHOST};
 use crate::shared::Shared;
+use crate::walk::walk_queues;
 
 /// Items (vhosts, users, permissions, policies, exchanges, queues and
 /// bindings together) one import may hold.
@@ -69,96 +70,71 @@ fn access_error(error: AccessError) -> ServiceError {
 /// bindings and policies), as they are stored: durable exchanges and
 /// queues, the bindings between durable ends. Built-in exchanges are left
 /// out, as RabbitMQ does.
-pub(crate) fn export(
+///
+/// Read as the lists are (`walk.rs`): a vhost's policies and exchanges
+/// under one hold of the broker lock, its queues 1,000 at a time, its
+/// bindings an exchange at a time, the lock let go in between. So an
+/// export of 100,000 queues does not hold up publishers for all of them,
+/// and is not a snapshot: what is declared or deleted meanwhile may or may
+/// not be in it (a binding is in it only if both its ends are when it is
+/// read).
+pub(crate) async fn export(
     shared: &Shared,
     request: &m::ExportDefinitionsRequest,
 ) -> Result<m::Definitions, ServiceError> {
-    let broker = shared.broker.lock();
     let whole = request.vhost.is_empty();
-    if !whole && !broker.vhosts.contains_key(&request.vhost) {
-        return Err(ServiceError::NotFound(format!(
-            "no vhost '{}'",
-            request.vhost
-        )));
-    }
+    let vhost_names: Vec<String> = {
+        let broker = shared.broker.lock();
+        if !whole && !broker.vhosts.contains_key(&request.vhost) {
+            return Err(ServiceError::NotFound(format!(
+                "no vhost '{}'",
+                request.vhost
+            )));
+        }
+        let mut names: Vec<String> = broker
+            .vhosts
+            .keys()
+            .filter(|name| whole || **name == request.vhost)
+            .cloned()
+            .collect();
+        names.sort();
+        names
+    };
     let mut definitions = m::Definitions::default();
-    let mut vhost_names: Vec<&String> = broker
-        .vhosts
-        .keys()
-        .filter(|name| whole || **name == request.vhost)
-        .collect();
-    vhost_names.sort();
     for name in vhost_names {
-        let Some(vhost) = broker.vhosts.get(name) else {
+        let Some(sources) = export_vhost_head(shared, &name, &mut definitions) else {
+            // Deleted meanwhile.
             continue;
         };
         if whole {
             definitions.vhosts.push(name.clone());
         }
-        for operator in [false, true] {
-            definitions
-                .policies
-                .extend(broker.list_policies(name, operator).unwrap_or_default());
-        }
-        let mut exchanges: Vec<_> = vhost
-            .exchanges
-            .values()
-            .filter(|x| x.durable && !x.is_builtin())
-            .collect();
-        exchanges.sort_by(|a, b| a.name.cmp(&b.name));
-        definitions
-            .exchanges
-            .extend(exchanges.iter().map(|x| m::CreateExchangeRequest {
-                vhost: name.clone(),
-                name: x.name.clone(),
-                kind: x.kind_name().to_string(),
-                durable: x.durable,
-                auto_delete: x.auto_delete,
-                internal: x.internal,
-                arguments: argument_map(&x.arguments),
-            }));
-        let mut queues: Vec<_> = vhost
-            .queues
-            .values()
-            .filter(|q| q.stores_messages())
-            .collect();
-        queues.sort_by(|a, b| a.name.cmp(&b.name));
-        definitions
-            .queues
-            .extend(queues.iter().map(|q| m::CreateQueueRequest {
-                vhost: name.clone(),
-                name: q.name.clone(),
-                durable: q.durable,
-                auto_delete: q.auto_delete,
-                arguments: argument_map(&q.arguments),
-            }));
-        let durable_end = |destination: &Destination| match destination {
-            Destination::Queue(queue) => {
-                vhost.queues.get(queue).is_some_and(|q| q.stores_messages())
-            }
-            Destination::Exchange(exchange) => {
-                vhost.exchanges.get(exchange).is_some_and(|x| x.durable)
-            }
-        };
-        for exchange in exchanges {
-            let mut bindings: Vec<&Binding> = exchange
-                .bindings
-                .iter()
-                .filter(|b| durable_end(&b.destination))
-                .collect();
-            bindings.sort_by(|a, b| {
-                (a.destination.name(), &a.routing_key).cmp(&(b.destination.name(), &b.routing_key))
-            });
-            definitions
-                .bindings
-                .extend(bindings.into_iter().map(|b| m::Binding {
+        // The queues exported: the only ones a binding may lead to, so
+        // that the file imports whatever was declared meanwhile.
+        let mut exported: HashSet<String> = HashSet::new();
+        let walked = walk_queues(shared, &name, |_, queue| {
+            if queue.stores_messages() {
+                exported.insert(queue.name.clone());
+                definitions.queues.push(m::CreateQueueRequest {
                     vhost: name.clone(),
-                    source: exchange.name.clone(),
-                    destination: b.destination.name().to_string(),
-                    destination_is_exchange: matches!(b.destination, Destination::Exchange(_)),
-                    routing_key: b.routing_key.clone(),
-                    arguments: argument_map(&b.arguments),
-                }));
+                    name: queue.name.clone(),
+                    durable: queue.durable,
+                    auto_delete: queue.auto_delete,
+                    arguments: argument_map(&queue.arguments),
+                });
+            }
+        })
+        .await;
+        if walked.is_err() {
+            continue;
+        }
+        for source in &sources {
+            let ends = ExportedEnds {
+                queues: &exported,
+                exchanges: &sources,
+            };
+            export_bindings(shared, &name, source, ends, &mut definitions.bindings);
+            tokio::task::yield_now().await;
         }
     }
     if whole {
@@ -188,6 +164,93 @@ pub(crate) fn export(
             .sort_by(|a, b| (&a.user, &a.vhost).cmp(&(&b.user, &b.vhost)));
     }
     Ok(definitions)
+}
+
+/// A vhost's policies and durable exchanges, under one hold of the lock;
+/// the names of those exchanges, whose bindings come next. `None` when the
+/// vhost is gone.
+fn export_vhost_head(
+    shared: &Shared,
+    name: &str,
+    definitions: &mut m::Definitions,
+) -> Option<Vec<String>> {
+    let broker = shared.broker.lock();
+    let vhost = broker.vhosts.get(name)?;
+    for operator in [false, true] {
+        definitions
+            .policies
+            .extend(broker.list_policies(name, operator).unwrap_or_default());
+    }
+    let mut exchanges: Vec<_> = vhost
+        .exchanges
+        .values()
+        .filter(|x| x.durable && !x.is_builtin())
+        .collect();
+    exchanges.sort_by(|a, b| a.name.cmp(&b.name));
+    definitions
+        .exchanges
+        .extend(exchanges.iter().map(|x| m::CreateExchangeRequest {
+            vhost: name.to_string(),
+            name: x.name.clone(),
+            kind: x.kind_name().to_string(),
+            durable: x.durable,
+            auto_delete: x.auto_delete,
+            internal: x.internal,
+            arguments: argument_map(&x.arguments),
+        }));
+    Some(exchanges.into_iter().map(|x| x.name.clone()).collect())
+}
+
+/// What a vhost's export holds so far: its queues and its (durable, not
+/// built-in) exchanges, sorted.
+#[derive(Clone, Copy)]
+struct ExportedEnds<'a> {
+    queues: &'a HashSet<String>,
+    exchanges: &'a [String],
+}
+
+/// The bindings of the exchange `source` between durable ends that the
+/// export holds (or built-in exchanges), under one hold of the lock.
+fn export_bindings(
+    shared: &Shared,
+    vhost_name: &str,
+    source: &str,
+    ends: ExportedEnds<'_>,
+    into: &mut Vec<m::Binding>,
+) {
+    let broker = shared.broker.lock();
+    let Some(vhost) = broker.vhosts.get(vhost_name) else {
+        return;
+    };
+    let Some(exchange) = vhost.exchanges.get(source) else {
+        return;
+    };
+    let durable_end = |destination: &Destination| match destination {
+        Destination::Queue(queue) => {
+            ends.queues.contains(queue)
+                && vhost.queues.get(queue).is_some_and(|q| q.stores_messages())
+        }
+        Destination::Exchange(name) => vhost.exchanges.get(name).is_some_and(|x| {
+            x.durable && (x.is_builtin() || ends.exchanges.binary_search(name).is_ok())
+        }),
+    };
+    let mut bindings: Vec<&Binding> = exchange
+        .bindings
+        .iter()
+        .filter(|b| durable_end(&b.destination))
+        .collect();
+    bindings.sort_by(|a, b| {
+        (a.destination.name(), &a.routing_key).cmp(&(b.destination.name(), &b.routing_key))
+    });
+    into.extend(bindings.into_iter().map(|b| m::Binding {
+        vhost: vhost_name.to_string(),
+        source: exchange.name.clone(),
+        destination: b.destination.name().to_string(),
+        destination_is_exchange: matches!(b.destination, Destination::Exchange(_)),
+        routing_key: b.routing_key.clone(),
+        arguments: argument_map(&b.arguments),
+    }));
+    parking_lot::MutexGuard::unlock_fair(broker);
 }
 
 // ----------------------------------------------------------------- import

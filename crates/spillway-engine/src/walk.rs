@@ -298,4 +298,117 @@ mod tests {
         assert_eq!(stats.len(), QUEUES);
         assert_eq!(stats.iter().map(|s| s.messages).sum::<u64>(), 6);
     }
+
+    /// An export reads its queues a chunk at a time and its bindings an
+    /// exchange at a time; a queue declared behind the walk is not in it,
+    /// and nor is its binding, so the file imports.
+    #[tokio::test]
+    async fn an_export_lets_the_lock_go_and_holds_only_bindings_to_its_queues() {
+        let engine = Engine::start(Arc::new(MemoryStore::new()), EngineConfig::default())
+            .await
+            .unwrap();
+        engine
+            .create_exchange(m::CreateExchangeRequest {
+                vhost: "/".into(),
+                name: "x".into(),
+                kind: "direct".into(),
+                durable: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let count = 2 * WALK_CHUNK + 5;
+        for i in 0..count {
+            let name = format!("q{i:05}");
+            engine
+                .create_queue(m::CreateQueueRequest {
+                    vhost: "/".into(),
+                    name: name.clone(),
+                    durable: true,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            engine
+                .create_binding(m::CreateBindingRequest {
+                    binding: Some(m::Binding {
+                        vhost: "/".into(),
+                        source: "x".into(),
+                        destination: name.clone(),
+                        routing_key: name,
+                        ..Default::default()
+                    }),
+                })
+                .await
+                .unwrap();
+        }
+        let pauses = Arc::new(Mutex::new(0usize));
+        let seen = pauses.clone();
+        hooks::set_between_chunks(Some(Box::new(move |shared: &Shared| {
+            let taken = std::thread::scope(|scope| {
+                scope
+                    .spawn(|| {
+                        shared
+                            .broker
+                            .try_lock_for(std::time::Duration::from_secs(10))
+                            .map(|mut broker| {
+                                let vhost = broker.vhosts.get_mut("/").unwrap();
+                                if vhost.queues.contains_key("a-late") {
+                                    return;
+                                }
+                                let late = Queue::new("a-late".into(), true, false, None);
+                                vhost.insert_queue(late);
+                                let x = vhost.exchanges.get_mut("x").unwrap();
+                                x.bindings.insert(crate::model::Binding {
+                                    destination: crate::model::Destination::Queue("a-late".into()),
+                                    routing_key: "a-late".into(),
+                                    arguments: Default::default(),
+                                });
+                            })
+                            .is_some()
+                    })
+                    .join()
+                    .unwrap()
+            });
+            assert!(taken, "the export held the lock between chunks");
+            *seen.lock().unwrap() += 1;
+        })));
+        let exported = engine
+            .export_definitions(m::ExportDefinitionsRequest { vhost: "/".into() })
+            .await
+            .unwrap();
+        hooks::set_between_chunks(None);
+        assert!(*pauses.lock().unwrap() >= 2);
+        let queues: Vec<&str> = exported.queues.iter().map(|q| q.name.as_str()).collect();
+        assert_eq!(queues.len(), count, "{:?}", &queues[..3]);
+        assert!(!queues.contains(&"a-late"));
+        assert_eq!(exported.bindings.len(), count);
+        assert!(exported.bindings.iter().all(|b| b.destination != "a-late"));
+        assert_eq!(exported.exchanges.len(), 1);
+        // The list of bindings, read after, has it; one queue's, only its.
+        let listed = engine
+            .list_bindings(m::ListBindingsRequest {
+                vhost: "/".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert!(listed.bindings.iter().any(|b| b.destination == "a-late"));
+        let one = engine
+            .list_bindings(m::ListBindingsRequest {
+                vhost: "/".into(),
+                destination: "q00007".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(one.bindings.len(), 1);
+        assert_eq!(
+            (
+                one.bindings[0].source.as_str(),
+                one.bindings[0].routing_key.as_str()
+            ),
+            ("x", "q00007")
+        );
+    }
 }

@@ -50,7 +50,11 @@ pub(super) async fn export_vhost(
 async fn export(api: Api, caller: crate::auth::Caller, vhost: String) -> Answer {
     let whole = vhost.is_empty();
     let request = m::ExportDefinitionsRequest { vhost };
-    let definitions = ask(api.service.export_definitions(call(&caller, request))).await?;
+    // It reads every queue, as a list does.
+    let definitions = {
+        let _slot = api.list_slot().await?;
+        ask(api.service.export_definitions(call(&caller, request))).await?
+    };
     let mut body = to_json(&definitions, whole);
     if whole {
         body["rabbit_version"] = json!(EXPORTED_RABBITMQ_VERSION);

@@ -1276,6 +1276,8 @@ async fn all_bindings(
     Who(caller): Who,
     Query(query): Query<ListQuery>,
 ) -> Answer {
+    // Every binding of every vhost: a list like the queues'.
+    let _slot = api.list_slot().await?;
     let mut items = Vec::new();
     for vhost in visible_vhosts(&api, &caller).await? {
         let found = bindings(&api, &caller, vhost.name, String::new(), String::new()).await?;
@@ -1290,6 +1292,7 @@ async fn vhost_bindings(
     Path(vhost): Path<String>,
     Query(query): Query<ListQuery>,
 ) -> Answer {
+    let _slot = api.list_slot().await?;
     let found = bindings(&api, &caller, vhost, String::new(), String::new()).await?;
     list(found.iter().map(shapes::binding).collect(), &query)
 }
