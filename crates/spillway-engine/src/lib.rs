@@ -15,7 +15,7 @@
 //! `engine.flow_to_disk_threshold` payloads flow to the storage node and are
 //! read back ahead of their consumers ([`budget`], `broker/flow_to_disk.rs`).
 //! [`EngineAdminService`] serves the engine's side of the management API
-//! (`admin.rs`) to a management service in another process; in-process,
+//! (`admin/`, a module per resource) to a management service in another process; in-process,
 //! [`Engine`] is the management service's `EngineAdminApi` itself.
 //!
 //! The limits on what clients may open (per vhost, per user, per
@@ -45,7 +45,6 @@
 //! [`EngineApi`]: spillway_proto::EngineApi
 
 pub mod access;
-mod access_admin;
 mod admin;
 mod alarms;
 mod bindings;
@@ -54,7 +53,6 @@ pub mod budget;
 mod channels;
 mod config;
 mod credit;
-mod definitions_admin;
 mod engine;
 mod exchange;
 mod format;

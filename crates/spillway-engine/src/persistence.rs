@@ -323,7 +323,7 @@ impl StoreWriter {
     /// Runs `apply` with every write this thread submits to any writer
     /// held back; `apply` answers whether to keep them. Kept, they go to
     /// the store as one synced request, so one batch: all of them land, or
-    /// none (a definitions import, `crate::definitions_admin`). Dropped,
+    /// none (a definitions import, `crate::admin::definitions`). Dropped,
     /// they are never written (their waiters hear the sender is gone).
     /// The capture is per thread, so writes of other threads go their own
     /// way meanwhile; `apply` must not await.

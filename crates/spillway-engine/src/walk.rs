@@ -133,7 +133,6 @@ mod tests {
     use std::sync::Mutex;
 
     use spillway_proto::management as m;
-    use spillway_proto::EngineAdminApi;
 
     use super::*;
     use crate::config::EngineConfig;

@@ -38,8 +38,8 @@ use spillway_proto::storage::{self as store, write_op};
 use spillway_proto::ServiceError;
 use tokio::sync::oneshot;
 
+use super::common::{argument_map, check_name, encode_arguments, service_error, CHANNEL};
 use crate::access::{AccessControl, AccessError, Permissions, User};
-use crate::admin::{argument_map, check_name, encode_arguments, service_error, CHANNEL};
 use crate::broker::Broker;
 use crate::engine::Engine;
 use crate::model::{Binding, Destination, SessionId};
@@ -831,6 +831,24 @@ pub(crate) async fn import(
         "definitions imported by management"
     );
     Ok(counts)
+}
+
+impl Engine {
+    /// The broker's definitions (or one vhost's): [`export`].
+    pub(crate) async fn export_definitions(
+        &self,
+        request: m::ExportDefinitionsRequest,
+    ) -> Result<m::Definitions, ServiceError> {
+        export(&self.shared, &request).await
+    }
+
+    /// Definitions applied all at once, or not at all: [`import`].
+    pub(crate) async fn import_definitions(
+        &self,
+        request: m::ImportDefinitionsRequest,
+    ) -> Result<m::ImportDefinitionsResponse, ServiceError> {
+        import(self, request).await
+    }
 }
 
 #[cfg(test)]
