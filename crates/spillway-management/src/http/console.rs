@@ -11,21 +11,13 @@
 //! that allows only this origin's scripts and styles (no inline script), and
 //! forbids framing.
 
-use std::sync::Arc;
-
-use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::Path;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
-use serde::Deserialize;
-use serde_json::json;
-use spillway_proto::management::management_server::Management;
-use spillway_proto::management::{self as m};
+use axum::routing::get;
+use axum::Router;
 
-use super::handlers::{call, Who};
-use super::{ApiError, HttpApi};
+use super::ApiError;
 
 /// The console's files: name under `/console/`, content type, content.
 const ASSETS: [(&str, &str, &str); 7] = [
@@ -63,12 +55,9 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
      style-src 'self'; img-src 'self'; connect-src 'self'; base-uri 'none'; \
      form-action 'none'; frame-ancestors 'none'";
 
-/// The console's routes and the move endpoint.
-pub(super) fn router(api: Arc<HttpApi>) -> Router {
-    Router::new()
-        .route("/api/queues/{vhost}/{name}/move", post(move_messages))
-        .with_state(api)
-        .merge(assets())
+/// The console's files (its API calls are the HTTP API's own endpoints).
+pub(super) fn router() -> Router {
+    assets()
 }
 
 /// The static files alone (no state: they need no service).
@@ -101,61 +90,6 @@ fn page(content_type: &'static str, content: &'static str) -> Response {
         headers.insert(name, HeaderValue::from_static(value));
     }
     response
-}
-
-/// The body of a move: the destination queue (same vhost) and how many
-/// ready messages at most (absent or 0: all of them).
-#[derive(Debug, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-struct MoveOrder {
-    destination: String,
-    #[serde(default)]
-    count: Option<u64>,
-}
-
-impl MoveOrder {
-    fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
-        let order: MoveOrder = serde_json::from_slice(bytes).map_err(|error| {
-            ApiError::bad_request(format!(
-                "the body must be {{\"destination\": QUEUE, \"count\": N}}: {error}"
-            ))
-        })?;
-        if order.destination.is_empty() {
-            return Err(ApiError::bad_request("'destination' must name a queue"));
-        }
-        Ok(order)
-    }
-}
-
-/// `POST /api/queues/{vhost}/{name}/move`: moves ready messages, from the
-/// head, to another queue of the vhost through the gRPC `MoveMessages`
-/// with the caller attached, so its checks apply (read on the source,
-/// write on the destination). Answers `{"moved", "remaining",
-/// "stopped_reason"}`.
-async fn move_messages(
-    State(api): State<Arc<HttpApi>>,
-    Who(caller): Who,
-    Path((vhost, source)): Path<(String, String)>,
-    bytes: Bytes,
-) -> Result<Response, ApiError> {
-    let order = MoveOrder::parse(&bytes)?;
-    let request = m::MoveMessagesRequest {
-        vhost,
-        source,
-        destination: order.destination,
-        max_messages: order.count.unwrap_or(0),
-    };
-    let answer = api
-        .service
-        .move_messages(call(&caller, request))
-        .await?
-        .into_inner();
-    Ok(Json(json!({
-        "moved": answer.moved,
-        "remaining": answer.remaining,
-        "stopped_reason": answer.stopped_reason,
-    }))
-    .into_response())
 }
 
 #[cfg(test)]
@@ -221,36 +155,6 @@ mod tests {
         for missing in ["/console/nope.js", "/console/..%2Fapp.js", "/console/"] {
             let (status, _, _) = get(missing).await;
             assert_eq!(status, StatusCode::NOT_FOUND, "{missing}");
-        }
-    }
-
-    #[test]
-    fn a_move_names_its_destination() {
-        let order = MoveOrder::parse(br#"{"destination": "b", "count": 5}"#).unwrap();
-        assert_eq!(
-            order,
-            MoveOrder {
-                destination: "b".into(),
-                count: Some(5)
-            }
-        );
-        assert_eq!(
-            MoveOrder::parse(br#"{"destination": "b"}"#).unwrap().count,
-            None
-        );
-        for bad in [
-            &br#"{"destination": ""}"#[..],
-            br#"{"count": 1}"#,
-            br#"{"destination": "b", "count": -1}"#,
-            br#"{"destination": "b", "max": 1}"#,
-            b"[]",
-            b"not json",
-        ] {
-            assert!(
-                MoveOrder::parse(bad).is_err(),
-                "{}",
-                String::from_utf8_lossy(bad)
-            );
         }
     }
 }

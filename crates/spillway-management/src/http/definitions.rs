@@ -12,15 +12,18 @@
 //! RabbitMQ's own and are skipped.
 
 use axum::body::Bytes;
+use axum::extract::DefaultBodyLimit;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
 use base64::Engine as _;
 use serde_json::{json, Value};
 use spillway_proto::management::management_server::Management;
 use spillway_proto::management::{self as m};
 
-use super::handlers::{ask, call, Answer, Api, Who};
+use super::common::{ask, call, Answer, Api, Who};
 use super::shapes;
 use super::ApiError;
 
@@ -34,6 +37,23 @@ const SHA256: &str = "rabbit_password_hashing_sha256";
 
 /// The RabbitMQ version the export says it is, for tools that check it.
 const EXPORTED_RABBITMQ_VERSION: &str = "3.10.0";
+
+/// Its endpoints: the whole broker's definitions and one vhost's.
+pub(super) fn routes() -> Router<Api> {
+    Router::new()
+        .route(
+            "/api/definitions",
+            get(export_all)
+                .post(import_all)
+                .layer(DefaultBodyLimit::max(MAX_DEFINITIONS_BODY_BYTES)),
+        )
+        .route(
+            "/api/definitions/{vhost}",
+            get(export_vhost)
+                .post(import_vhost)
+                .layer(DefaultBodyLimit::max(MAX_DEFINITIONS_BODY_BYTES)),
+        )
+}
 
 pub(super) async fn export_all(State(api): State<Api>, Who(caller): Who) -> Answer {
     export(api, caller, String::new()).await

@@ -7,9 +7,13 @@
 //! their tags, the configured operators), and each endpoint calls the
 //! [`ManagementService`]'s gRPC method with the caller attached, so what a
 //! user may see and do over HTTP is what it may over gRPC. This module only
-//! translates: URLs and JSON bodies in RabbitMQ's shapes to requests
-//! ([`handlers`]), answers to RabbitMQ's JSON ([`shapes`]), lists to pages
-//! ([`pages`]), and gRPC statuses to HTTP errors ([`ApiError`]).
+//! translates: URLs and JSON bodies in RabbitMQ's shapes to requests, a
+//! module per resource, each with its own routes ([`overview`], [`vhosts`],
+//! [`users`] and permissions, [`policies`], [`exchanges`], [`queues`],
+//! [`bindings`], [`connections`] with channels and consumers,
+//! [`definitions`]; what they share in [`common`]), answers to RabbitMQ's
+//! JSON ([`shapes`]), lists to pages ([`pages`]), and gRPC statuses to HTTP
+//! errors ([`ApiError`]). The console ([`console`]) serves its files only.
 //!
 //! Limits, as on the AMQP port: request headers ([`MAX_HEADER_BYTES`]) and
 //! bodies ([`MAX_BODY_BYTES`]), open connections ([`MAX_CONNECTIONS`]), the
@@ -40,13 +44,21 @@ use tower::ServiceExt;
 use crate::auth::{Authenticator, Caller};
 use crate::ManagementService;
 
+mod bindings;
+mod common;
+mod connections;
 mod console;
 pub mod definitions;
+mod exchanges;
 mod guard;
-mod handlers;
+mod overview;
 pub mod pages;
+mod policies;
+mod queues;
 pub mod rates;
 pub mod shapes;
+mod users;
+mod vhosts;
 
 /// The largest request head (request line and headers) read.
 pub const MAX_HEADER_BYTES: usize = 64 * 1024;
@@ -109,8 +121,18 @@ impl HttpApi {
 
     /// The router of every endpoint.
     fn router(api: Arc<Self>) -> Router {
-        handlers::router(api.clone())
-            .merge(console::router(api))
+        Router::new()
+            .merge(overview::routes())
+            .merge(vhosts::routes())
+            .merge(users::routes())
+            .merge(policies::routes())
+            .merge(exchanges::routes())
+            .merge(queues::routes())
+            .merge(bindings::routes())
+            .merge(connections::routes())
+            .merge(definitions::routes())
+            .with_state(api)
+            .merge(console::router())
             .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
             .layer(axum::middleware::from_fn(guard::refuse_cross_site))
             .fallback(|| async { ApiError::not_found() })

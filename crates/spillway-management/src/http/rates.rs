@@ -295,7 +295,7 @@ pub(super) async fn run_sampler(api: std::sync::Weak<HttpApi>, every: Duration) 
 async fn sample_all(api: &Arc<HttpApi>, sampler: &Caller) -> Result<(), tonic::Status> {
     let vhosts = api
         .service
-        .list_vhosts(super::handlers::call(sampler, m::ListVhostsRequest {}))
+        .list_vhosts(super::common::call(sampler, m::ListVhostsRequest {}))
         .await?
         .into_inner()
         .vhosts;
@@ -310,7 +310,7 @@ async fn sample_all(api: &Arc<HttpApi>, sampler: &Caller) -> Result<(), tonic::S
         };
         let queues = match api
             .service
-            .list_queues(super::handlers::call(sampler, request))
+            .list_queues(super::common::call(sampler, request))
             .await
         {
             Ok(queues) => queues.into_inner().queues,
