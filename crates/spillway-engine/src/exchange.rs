@@ -3,12 +3,11 @@
 
 use amq_protocol_types::{AMQPValue, FieldTable};
 
+use crate::argument_values::ALTERNATE_EXCHANGE;
 use crate::bindings::Bindings;
 use crate::model::ExchangeKind;
 use crate::policy::Policy;
 
-/// The exchange argument naming the alternate exchange, as RabbitMQ spells it.
-pub const ALTERNATE_EXCHANGE: &str = "alternate-exchange";
 /// The exchange type of RabbitMQ's delayed-message exchange, and the
 /// argument naming the type it routes as once a message is due.
 pub const DELAYED_MESSAGE: &str = "x-delayed-message";

@@ -47,6 +47,7 @@
 pub mod access;
 mod admin;
 mod alarms;
+mod argument_values;
 mod bindings;
 mod broker;
 pub mod budget;

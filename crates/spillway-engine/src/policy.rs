@@ -164,7 +164,7 @@ const KEYS: &[Key] = &[
     },
     Key {
         name: "alternate-exchange",
-        argument: crate::exchange::ALTERNATE_EXCHANGE,
+        argument: crate::argument_values::ALTERNATE_EXCHANGE,
         kind: Kind::Text,
         operator: false,
         exchange: true,
@@ -445,14 +445,14 @@ pub fn effective_queue_arguments(
             let value = match (key.kind, setting, current) {
                 (_, Setting::Number(n), None) => AMQPValue::LongLongInt(clamp_i64(*n)),
                 (Kind::Lowest { .. }, Setting::Number(n), Some(current)) => {
-                    match crate::routing::as_integer(current) {
+                    match crate::argument_values::as_integer(current) {
                         Some(arg) if arg >= 0 && (arg as u128) <= u128::from(*n) => continue,
                         _ => AMQPValue::LongLongInt(clamp_i64(*n)),
                     }
                 }
                 // An operator policy's capacity is a ceiling too.
                 (Kind::Count, Setting::Number(n), Some(current)) if policy.operator => {
-                    match crate::routing::as_integer(current) {
+                    match crate::argument_values::as_integer(current) {
                         Some(arg) if arg >= 0 && (arg as u128) <= u128::from(*n) => continue,
                         _ => AMQPValue::LongLongInt(clamp_i64(*n)),
                     }
@@ -485,8 +485,9 @@ fn argument<'a>(table: &'a Arguments, key: &Key) -> Option<&'a AMQPValue> {
 /// capacity above the capacity is the capacity, a dead-letter routing key
 /// without an exchange (from a policy) has nothing to apply to.
 fn reconcile(table: &mut Arguments) {
-    let number =
-        |table: &Arguments, name: &str| table.get(name).and_then(crate::routing::as_integer);
+    let number = |table: &Arguments, name: &str| {
+        table.get(name).and_then(crate::argument_values::as_integer)
+    };
     let capacity = number(table, "x-qpid-capacity").or_else(|| number(table, "qpid.max_size"));
     if let (Some(capacity), Some(resume)) = (capacity, number(table, "x-qpid-flow-resume-capacity"))
     {
@@ -518,7 +519,10 @@ mod tests {
     }
 
     fn number(table: &FieldTable, name: &str) -> Option<i128> {
-        table.inner().get(name).and_then(crate::routing::as_integer)
+        table
+            .inner()
+            .get(name)
+            .and_then(crate::argument_values::as_integer)
     }
 
     #[test]

@@ -5,6 +5,7 @@ use amq_protocol_types::{AMQPValue, FieldTable};
 use spillway_amqp::reply_code;
 use spillway_proto::engine::{self as pb, AmqpError};
 
+use crate::argument_values::as_integer;
 use crate::exchange::Exchange;
 use crate::model::Destination;
 pub use crate::model::ExchangeKind;
@@ -143,20 +144,6 @@ pub fn values_equal(a: &AMQPValue, b: &AMQPValue) -> bool {
         return x == y;
     }
     a == b
-}
-
-pub fn as_integer(value: &AMQPValue) -> Option<i128> {
-    Some(match value {
-        AMQPValue::ShortShortInt(v) => i128::from(*v),
-        AMQPValue::ShortShortUInt(v) => i128::from(*v),
-        AMQPValue::ShortInt(v) => i128::from(*v),
-        AMQPValue::ShortUInt(v) => i128::from(*v),
-        AMQPValue::LongInt(v) => i128::from(*v),
-        AMQPValue::LongUInt(v) => i128::from(*v),
-        AMQPValue::LongLongInt(v) => i128::from(*v),
-        AMQPValue::Timestamp(v) => i128::from(*v),
-        _ => return None,
-    })
 }
 
 fn as_bytes(value: &AMQPValue) -> Option<&[u8]> {

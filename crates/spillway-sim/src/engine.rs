@@ -6,7 +6,7 @@
 //! makes the engine stop, as the engine stops on `MST-1101`.
 //!
 //! Each batch puts one message record whose id names the engine, its
-//! epoch and the batch's number ([`MessageTag`]).
+//! epoch and the batch's number (`MessageTag`, in `history.rs`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -21,33 +21,11 @@ use spillway_proto::storage::{
 };
 use spillway_proto::{GroupStorage, QuotaStream, ServiceError, StorageApi};
 
-use crate::history::{Event, History};
+use crate::history::{Event, History, MessageTag};
 use crate::network::{address_of, Host, Network, Undelivered};
 
 /// How long a lease lasts unless renewed.
 pub const LEASE_TTL: Duration = Duration::from_secs(2);
-
-/// What a message record's id says of the batch that wrote it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct MessageTag {
-    pub engine: u64,
-    pub epoch: u64,
-    pub sequence: u64,
-}
-
-impl MessageTag {
-    pub fn id(self) -> u64 {
-        (self.engine << 48) | ((self.epoch & 0xffff) << 32) | (self.sequence & 0xffff_ffff)
-    }
-
-    pub fn of(id: u64) -> Self {
-        Self {
-            engine: id >> 48,
-            epoch: (id >> 32) & 0xffff,
-            sequence: id & 0xffff_ffff,
-        }
-    }
-}
 
 /// The lease holder's name of engine `number`.
 pub fn holder_name(number: u64) -> String {

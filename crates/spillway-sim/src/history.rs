@@ -7,7 +7,27 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::engine::MessageTag;
+/// What a message record's id says of the batch that wrote it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MessageTag {
+    pub engine: u64,
+    pub epoch: u64,
+    pub sequence: u64,
+}
+
+impl MessageTag {
+    pub fn id(self) -> u64 {
+        (self.engine << 48) | ((self.epoch & 0xffff) << 32) | (self.sequence & 0xffff_ffff)
+    }
+
+    pub fn of(id: u64) -> Self {
+        Self {
+            engine: id >> 48,
+            epoch: (id >> 32) & 0xffff,
+            sequence: id & 0xffff_ffff,
+        }
+    }
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub enum Event {

@@ -28,7 +28,8 @@ use spillway_proto::StorageApi;
 use spillway_storage::group::{Command, LoggedEntry};
 use spillway_storage::StorageGroup;
 
-use crate::engine::{holder_number, MessageTag};
+use crate::engine::holder_number;
+use crate::history::MessageTag;
 use crate::network::Host;
 
 /// A broken guarantee, with what shows it.

@@ -12,11 +12,11 @@ use spillway_proto::engine::{self as pb, AmqpError, ErrorKind};
 use spillway_proto::management::{self as m, argument_value};
 use spillway_proto::ServiceError;
 
+use crate::argument_values::as_integer;
 use crate::broker::{Broker, OpResult};
 use crate::engine::Engine;
 use crate::model::SessionId;
 use crate::queue::Queue;
-use crate::routing::as_integer;
 use crate::vhost::VHost;
 
 /// The user name management's internal sessions run as. They are opened and

@@ -7,7 +7,8 @@ use spillway_amqp::reply_code;
 use spillway_proto::engine::AmqpError;
 
 use super::OpResult;
-use crate::exchange::{ALTERNATE_EXCHANGE, DELAYED_TYPE};
+use crate::argument_values::{as_integer, ALTERNATE_EXCHANGE};
+use crate::exchange::DELAYED_TYPE;
 
 /// The queue argument that makes a priority queue, and its highest priority.
 pub const MAX_PRIORITY: &str = "x-max-priority";
@@ -16,7 +17,7 @@ pub const SINGLE_ACTIVE_CONSUMER: &str = "x-single-active-consumer";
 /// The consume argument that ranks a consumer among a queue's others.
 pub const CONSUMER_PRIORITY: &str = "x-priority";
 use crate::model::{DeadLetterTarget, ExchangeKind, Overflow, QueueLimits};
-use crate::routing::{as_integer, values_equal};
+use crate::routing::values_equal;
 
 /// A queue argument refused as RabbitMQ refuses it (406): `invalid arg
 /// '{arg}' for queue '{queue}' in vhost '{vhost}': {why}`.

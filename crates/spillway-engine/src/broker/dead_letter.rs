@@ -24,10 +24,11 @@ use spillway_proto::engine as pb;
 use spillway_proto::storage::{Durability, MessageRecord, WriteOp};
 
 use super::Broker;
+use crate::argument_values::as_integer;
 use crate::broker::flow_to_disk::{discard, LoadRequest};
 use crate::model::*;
 use crate::queue::Queue;
-use crate::routing::{as_integer, route};
+use crate::routing::route;
 
 /// A message to dead-letter from `queue`.
 #[derive(Debug)]

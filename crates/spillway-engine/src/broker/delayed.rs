@@ -22,8 +22,9 @@ use tokio::sync::{oneshot, Notify};
 
 use super::publish::PublishOutcome;
 use super::{op, Broker, OpResult};
+use crate::argument_values::as_integer;
 use crate::model::*;
-use crate::routing::{as_integer, route};
+use crate::routing::route;
 
 /// The header that delays a message, in milliseconds.
 pub const X_DELAY: &str = "x-delay";
