@@ -24,9 +24,11 @@ use spillway_amqp::codec::{self, FrameDecoder, FrameError, FrameWriter, RawFrame
 use spillway_amqp::codec::{FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD};
 use spillway_amqp::codec::{FRAME_OVERHEAD, MIN_FRAME_MAX, PROTOCOL_HEADER};
 use spillway_amqp::{self as amqp, closes_only_the_channel, nesting, reply_code, reply_name};
+use spillway_gateway::amqp091::connection::{write_connection_close, Capabilities, Connection};
+use spillway_gateway::amqp091::connection::{
+    ConnectionError, Handshake, HandshakeStep, Negotiated, Next,
+};
 use spillway_gateway::auth;
-use spillway_gateway::connection::{write_connection_close, Capabilities, Connection};
-use spillway_gateway::connection::{ConnectionError, Handshake, HandshakeStep, Negotiated, Next};
 use spillway_gateway::GatewayConfig;
 use spillway_proto::body::{Body, BodyError};
 use spillway_proto::engine::{self as pb, reply, session_command::Command, session_event::Event};

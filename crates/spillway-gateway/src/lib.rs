@@ -27,12 +27,13 @@
 //! The engine is reached through [`spillway_proto::EngineApi`]: in-process
 //! in the all-in-one broker, over gRPC when the gateway runs alone.
 
+pub mod amqp091;
 pub mod amqp1;
 pub mod auth;
 pub mod body_loans;
-pub mod connection;
 pub mod heartbeat;
 pub mod limits;
+mod listener;
 pub mod metrics;
 pub mod read_room;
 pub mod server;

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use spillway_amqp::{reply_code, MethodId};
 
-use crate::connection::error::{ConnectionError, Enforced};
+use crate::amqp091::connection::error::{ConnectionError, Enforced};
 use crate::metrics::CHANNEL_MAX;
 
 /// The refusal of a channel.open past the negotiated `channel_max`: 530, in

@@ -1,7 +1,7 @@
 //! The gateway's metrics: open connections and channels (and AMQP 1.0
 //! sessions and links), the messages that crossed it, and the connections
 //! and channels it refused by limit (`gateway.max_connections`,
-//! `channel_max`). Counted by the I/O loop (`server.rs`) and the AMQP 1.0
+//! `channel_max`). Counted by the 0-9-1 I/O loop (`amqp091/io.rs`) and the AMQP 1.0
 //! links (`amqp1/`); registered into the process's [`Metrics`] by whoever
 //! starts the gateway.
 

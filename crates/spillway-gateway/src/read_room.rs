@@ -8,7 +8,7 @@
 //! of it: an idle connection keeps the small buffer it had.
 //!
 //! The buffer is the connection's own and bounded: frames are parsed out of
-//! it, and publish bodies are copied out (`connection/publish.rs`) unless
+//! it, and publish bodies are copied out (`amqp091/connection/publish.rs`) unless
 //! lent ([`crate::body_loans`]). To lend a body, the gateway must know the
 //! allocation it sits in: [`ReadRoom::prepare`] makes every allocation of
 //! the buffer itself, exactly sized, and numbers it ([`ReadChunk`]).

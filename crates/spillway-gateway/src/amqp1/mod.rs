@@ -55,7 +55,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::{self, AuthError};
-use crate::server::{ClientStream, ConnectionContext, CLOSE_TIMEOUT};
+use crate::listener::{ClientStream, ConnectionContext, CLOSE_TIMEOUT};
 
 use self::address::{AddressError, Destination};
 use self::engine_session::EngineSession;
@@ -333,7 +333,7 @@ async fn open<S: ClientStream>(
                     user
                 }
                 Err(refusal) => {
-                    crate::server::log_login_refusal(context, peer, &refusal);
+                    crate::listener::log_login_refusal(context, peer, &refusal);
                     let user = refusal.user().unwrap_or("");
                     if context
                         .login_throttle
@@ -362,7 +362,7 @@ async fn open<S: ClientStream>(
                     return Ok(Some((user, seen, vhost, open.container_id)));
                 }
                 Err(refusal) => {
-                    crate::server::log_login_refusal(context, peer, &refusal);
+                    crate::listener::log_login_refusal(context, peer, &refusal);
                     return Ok(None);
                 }
             }

@@ -3,7 +3,7 @@
 //! into frames. No I/O happens here: frames come in through
 //! [`Connection::on_frame`], events through [`Connection::on_event`], and
 //! outbound frames collect in a [`FrameWriter`] that the I/O loop
-//! (`server.rs`) flushes.
+//! (`amqp091/io.rs`) flushes.
 //!
 //! This module owns the channel table, the requests waiting for the engine,
 //! and producer flow-control state. The parts live beside it:
