@@ -5,12 +5,12 @@
 
 use std::path::PathBuf;
 
+use super::output::Printer;
+use super::{Answer, Client};
 use anyhow::Context as _;
 use clap::Subcommand;
 use spillway_management::http::definitions::{from_json, to_json};
 use spillway_proto::management as m;
-
-use super::{Answer, Client, Printer};
 
 #[derive(Subcommand)]
 pub(crate) enum DefinitionsCommand {
@@ -34,7 +34,7 @@ pub(crate) enum DefinitionsCommand {
 }
 
 /// The largest file `import` reads (the HTTP API's bound).
-const MAX_FILE_BYTES: u64 =
+pub(crate) const MAX_FILE_BYTES: u64 =
     spillway_management::http::definitions::MAX_DEFINITIONS_BODY_BYTES as u64;
 
 pub(crate) async fn definitions_command(

@@ -2,10 +2,10 @@
 //! `set_policy`, `list_policies`, `clear_policy` and their operator-policy
 //! twins, in --vhost. The definition is the JSON object rabbitmqctl takes.
 
+use super::output::{table, Printer};
+use super::{Answer, Client};
 use clap::Subcommand;
 use spillway_proto::management as m;
-
-use super::{table, Answer, Client, Printer};
 
 #[derive(Subcommand)]
 pub(crate) enum PolicyCommand {
@@ -88,7 +88,7 @@ pub(crate) async fn policy_command(
     }
 }
 
-fn policy_table(policies: &[m::Policy]) -> String {
+pub(crate) fn policy_table(policies: &[m::Policy]) -> String {
     table(
         &[
             "vhost",

@@ -5,10 +5,10 @@
 //! positional user and password have ids of their own: clap would otherwise
 //! take them for spillctl's global `--user` / `--password`).
 
+use super::output::{table, Printer};
+use super::{Answer, Client};
 use clap::Subcommand;
 use spillway_proto::management as m;
-
-use super::{table, Answer, Client, Printer};
 
 #[derive(Subcommand)]
 pub(crate) enum UserCommand {
@@ -174,7 +174,7 @@ pub(crate) async fn permissions_command(
     }
 }
 
-async fn put(
+pub(crate) async fn put(
     client: &mut Client,
     name: String,
     password: Option<String>,
@@ -192,7 +192,7 @@ async fn put(
         .answer()
 }
 
-async fn find(client: &mut Client, name: &str) -> anyhow::Result<m::User> {
+pub(crate) async fn find(client: &mut Client, name: &str) -> anyhow::Result<m::User> {
     let users = client
         .list_users(m::ListUsersRequest {})
         .await
@@ -204,7 +204,7 @@ async fn find(client: &mut Client, name: &str) -> anyhow::Result<m::User> {
         .ok_or_else(|| anyhow::anyhow!("NotFound: no user '{name}'"))
 }
 
-fn user_table(users: &[m::User]) -> String {
+pub(crate) fn user_table(users: &[m::User]) -> String {
     table(
         &["name", "tags", "password", "loopback only"],
         users
@@ -226,7 +226,7 @@ fn user_table(users: &[m::User]) -> String {
     )
 }
 
-fn permission_table(permissions: &[m::Permission]) -> String {
+pub(crate) fn permission_table(permissions: &[m::Permission]) -> String {
     table(
         &["user", "vhost", "configure", "write", "read"],
         permissions

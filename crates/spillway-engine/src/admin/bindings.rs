@@ -177,6 +177,7 @@ fn binding_views(
         arguments: argument_map(&binding.arguments),
     }));
 }
+
 fn binding_request(binding: Option<m::Binding>) -> Result<(m::Binding, Bytes), ServiceError> {
     let binding =
         binding.ok_or_else(|| ServiceError::InvalidArgument("binding is required".into()))?;

@@ -22,8 +22,10 @@ use crate::vhost::VHost;
 /// The user name management's internal sessions run as. They are opened and
 /// closed under one broker lock, so no listing ever sees them.
 const MANAGEMENT_USER: &str = "management";
+
 /// The channel management's internal sessions use.
 pub(crate) const CHANNEL: u32 = 1;
+
 impl Engine {
     /// Runs `op` on a fresh internal session of `vhost` with channel 1 open,
     /// under the broker lock; the session is closed before the lock goes.
@@ -81,15 +83,18 @@ pub(crate) fn service_error(error: AmqpError) -> ServiceError {
         ErrorKind::Internal | ErrorKind::Unspecified => ServiceError::Internal(text),
     }
 }
+
 pub(super) fn not_found(what: &str, name: &str, vhost: &str) -> ServiceError {
     ServiceError::NotFound(format!("no {what} '{name}' in vhost '{vhost}'"))
 }
+
 pub(super) fn vhost<'a>(broker: &'a Broker, name: &str) -> Result<&'a VHost, ServiceError> {
     broker
         .vhosts
         .get(name)
         .ok_or_else(|| ServiceError::NotFound(format!("vhost '{name}' not found")))
 }
+
 /// An exclusive queue belongs to the connection that declared it:
 /// management may not read or move its messages (RabbitMQ answers 405
 /// RESOURCE_LOCKED).
@@ -102,6 +107,7 @@ pub(super) fn not_exclusive(queue: &Queue, vhost: &str) -> Result<(), ServiceErr
         queue.name
     )))
 }
+
 pub(crate) fn check_name(what: &str, name: &str) -> Result<(), ServiceError> {
     if name.is_empty() || name.len() > 255 {
         return Err(ServiceError::InvalidArgument(format!(
@@ -110,6 +116,7 @@ pub(crate) fn check_name(what: &str, name: &str) -> Result<(), ServiceError> {
     }
     Ok(())
 }
+
 /// Management's argument map as the AMQP field table the broker checks.
 pub(crate) fn encode_arguments(
     arguments: &HashMap<String, m::ArgumentValue>,
@@ -141,6 +148,7 @@ pub(crate) fn encode_arguments(
     }
     Ok(amqp::encode_table(&table))
 }
+
 fn argument_value(value: &AMQPValue) -> m::ArgumentValue {
     use argument_value::Value;
     let value = match value {
@@ -158,12 +166,14 @@ fn argument_value(value: &AMQPValue) -> m::ArgumentValue {
     };
     m::ArgumentValue { value: Some(value) }
 }
+
 /// An AMQP-encoded table as management shows it (client properties).
 pub(super) fn decoded_map(bytes: &[u8]) -> HashMap<String, m::ArgumentValue> {
     amqp::decode_table(bytes)
         .map(|table| argument_map(&table))
         .unwrap_or_default()
 }
+
 pub(crate) fn argument_map(table: &FieldTable) -> HashMap<String, m::ArgumentValue> {
     table
         .inner()
@@ -171,6 +181,7 @@ pub(crate) fn argument_map(table: &FieldTable) -> HashMap<String, m::ArgumentVal
         .map(|(key, value)| (key.as_str().to_string(), argument_value(value)))
         .collect()
 }
+
 pub(super) fn ok<T>(result: OpResult<T>) -> Result<T, ServiceError> {
     result.map_err(service_error)
 }

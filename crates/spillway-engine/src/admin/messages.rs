@@ -23,6 +23,7 @@ use crate::persistence::{await_written, store_op};
 
 /// Peek's default count.
 const DEFAULT_PEEK: u32 = 10;
+
 /// Peek's largest count.
 const MAX_PEEK: u32 = 10_000;
 
@@ -328,6 +329,7 @@ fn amqp_properties(
     }
     Ok(out)
 }
+
 /// The first of `messages` that fit into [`BATCH_BYTES`] encoded (at least
 /// one): a peek answer must fit into one gRPC message, so a peek of large
 /// messages returns fewer than asked.
@@ -350,9 +352,11 @@ fn show_properties(peeked: &mut m::PeekedMessage, properties: &[u8]) {
         peeked.headers = argument_map(headers);
     }
 }
+
 /// The longest a get waits for a message's body to come back from the
 /// store before it answers with what it has.
 const GET_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 async fn take_messages(
     engine: &Engine,
     session: SessionId,
@@ -428,6 +432,7 @@ async fn take_messages(
     }
     Ok(messages)
 }
+
 fn within_batch_bytes(mut messages: Vec<m::PeekedMessage>) -> Vec<m::PeekedMessage> {
     let mut bytes = 0;
     let keep = messages
@@ -440,6 +445,7 @@ fn within_batch_bytes(mut messages: Vec<m::PeekedMessage>) -> Vec<m::PeekedMessa
     messages.truncate(keep);
     messages
 }
+
 #[derive(Default)]
 struct MoveProgress {
     moved: u64,
@@ -447,6 +453,7 @@ struct MoveProgress {
     stopped_reason: String,
     last_write: Option<oneshot::Receiver<crate::persistence::WriteOutcome>>,
 }
+
 enum MoveRound {
     /// Finished: this many ready messages are left in the source.
     Done(u64),
@@ -455,6 +462,7 @@ enum MoveRound {
     /// This round's batch is full (`BATCH_BYTES`): go on with the next.
     Again,
 }
+
 /// One round of a move, under the lock: moves resident messages from the
 /// head until done, full, or the head's payload is on disk.
 fn move_round(
@@ -612,6 +620,7 @@ fn move_round(
         _ => Ok(MoveRound::Done(remaining)),
     }
 }
+
 #[cfg(test)]
 mod batch_tests {
     use super::*;

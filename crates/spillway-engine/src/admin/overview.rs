@@ -88,6 +88,7 @@ pub(super) fn unacked_by_vhost(broker: &Broker) -> HashMap<String, u64> {
     }
     counts
 }
+
 /// The broker status's figures summed over queues.
 #[derive(Default)]
 struct QueueTotals {
@@ -96,6 +97,7 @@ struct QueueTotals {
     bytes: u64,
     consumers: u32,
 }
+
 impl QueueTotals {
     fn add(&mut self, queue: &Queue) {
         self.queues += 1;

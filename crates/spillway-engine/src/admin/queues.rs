@@ -260,6 +260,7 @@ fn queue_view(vhost: &str, queue: &Queue, unacked: u64) -> m::Queue {
         }),
     }
 }
+
 /// Unacknowledged deliveries per queue of `vhost_name` (of the queue `only`
 /// when given), counted on the vhost's channels a run at a time: a pass
 /// over deliveries, not over queues.

@@ -7,8 +7,8 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use serde_json::Value;
+use spillway_proto::management as m;
 use spillway_proto::management::management_server::Management;
-use spillway_proto::management::{self as m};
 
 use super::common::{
     arguments, ask, body, call, exchange_name, json, list, no_content, text, visible_vhosts,
@@ -61,9 +61,11 @@ async fn bindings(
     .await?;
     Ok(list.bindings)
 }
+
 fn binding_list(bindings: &[m::Binding]) -> Answer {
     json(Value::Array(bindings.iter().map(shapes::binding).collect()))
 }
+
 async fn all_bindings(
     State(api): State<Api>,
     Who(caller): Who,
@@ -78,6 +80,7 @@ async fn all_bindings(
     }
     list(items, &query)
 }
+
 async fn vhost_bindings(
     State(api): State<Api>,
     Who(caller): Who,
@@ -88,6 +91,7 @@ async fn vhost_bindings(
     let found = bindings(&api, &caller, vhost, String::new(), String::new()).await?;
     list(found.iter().map(shapes::binding).collect(), &query)
 }
+
 async fn exchange_bindings_as_source(
     State(api): State<Api>,
     Who(caller): Who,
@@ -96,6 +100,7 @@ async fn exchange_bindings_as_source(
     let found = bindings(&api, &caller, vhost, exchange_name(name), String::new()).await?;
     binding_list(&found)
 }
+
 async fn exchange_bindings_as_destination(
     State(api): State<Api>,
     Who(caller): Who,
@@ -105,6 +110,7 @@ async fn exchange_bindings_as_destination(
     found.retain(|binding| binding.destination_is_exchange);
     binding_list(&found)
 }
+
 async fn queue_bindings(
     State(api): State<Api>,
     Who(caller): Who,
@@ -114,6 +120,7 @@ async fn queue_bindings(
     found.retain(|binding| !binding.destination_is_exchange);
     binding_list(&found)
 }
+
 /// `q` or `e` in a binding URL.
 fn destination_is_exchange(kind: &str) -> Result<bool, ApiError> {
     match kind {
@@ -122,6 +129,7 @@ fn destination_is_exchange(kind: &str) -> Result<bool, ApiError> {
         _ => Err(ApiError::not_found()),
     }
 }
+
 async fn between(
     api: &HttpApi,
     caller: &Caller,
@@ -132,6 +140,7 @@ async fn between(
     found.retain(|binding| binding.destination_is_exchange == to_exchange);
     Ok(found)
 }
+
 async fn bindings_between(
     State(api): State<Api>,
     Who(caller): Who,
@@ -139,6 +148,7 @@ async fn bindings_between(
 ) -> Answer {
     binding_list(&between(&api, &caller, path).await?)
 }
+
 async fn create_binding(
     State(api): State<Api>,
     Who(caller): Who,
@@ -176,6 +186,7 @@ async fn create_binding(
     }
     Ok((StatusCode::CREATED, headers).into_response())
 }
+
 async fn find_binding(
     api: &HttpApi,
     caller: &Caller,
@@ -187,6 +198,7 @@ async fn find_binding(
         .find(|binding| shapes::properties_key(&binding.routing_key, &binding.arguments) == props)
         .ok_or_else(ApiError::not_found)
 }
+
 async fn get_binding(
     State(api): State<Api>,
     Who(caller): Who,
@@ -194,6 +206,7 @@ async fn get_binding(
 ) -> Answer {
     json(shapes::binding(&find_binding(&api, &caller, path).await?))
 }
+
 async fn delete_binding(
     State(api): State<Api>,
     Who(caller): Who,

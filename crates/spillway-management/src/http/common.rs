@@ -14,8 +14,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use spillway_proto::management as m;
 use spillway_proto::management::management_server::Management;
-use spillway_proto::management::{self as m};
 use tonic::Status;
 
 use super::pages::{self, ListQuery};
@@ -24,9 +24,12 @@ use super::{ApiError, HttpApi};
 use crate::auth::Caller;
 
 pub(super) type Api = Arc<HttpApi>;
+
 pub(super) type Answer = Result<Response, ApiError>;
+
 /// The authenticated caller of a request.
 pub(super) struct Who(pub Caller);
+
 impl FromRequestParts<Api> for Who {
     type Rejection = ApiError;
 
@@ -34,12 +37,14 @@ impl FromRequestParts<Api> for Who {
         super::caller_of(api, parts).await.map(Who)
     }
 }
+
 /// A gRPC request of `caller`, as the authenticating service makes it.
 pub(super) fn call<T>(caller: &Caller, message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     request.extensions_mut().insert(caller.clone());
     request
 }
+
 /// The answer of one gRPC method.
 pub(super) async fn ask<T, F>(future: F) -> Result<T, ApiError>
 where
@@ -47,12 +52,15 @@ where
 {
     Ok(future.await?.into_inner())
 }
+
 pub(super) fn json(value: Value) -> Answer {
     Ok(Json(value).into_response())
 }
+
 pub(super) fn list(items: Vec<Value>, query: &ListQuery) -> Answer {
     json(pages::answer(items, query)?)
 }
+
 pub(super) fn created(was_there: bool) -> Answer {
     Ok(if was_there {
         StatusCode::NO_CONTENT
@@ -61,9 +69,11 @@ pub(super) fn created(was_there: bool) -> Answer {
     }
     .into_response())
 }
+
 pub(super) fn no_content() -> Answer {
     Ok(StatusCode::NO_CONTENT.into_response())
 }
+
 /// A request body as JSON; an empty one is `{}`.
 pub(super) fn body(bytes: &Bytes) -> Result<Value, ApiError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
@@ -76,6 +86,7 @@ pub(super) fn body(bytes: &Bytes) -> Result<Value, ApiError> {
     }
     Ok(value)
 }
+
 pub(super) fn text<'a>(body: &'a Value, key: &str) -> Result<Option<&'a str>, ApiError> {
     match body.get(key) {
         None | Some(Value::Null) => Ok(None),
@@ -83,6 +94,7 @@ pub(super) fn text<'a>(body: &'a Value, key: &str) -> Result<Option<&'a str>, Ap
         Some(_) => Err(ApiError::bad_request(format!("'{key}' must be a string"))),
     }
 }
+
 pub(super) fn flag(body: &Value, key: &str, default: bool) -> Result<bool, ApiError> {
     match body.get(key) {
         None | Some(Value::Null) => Ok(default),
@@ -93,9 +105,11 @@ pub(super) fn flag(body: &Value, key: &str, default: bool) -> Result<bool, ApiEr
         Some(_) => Err(ApiError::bad_request(format!("'{key}' must be a boolean"))),
     }
 }
+
 pub(super) fn arguments(body: &Value) -> Result<HashMap<String, m::ArgumentValue>, ApiError> {
     shapes::arguments_from(body.get("arguments")).map_err(ApiError::bad_request)
 }
+
 /// The exchange a URL names (`amq.default` is the default exchange).
 pub(super) fn exchange_name(name: String) -> String {
     if name == DEFAULT_EXCHANGE_URL_NAME {
@@ -104,6 +118,7 @@ pub(super) fn exchange_name(name: String) -> String {
         name
     }
 }
+
 /// The vhosts the caller sees.
 pub(super) async fn visible_vhosts(
     api: &HttpApi,

@@ -5,8 +5,8 @@ use axum::http::HeaderMap;
 use axum::routing::get;
 use axum::Router;
 use serde_json::Value;
+use spillway_proto::management as m;
 use spillway_proto::management::management_server::Management;
-use spillway_proto::management::{self as m};
 
 use super::common::{ask, call, json, list, no_content, Answer, Api, Who};
 use super::pages::ListQuery;
@@ -42,6 +42,7 @@ async fn connections(
     .await?;
     Ok(list.connections)
 }
+
 async fn all_connections(
     State(api): State<Api>,
     Who(caller): Who,
@@ -54,6 +55,7 @@ async fn all_connections(
         .collect();
     list(items, &query)
 }
+
 async fn vhost_connections(
     State(api): State<Api>,
     Who(caller): Who,
@@ -66,6 +68,7 @@ async fn vhost_connections(
         .collect();
     json(Value::Array(items))
 }
+
 async fn named_connection(
     api: &HttpApi,
     caller: &Caller,
@@ -78,6 +81,7 @@ async fn named_connection(
         .find(|connection| connection.id == id)
         .ok_or_else(ApiError::not_found)
 }
+
 async fn get_connection(
     State(api): State<Api>,
     Who(caller): Who,
@@ -86,6 +90,7 @@ async fn get_connection(
     let connection = named_connection(&api, &caller, &name).await?;
     json(shapes::connection(&connection, &api.node))
 }
+
 async fn close_connection(
     State(api): State<Api>,
     Who(caller): Who,
@@ -111,6 +116,7 @@ async fn close_connection(
     .await?;
     no_content()
 }
+
 async fn channels(
     api: &HttpApi,
     caller: &Caller,
@@ -131,6 +137,7 @@ async fn channels(
         .map(|channel| shapes::channel(channel, &api.node))
         .collect())
 }
+
 async fn all_channels(
     State(api): State<Api>,
     Who(caller): Who,
@@ -138,6 +145,7 @@ async fn all_channels(
 ) -> Answer {
     list(channels(&api, &caller, String::new(), 0).await?, &query)
 }
+
 async fn vhost_channels(
     State(api): State<Api>,
     Who(caller): Who,
@@ -145,6 +153,7 @@ async fn vhost_channels(
 ) -> Answer {
     json(Value::Array(channels(&api, &caller, vhost, 0).await?))
 }
+
 async fn connection_channels(
     State(api): State<Api>,
     Who(caller): Who,
@@ -155,6 +164,7 @@ async fn connection_channels(
         channels(&api, &caller, String::new(), connection.id).await?,
     ))
 }
+
 /// An AMQP 1.0 connection's sessions and links (RabbitMQ 4's endpoint);
 /// a 0-9-1 connection has none: 400, as RabbitMQ answers.
 async fn connection_sessions(
@@ -178,6 +188,7 @@ async fn connection_sessions(
     .await?;
     json(shapes::amqp1_sessions(&list.channels))
 }
+
 async fn all_consumers(
     State(api): State<Api>,
     Who(caller): Who,
@@ -185,6 +196,7 @@ async fn all_consumers(
 ) -> Answer {
     consumer_list(&api, &caller, String::new(), &query).await
 }
+
 async fn vhost_consumers(
     State(api): State<Api>,
     Who(caller): Who,
@@ -193,6 +205,7 @@ async fn vhost_consumers(
 ) -> Answer {
     consumer_list(&api, &caller, vhost, &query).await
 }
+
 async fn consumer_list(api: &HttpApi, caller: &Caller, vhost: String, query: &ListQuery) -> Answer {
     // The engine reads every queue of the vhost (or of all) for them.
     let _slot = api.list_slot().await?;

@@ -45,8 +45,11 @@ const ASSETS: [(&str, &str, &str); 7] = [
 const INDEX_HTML: &str = include_str!("../../console/index.html");
 
 const JAVASCRIPT: &str = "text/javascript; charset=utf-8";
+
 const CSS: &str = "text/css; charset=utf-8";
+
 const SVG: &str = "image/svg+xml";
+
 const HTML: &str = "text/html; charset=utf-8";
 
 /// Only this origin's files and API; SVG drawn by the scripts is part of

@@ -20,8 +20,8 @@ use axum::routing::get;
 use axum::Router;
 use base64::Engine as _;
 use serde_json::{json, Value};
+use spillway_proto::management as m;
 use spillway_proto::management::management_server::Management;
-use spillway_proto::management::{self as m};
 
 use super::common::{ask, call, Answer, Api, Who};
 use super::shapes;

@@ -5,8 +5,8 @@ use axum::extract::{Path, Query, State};
 use axum::routing::{get, post};
 use axum::Router;
 use serde_json::{json, Value};
+use spillway_proto::management as m;
 use spillway_proto::management::management_server::Management;
-use spillway_proto::management::{self as m};
 
 use super::common::{
     arguments, ask, body, call, created, exchange_name, flag, json, list, no_content, text,
@@ -43,6 +43,7 @@ async fn exchanges_of(
     .await?;
     Ok(list.exchanges.iter().map(shapes::exchange).collect())
 }
+
 async fn all_exchanges(
     State(api): State<Api>,
     Who(caller): Who,
@@ -54,6 +55,7 @@ async fn all_exchanges(
     }
     list(items, &query)
 }
+
 async fn vhost_exchanges(
     State(api): State<Api>,
     Who(caller): Who,
@@ -62,6 +64,7 @@ async fn vhost_exchanges(
 ) -> Answer {
     list(exchanges_of(&api, &caller, vhost).await?, &query)
 }
+
 async fn get_exchange(
     State(api): State<Api>,
     Who(caller): Who,
@@ -74,6 +77,7 @@ async fn get_exchange(
     .await?;
     json(shapes::exchange(&exchange))
 }
+
 async fn put_exchange(
     State(api): State<Api>,
     Who(caller): Who,
@@ -106,6 +110,7 @@ async fn put_exchange(
     ask(api.service.create_exchange(call(&caller, request))).await?;
     created(was_there)
 }
+
 async fn delete_exchange(
     State(api): State<Api>,
     Who(caller): Who,
@@ -120,6 +125,7 @@ async fn delete_exchange(
     ask(api.service.delete_exchange(call(&caller, request))).await?;
     no_content()
 }
+
 /// `POST /api/exchanges/{vhost}/{name}/publish`: `routing_key`, `payload`
 /// with `payload_encoding` `string` or `base64`, `properties` as RabbitMQ
 /// takes them; answers `{"routed": bool}` once the message is routed (and

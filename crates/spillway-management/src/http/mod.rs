@@ -62,14 +62,19 @@ mod vhosts;
 
 /// The largest request head (request line and headers) read.
 pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+
 /// The largest request body read.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+
 /// Connections served at once; more wait to be accepted.
 pub const MAX_CONNECTIONS: usize = 256;
+
 /// The time a client has to send a request's headers.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The time one request may take, its body read included.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// How long open requests may finish once the server stops.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 

@@ -7,8 +7,8 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::{json, Value};
+use spillway_proto::management as m;
 use spillway_proto::management::management_server::Management;
-use spillway_proto::management::{self as m};
 
 use super::common::{ask, call, json, visible_vhosts, Answer, Api, Who};
 use super::exchanges::EXCHANGE_TYPES;
@@ -31,6 +31,7 @@ pub(super) fn routes() -> Router<Api> {
 /// The version of RabbitMQ's API these endpoints follow, reported as
 /// `rabbitmq_version` for tools that check it.
 const RABBITMQ_API_VERSION: &str = "3.10.0";
+
 /// The broker's figures; a caller without `monitoring` gets the totals of
 /// its vhosts only (the gRPC `GetBrokerStatus` counts them, reading their
 /// queues: hence the list slot).
@@ -99,6 +100,7 @@ async fn overview(State(api): State<Api>, Who(caller): Who) -> Answer {
         },
     }))
 }
+
 async fn whoami(State(_api): State<Api>, Who(caller): Who) -> Answer {
     authorize(&caller, &[Need::Overview])?;
     let tags: Vec<String> = match &caller {
@@ -107,6 +109,7 @@ async fn whoami(State(_api): State<Api>, Who(caller): Who) -> Answer {
     };
     json(json!({"name": caller.name(), "tags": tags}))
 }
+
 async fn node_view(api: &HttpApi, caller: &Caller) -> Result<Value, ApiError> {
     // The broker's status reads every queue.
     let _slot = api.list_slot().await?;
@@ -122,11 +125,13 @@ async fn node_view(api: &HttpApi, caller: &Caller) -> Result<Value, ApiError> {
         "applications": [{"name": "spillway", "version": status.version}],
     }))
 }
+
 /// Nodes are the monitoring user's, as in RabbitMQ.
 async fn nodes(State(api): State<Api>, Who(caller): Who) -> Answer {
     authorize(&caller, &[Need::Monitoring])?;
     json(json!([node_view(&api, &caller).await?]))
 }
+
 async fn node(State(api): State<Api>, Who(caller): Who, Path(name): Path<String>) -> Answer {
     authorize(&caller, &[Need::Monitoring])?;
     if name != api.node {
@@ -134,6 +139,7 @@ async fn node(State(api): State<Api>, Who(caller): Who, Path(name): Path<String>
     }
     json(node_view(&api, &caller).await?)
 }
+
 /// The vhost exists and the engine answers for it: one lookup under the
 /// engine's lock, none of its queues read.
 async fn aliveness_test(
@@ -147,6 +153,7 @@ async fn aliveness_test(
     .await?;
     json(json!({"status": "ok"}))
 }
+
 /// The store's disk quota is Spillway's resource alarm: while it is
 /// reached, publishers are blocked, as under RabbitMQ's disk alarm.
 async fn alarms(State(api): State<Api>, Who(caller): Who) -> Answer {

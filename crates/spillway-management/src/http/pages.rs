@@ -13,7 +13,9 @@ use super::ApiError;
 
 /// RabbitMQ's limit on `page_size`.
 pub const MAX_PAGE_SIZE: u64 = 500;
+
 const DEFAULT_PAGE_SIZE: u64 = 100;
+
 /// The largest compiled `name` regular expression, so that a caller cannot
 /// make the API build an enormous automaton.
 const MAX_REGEX_BYTES: usize = 1 << 20;

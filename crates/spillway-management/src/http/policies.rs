@@ -6,8 +6,8 @@ use axum::extract::{Path, State};
 use axum::routing::get;
 use axum::Router;
 use serde_json::Value;
+use spillway_proto::management as m;
 use spillway_proto::management::management_server::Management;
-use spillway_proto::management::{self as m};
 
 use super::common::{
     ask, body, call, created, json, no_content, text, visible_vhosts, Answer, Api, Who,
@@ -72,9 +72,11 @@ async fn policies(
     }
     Ok(items)
 }
+
 async fn all_policies<const OPERATOR: bool>(State(api): State<Api>, Who(caller): Who) -> Answer {
     json(Value::Array(policies(&api, &caller, None, OPERATOR).await?))
 }
+
 async fn vhost_policies<const OPERATOR: bool>(
     State(api): State<Api>,
     Who(caller): Who,
@@ -84,6 +86,7 @@ async fn vhost_policies<const OPERATOR: bool>(
         policies(&api, &caller, Some(vhost), OPERATOR).await?,
     ))
 }
+
 async fn find_policy(
     api: &HttpApi,
     caller: &Caller,
@@ -96,6 +99,7 @@ async fn find_policy(
         .into_iter()
         .find(|policy| policy["name"] == name))
 }
+
 async fn policy_answer(
     api: Api,
     caller: Caller,
@@ -109,6 +113,7 @@ async fn policy_answer(
             .ok_or_else(ApiError::not_found)?,
     )
 }
+
 async fn set_policy(
     api: Api,
     caller: Caller,
@@ -154,6 +159,7 @@ async fn set_policy(
     .await?;
     created(was_there)
 }
+
 async fn clear_policy(
     api: Api,
     caller: Caller,
@@ -172,6 +178,7 @@ async fn clear_policy(
     .await?;
     no_content()
 }
+
 /// `OPERATOR`: the operator policy of that name (`/api/operator-policies`).
 async fn get_policy<const OPERATOR: bool>(
     State(api): State<Api>,
@@ -180,6 +187,7 @@ async fn get_policy<const OPERATOR: bool>(
 ) -> Answer {
     policy_answer(api, caller, vhost, name, OPERATOR).await
 }
+
 async fn put_policy<const OPERATOR: bool>(
     State(api): State<Api>,
     Who(caller): Who,
@@ -188,6 +196,7 @@ async fn put_policy<const OPERATOR: bool>(
 ) -> Answer {
     set_policy(api, caller, vhost, name, bytes, OPERATOR).await
 }
+
 async fn delete_policy<const OPERATOR: bool>(
     State(api): State<Api>,
     Who(caller): Who,

@@ -8,8 +8,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
+use spillway_proto::management as m;
 use spillway_proto::management::management_server::Management;
-use spillway_proto::management::{self as m};
 
 use super::common::{
     arguments, ask, body, call, created, flag, json, no_content, text, visible_vhosts, Answer, Api,
@@ -45,6 +45,7 @@ fn queue_json(api: &HttpApi, queue: &m::Queue) -> Value {
     }
     value
 }
+
 async fn queues_of(api: &HttpApi, caller: &Caller, vhost: &str) -> Result<Vec<m::Queue>, ApiError> {
     let list = ask(api.service.list_queues(call(
         caller,
@@ -55,6 +56,7 @@ async fn queues_of(api: &HttpApi, caller: &Caller, vhost: &str) -> Result<Vec<m:
     .await?;
     Ok(list.queues)
 }
+
 async fn all_queues(
     State(api): State<Api>,
     Who(caller): Who,
@@ -67,6 +69,7 @@ async fn all_queues(
     }
     queue_list(&api, queues, &query)
 }
+
 /// Queues as a list, each written as JSON only if it is on the page.
 fn queue_list(api: &HttpApi, queues: Vec<m::Queue>, query: &ListQuery) -> Answer {
     let answer = pages::answer_lazily(
@@ -77,6 +80,7 @@ fn queue_list(api: &HttpApi, queues: Vec<m::Queue>, query: &ListQuery) -> Answer
     )?;
     json(answer)
 }
+
 async fn vhost_queues(
     State(api): State<Api>,
     Who(caller): Who,
@@ -87,6 +91,7 @@ async fn vhost_queues(
     let queues = queues_of(&api, &caller, &vhost).await?;
     queue_list(&api, queues, &query)
 }
+
 async fn get_queue(
     State(api): State<Api>,
     Who(caller): Who,
@@ -98,6 +103,7 @@ async fn get_queue(
     .await?;
     json(queue_json(&api, &queue))
 }
+
 async fn put_queue(
     State(api): State<Api>,
     Who(caller): Who,
@@ -124,6 +130,7 @@ async fn put_queue(
     ask(api.service.create_queue(call(&caller, request))).await?;
     created(was_there)
 }
+
 async fn delete_queue(
     State(api): State<Api>,
     Who(caller): Who,
@@ -139,6 +146,7 @@ async fn delete_queue(
     ask(api.service.delete_queue(call(&caller, request))).await?;
     no_content()
 }
+
 async fn purge_queue(
     State(api): State<Api>,
     Who(caller): Who,
@@ -150,8 +158,10 @@ async fn purge_queue(
     .await?;
     no_content()
 }
+
 /// The largest `count` of one get.
 const MAX_GET_COUNT: u64 = 1000;
+
 /// `POST /api/queues/{vhost}/{name}/get`: the `*_requeue_true` modes are
 /// a look at the head that leaves every message where it was (RabbitMQ's
 /// redelivered flag is not set, since nothing is delivered); the
@@ -219,6 +229,7 @@ async fn get_messages(
         .collect();
     json(Value::Array(items))
 }
+
 fn peeked_message(message: &m::PeekedMessage, remaining: usize, truncate: Option<u64>) -> Value {
     let mut body: &[u8] = &message.body;
     if let Some(limit) = truncate {

@@ -5,8 +5,8 @@ use axum::extract::{Path, Query, State};
 use axum::routing::get;
 use axum::Router;
 use serde_json::Value;
+use spillway_proto::management as m;
 use spillway_proto::management::management_server::Management;
-use spillway_proto::management::{self as m};
 
 use super::common::{ask, body, call, created, json, list, no_content, text, Answer, Api, Who};
 use super::pages::ListQuery;
@@ -37,6 +37,7 @@ async fn users(api: &HttpApi, caller: &Caller) -> Result<Vec<m::User>, ApiError>
     let list = ask(api.service.list_users(call(caller, m::ListUsersRequest {}))).await?;
     Ok(list.users)
 }
+
 async fn list_users(
     State(api): State<Api>,
     Who(caller): Who,
@@ -49,6 +50,7 @@ async fn list_users(
         .collect();
     list(items, &query)
 }
+
 async fn get_user(State(api): State<Api>, Who(caller): Who, Path(name): Path<String>) -> Answer {
     let found = users(&api, &caller)
         .await?
@@ -57,6 +59,7 @@ async fn get_user(State(api): State<Api>, Who(caller): Who, Path(name): Path<Str
         .ok_or_else(ApiError::not_found)?;
     json(shapes::user(&found))
 }
+
 /// RabbitMQ's tags: a comma-separated text, or (3.9+) a list.
 fn tags(body: &Value) -> Result<Vec<String>, ApiError> {
     match body.get("tags") {
@@ -78,6 +81,7 @@ fn tags(body: &Value) -> Result<Vec<String>, ApiError> {
         Some(_) => Err(ApiError::bad_request("'tags' must be a string or a list")),
     }
 }
+
 async fn put_user(
     State(api): State<Api>,
     Who(caller): Who,
@@ -108,6 +112,7 @@ async fn put_user(
     .await?;
     created(was_there)
 }
+
 async fn delete_user(State(api): State<Api>, Who(caller): Who, Path(name): Path<String>) -> Answer {
     ask(api
         .service
@@ -115,6 +120,7 @@ async fn delete_user(State(api): State<Api>, Who(caller): Who, Path(name): Path<
     .await?;
     no_content()
 }
+
 async fn permissions(
     api: &HttpApi,
     caller: &Caller,
@@ -127,6 +133,7 @@ async fn permissions(
     .await?;
     Ok(list.permissions)
 }
+
 async fn list_permissions(
     State(api): State<Api>,
     Who(caller): Who,
@@ -139,6 +146,7 @@ async fn list_permissions(
         .collect();
     list(items, &query)
 }
+
 async fn user_permissions(
     State(api): State<Api>,
     Who(caller): Who,
@@ -151,6 +159,7 @@ async fn user_permissions(
         .collect();
     json(Value::Array(items))
 }
+
 async fn vhost_permissions(
     State(api): State<Api>,
     Who(caller): Who,
@@ -163,6 +172,7 @@ async fn vhost_permissions(
         .collect();
     json(Value::Array(items))
 }
+
 async fn get_permission(
     State(api): State<Api>,
     Who(caller): Who,
@@ -175,6 +185,7 @@ async fn get_permission(
         .ok_or_else(ApiError::not_found)?;
     json(shapes::permission(&found))
 }
+
 async fn put_permission(
     State(api): State<Api>,
     Who(caller): Who,
@@ -198,6 +209,7 @@ async fn put_permission(
     ask(api.service.set_permissions(call(&caller, request))).await?;
     created(was_there)
 }
+
 async fn delete_permission(
     State(api): State<Api>,
     Who(caller): Who,

@@ -4,8 +4,8 @@ use axum::extract::{Path, Query, State};
 use axum::routing::get;
 use axum::Router;
 use serde_json::Value;
+use spillway_proto::management as m;
 use spillway_proto::management::management_server::Management;
-use spillway_proto::management::{self as m};
 
 use super::common::{ask, call, created, json, list, no_content, visible_vhosts, Answer, Api, Who};
 use super::pages::ListQuery;
@@ -36,6 +36,7 @@ fn vhost_json(
     }
     value
 }
+
 /// Each vhost with its message totals: the engine sums every queue's, a
 /// chunk at a time, under a list slot.
 async fn list_vhosts(
@@ -57,6 +58,7 @@ async fn list_vhosts(
         .collect();
     list(items, &query)
 }
+
 async fn get_vhost(State(api): State<Api>, Who(caller): Who, Path(name): Path<String>) -> Answer {
     let vhost = ask(api
         .service
@@ -70,6 +72,7 @@ async fn get_vhost(State(api): State<Api>, Who(caller): Who, Path(name): Path<St
     };
     json(vhost_json(&api, &vhost, totals.first()))
 }
+
 /// As RabbitMQ's management plugin, the stored user who creates a vhost
 /// gets every permission in it.
 async fn put_vhost(State(api): State<Api>, Who(caller): Who, Path(name): Path<String>) -> Answer {
@@ -95,6 +98,7 @@ async fn put_vhost(State(api): State<Api>, Who(caller): Who, Path(name): Path<St
     }
     created(false)
 }
+
 async fn delete_vhost(
     State(api): State<Api>,
     Who(caller): Who,
