@@ -158,6 +158,25 @@ mod tests {
         engine
     }
 
+    /// Runs `change` on the broker from another thread, which must get the
+    /// lock within a deadline: called between two chunks of a walk, it
+    /// fails the test if the walk still held the lock there.
+    fn change_on_another_thread(shared: &Shared, change: impl FnOnce(&mut Broker) + Send) {
+        let taken = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    shared
+                        .broker
+                        .try_lock_for(std::time::Duration::from_secs(10))
+                        .map(|mut broker| change(&mut broker))
+                        .is_some()
+                })
+                .join()
+                .unwrap()
+        });
+        assert!(taken, "the walk held the lock between chunks");
+    }
+
     /// GET /api/queues/{vhost}/{name} used to build every queue of the
     /// vhost under the lock to answer for one.
     #[tokio::test]
@@ -200,38 +219,14 @@ mod tests {
         hooks::set_between_chunks(Some(Box::new(move |shared: &Shared| {
             // Another thread takes the lock here, within a deadline: the
             // walk does not hold it.
-            let taken = std::thread::scope(|scope| {
-                scope
-                    .spawn(|| {
-                        shared
-                            .broker
-                            .try_lock_for(std::time::Duration::from_secs(10))
-                            .map(|mut broker| {
-                                let vhost = broker.vhosts.get_mut("/").unwrap();
-                                let pause = *seen.lock().unwrap();
-                                // One behind the walk, one ahead, one gone.
-                                let made = crate::queue::Queue::new(
-                                    format!("q00000-new{pause}"),
-                                    false,
-                                    false,
-                                    None,
-                                );
-                                vhost.insert_queue(made);
-                                let ahead = crate::queue::Queue::new(
-                                    format!("zz-new{pause}"),
-                                    false,
-                                    false,
-                                    None,
-                                );
-                                vhost.insert_queue(ahead);
-                                vhost.remove_queue(&format!("q{:05}", QUEUES - 1 - pause));
-                            })
-                            .is_some()
-                    })
-                    .join()
-                    .unwrap()
+            let pause = *seen.lock().unwrap();
+            change_on_another_thread(shared, |broker| {
+                let vhost = broker.vhosts.get_mut("/").unwrap();
+                // One behind the walk, one ahead, one gone.
+                vhost.insert_queue(Queue::new(format!("q00000-new{pause}"), false, false, None));
+                vhost.insert_queue(Queue::new(format!("zz-new{pause}"), false, false, None));
+                vhost.remove_queue(&format!("q{:05}", QUEUES - 1 - pause));
             });
-            assert!(taken, "the walk held the lock between chunks");
             *seen.lock().unwrap() += 1;
         })));
         let before = hooks::queue_views();
@@ -344,32 +339,19 @@ mod tests {
         let pauses = Arc::new(Mutex::new(0usize));
         let seen = pauses.clone();
         hooks::set_between_chunks(Some(Box::new(move |shared: &Shared| {
-            let taken = std::thread::scope(|scope| {
-                scope
-                    .spawn(|| {
-                        shared
-                            .broker
-                            .try_lock_for(std::time::Duration::from_secs(10))
-                            .map(|mut broker| {
-                                let vhost = broker.vhosts.get_mut("/").unwrap();
-                                if vhost.queues.contains_key("a-late") {
-                                    return;
-                                }
-                                let late = Queue::new("a-late".into(), true, false, None);
-                                vhost.insert_queue(late);
-                                let x = vhost.exchanges.get_mut("x").unwrap();
-                                x.bindings.insert(crate::model::Binding {
-                                    destination: crate::model::Destination::Queue("a-late".into()),
-                                    routing_key: "a-late".into(),
-                                    arguments: Default::default(),
-                                });
-                            })
-                            .is_some()
-                    })
-                    .join()
-                    .unwrap()
+            change_on_another_thread(shared, |broker| {
+                let vhost = broker.vhosts.get_mut("/").unwrap();
+                if vhost.queues.contains_key("a-late") {
+                    return;
+                }
+                vhost.insert_queue(Queue::new("a-late".into(), true, false, None));
+                let x = vhost.exchanges.get_mut("x").unwrap();
+                x.bindings.insert(crate::model::Binding {
+                    destination: crate::model::Destination::Queue("a-late".into()),
+                    routing_key: "a-late".into(),
+                    arguments: Default::default(),
+                });
             });
-            assert!(taken, "the export held the lock between chunks");
             *seen.lock().unwrap() += 1;
         })));
         let exported = engine
