@@ -13,7 +13,7 @@
 //! transaction timeouts are the administrator's. Operators (the token and
 //! `[[management.users]]`) may do everything.
 
-use spillway_proto::permissions::Access;
+use spillway_proto::permissions::{Access, Requirement};
 use tonic::{Request, Status};
 
 use crate::auth::{Caller, StoredUser};
@@ -44,6 +44,78 @@ pub enum Need<'a> {
     /// The `policymaker` tag alone: to read policies, as RabbitMQ's
     /// management plugin allows (with [`Need::See`] for the vhost).
     Policymaker,
+}
+
+impl<'a> Need<'a> {
+    /// Configure on a queue or an exchange: to declare or delete it.
+    pub fn configure(vhost: &'a str, kind: &'static str, name: &'a str) -> Self {
+        Need::Permission {
+            vhost,
+            access: Access::Configure,
+            kind,
+            name,
+        }
+    }
+
+    /// Read on a queue: to purge it or take its messages.
+    pub fn read_queue(vhost: &'a str, name: &'a str) -> Self {
+        Need::Permission {
+            vhost,
+            access: Access::Read,
+            kind: "queue",
+            name,
+        }
+    }
+
+    /// Write on a queue: to move messages into it.
+    pub fn write_queue(vhost: &'a str, name: &'a str) -> Self {
+        Need::Permission {
+            vhost,
+            access: Access::Write,
+            kind: "queue",
+            name,
+        }
+    }
+
+    /// Write on an exchange: to publish through it.
+    pub fn write_exchange(vhost: &'a str, name: &'a str) -> Self {
+        Need::Permission {
+            vhost,
+            access: Access::Write,
+            kind: "exchange",
+            name,
+        }
+    }
+
+    /// What a declare needs: configure on what it declares, and each
+    /// permission its arguments need (a dead-letter or an alternate
+    /// exchange), as over AMQP.
+    pub fn declare(
+        vhost: &'a str,
+        kind: &'static str,
+        name: &'a str,
+        arguments_need: &'a [Requirement],
+    ) -> Vec<Self> {
+        let extra = arguments_need.iter().map(|requirement| Need::Permission {
+            vhost,
+            access: requirement.access,
+            kind: requirement.resource.as_str(),
+            name: &requirement.name,
+        });
+        std::iter::once(Need::configure(vhost, kind, name))
+            .chain(extra)
+            .collect()
+    }
+
+    /// Policies are the policymaker's (in vhosts it has permissions in),
+    /// operator policies the administrator's, as in RabbitMQ.
+    pub fn policy(vhost: &'a str, operator: bool) -> Self {
+        if operator {
+            Need::Administrator
+        } else {
+            Need::Policy { vhost }
+        }
+    }
 }
 
 /// The caller the authenticating service put on the request. A request

@@ -8,11 +8,9 @@ use axum::routing::get;
 use axum::Router;
 use serde_json::Value;
 use spillway_proto::management as m;
-use spillway_proto::management::management_server::Management;
 
 use super::common::{
-    arguments, ask, body, call, exchange_name, json, list, no_content, text, visible_vhosts,
-    Answer, Api, Who,
+    arguments, body, exchange_name, json, list, no_content, text, visible_vhosts, Answer, Api, Who,
 };
 use super::pages::ListQuery;
 use super::shapes;
@@ -50,15 +48,17 @@ async fn bindings(
     source: String,
     destination: String,
 ) -> Result<Vec<m::Binding>, ApiError> {
-    let list = ask(api.service.list_bindings(call(
-        caller,
-        m::ListBindingsRequest {
-            vhost,
-            source,
-            destination,
-        },
-    )))
-    .await?;
+    let list = api
+        .service
+        .list_bindings(
+            caller,
+            m::ListBindingsRequest {
+                vhost,
+                source,
+                destination,
+            },
+        )
+        .await?;
     Ok(list.bindings)
 }
 
@@ -173,13 +173,14 @@ async fn create_binding(
             &binding.arguments
         ))
     );
-    ask(api.service.create_binding(call(
-        &caller,
-        m::CreateBindingRequest {
-            binding: Some(binding),
-        },
-    )))
-    .await?;
+    api.service
+        .create_binding(
+            &caller,
+            m::CreateBindingRequest {
+                binding: Some(binding),
+            },
+        )
+        .await?;
     let mut headers = HeaderMap::new();
     if let Ok(value) = location.parse() {
         headers.insert("location", value);
@@ -213,12 +214,13 @@ async fn delete_binding(
     Path(path): Path<(String, String, String, String, String)>,
 ) -> Answer {
     let binding = find_binding(&api, &caller, path).await?;
-    ask(api.service.delete_binding(call(
-        &caller,
-        m::DeleteBindingRequest {
-            binding: Some(binding),
-        },
-    )))
-    .await?;
+    api.service
+        .delete_binding(
+            &caller,
+            m::DeleteBindingRequest {
+                binding: Some(binding),
+            },
+        )
+        .await?;
     no_content()
 }

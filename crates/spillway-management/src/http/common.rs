@@ -3,7 +3,6 @@
 //! a creation, 204 for a change, lists paged and filtered).
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -15,8 +14,6 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use spillway_proto::management as m;
-use spillway_proto::management::management_server::Management;
-use tonic::Status;
 
 use super::pages::{self, ListQuery};
 use super::shapes::{self, DEFAULT_EXCHANGE_URL_NAME};
@@ -36,21 +33,6 @@ impl FromRequestParts<Api> for Who {
     async fn from_request_parts(parts: &mut Parts, api: &Api) -> Result<Self, ApiError> {
         super::caller_of(api, parts).await.map(Who)
     }
-}
-
-/// A gRPC request of `caller`, as the authenticating service makes it.
-pub(super) fn call<T>(caller: &Caller, message: T) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.extensions_mut().insert(caller.clone());
-    request
-}
-
-/// The answer of one gRPC method.
-pub(super) async fn ask<T, F>(future: F) -> Result<T, ApiError>
-where
-    F: Future<Output = Result<tonic::Response<T>, Status>>,
-{
-    Ok(future.await?.into_inner())
 }
 
 pub(super) fn json(value: Value) -> Answer {
@@ -124,10 +106,10 @@ pub(super) async fn visible_vhosts(
     api: &HttpApi,
     caller: &Caller,
 ) -> Result<Vec<m::Vhost>, ApiError> {
-    let list = ask(api
+    let list = api
         .service
-        .list_vhosts(call(caller, m::ListVhostsRequest {})))
-    .await?;
+        .list_vhosts(caller, m::ListVhostsRequest {})
+        .await?;
     Ok(list.vhosts)
 }
 

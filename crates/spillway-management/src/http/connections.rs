@@ -6,9 +6,8 @@ use axum::routing::get;
 use axum::Router;
 use serde_json::Value;
 use spillway_proto::management as m;
-use spillway_proto::management::management_server::Management;
 
-use super::common::{ask, call, json, list, no_content, Answer, Api, Who};
+use super::common::{json, list, no_content, Answer, Api, Who};
 use super::pages::ListQuery;
 use super::shapes;
 use super::{ApiError, HttpApi};
@@ -36,10 +35,10 @@ async fn connections(
     caller: &Caller,
     vhost: String,
 ) -> Result<Vec<m::Connection>, ApiError> {
-    let list = ask(api
+    let list = api
         .service
-        .list_connections(call(caller, m::ListConnectionsRequest { vhost })))
-    .await?;
+        .list_connections(caller, m::ListConnectionsRequest { vhost })
+        .await?;
     Ok(list.connections)
 }
 
@@ -106,14 +105,15 @@ async fn close_connection(
         .chars()
         .take(255)
         .collect();
-    ask(api.service.close_connection(call(
-        &caller,
-        m::CloseConnectionRequest {
-            id: connection.id,
-            reason,
-        },
-    )))
-    .await?;
+    api.service
+        .close_connection(
+            &caller,
+            m::CloseConnectionRequest {
+                id: connection.id,
+                reason,
+            },
+        )
+        .await?;
     no_content()
 }
 
@@ -123,14 +123,16 @@ async fn channels(
     vhost: String,
     connection_id: u64,
 ) -> Result<Vec<Value>, ApiError> {
-    let list = ask(api.service.list_channels(call(
-        caller,
-        m::ListChannelsRequest {
-            vhost,
-            connection_id,
-        },
-    )))
-    .await?;
+    let list = api
+        .service
+        .list_channels(
+            caller,
+            m::ListChannelsRequest {
+                vhost,
+                connection_id,
+            },
+        )
+        .await?;
     Ok(list
         .channels
         .iter()
@@ -178,14 +180,16 @@ async fn connection_sessions(
             "connection '{name}' is not an AMQP 1.0 connection"
         )));
     }
-    let list = ask(api.service.list_channels(call(
-        &caller,
-        m::ListChannelsRequest {
-            vhost: String::new(),
-            connection_id: connection.id,
-        },
-    )))
-    .await?;
+    let list = api
+        .service
+        .list_channels(
+            &caller,
+            m::ListChannelsRequest {
+                vhost: String::new(),
+                connection_id: connection.id,
+            },
+        )
+        .await?;
     json(shapes::amqp1_sessions(&list.channels))
 }
 
@@ -209,10 +213,10 @@ async fn vhost_consumers(
 async fn consumer_list(api: &HttpApi, caller: &Caller, vhost: String, query: &ListQuery) -> Answer {
     // The engine reads every queue of the vhost (or of all) for them.
     let _slot = api.list_slot().await?;
-    let listed = ask(api
+    let listed = api
         .service
-        .list_consumers(call(caller, m::ListConsumersRequest { vhost })))
-    .await?;
+        .list_consumers(caller, m::ListConsumersRequest { vhost })
+        .await?;
     let items = listed
         .consumers
         .iter()

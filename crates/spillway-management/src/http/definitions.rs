@@ -21,9 +21,8 @@ use axum::Router;
 use base64::Engine as _;
 use serde_json::{json, Value};
 use spillway_proto::management as m;
-use spillway_proto::management::management_server::Management;
 
-use super::common::{ask, call, Answer, Api, Who};
+use super::common::{Answer, Api, Who};
 use super::shapes;
 use super::ApiError;
 
@@ -73,7 +72,7 @@ async fn export(api: Api, caller: crate::auth::Caller, vhost: String) -> Answer 
     // It reads every queue, as a list does.
     let definitions = {
         let _slot = api.list_slot().await?;
-        ask(api.service.export_definitions(call(&caller, request))).await?
+        api.service.export_definitions(&caller, request).await?
     };
     let mut body = to_json(&definitions, whole);
     if whole {
@@ -114,7 +113,7 @@ async fn import(api: Api, caller: crate::auth::Caller, definitions: m::Definitio
     let request = m::ImportDefinitionsRequest {
         definitions: Some(definitions),
     };
-    ask(api.service.import_definitions(call(&caller, request))).await?;
+    api.service.import_definitions(&caller, request).await?;
     // RabbitMQ answers an import with 204.
     Ok(StatusCode::NO_CONTENT.into_response())
 }

@@ -6,11 +6,10 @@ use axum::routing::{get, post};
 use axum::Router;
 use serde_json::{json, Value};
 use spillway_proto::management as m;
-use spillway_proto::management::management_server::Management;
 
 use super::common::{
-    arguments, ask, body, call, created, exchange_name, flag, json, list, no_content, text,
-    visible_vhosts, Answer, Api, DeleteQuery, Who,
+    arguments, body, created, exchange_name, flag, json, list, no_content, text, visible_vhosts,
+    Answer, Api, DeleteQuery, Who,
 };
 use super::pages::ListQuery;
 use super::shapes;
@@ -37,10 +36,10 @@ async fn exchanges_of(
     caller: &Caller,
     vhost: String,
 ) -> Result<Vec<Value>, ApiError> {
-    let list = ask(api
+    let list = api
         .service
-        .list_exchanges(call(caller, m::ListExchangesRequest { vhost })))
-    .await?;
+        .list_exchanges(caller, m::ListExchangesRequest { vhost })
+        .await?;
     Ok(list.exchanges.iter().map(shapes::exchange).collect())
 }
 
@@ -71,10 +70,10 @@ async fn get_exchange(
     Path((vhost, name)): Path<(String, String)>,
 ) -> Answer {
     let name = exchange_name(name);
-    let exchange = ask(api
+    let exchange = api
         .service
-        .get_exchange(call(&caller, m::GetExchangeRequest { vhost, name })))
-    .await?;
+        .get_exchange(&caller, m::GetExchangeRequest { vhost, name })
+        .await?;
     json(shapes::exchange(&exchange))
 }
 
@@ -89,15 +88,17 @@ async fn put_exchange(
         .ok_or_else(|| ApiError::bad_request("'type' is required"))?
         .to_string();
     let name = exchange_name(name);
-    let was_there = ask(api.service.get_exchange(call(
-        &caller,
-        m::GetExchangeRequest {
-            vhost: vhost.clone(),
-            name: name.clone(),
-        },
-    )))
-    .await
-    .is_ok();
+    let was_there = api
+        .service
+        .get_exchange(
+            &caller,
+            m::GetExchangeRequest {
+                vhost: vhost.clone(),
+                name: name.clone(),
+            },
+        )
+        .await
+        .is_ok();
     let request = m::CreateExchangeRequest {
         vhost,
         name,
@@ -107,7 +108,7 @@ async fn put_exchange(
         internal: flag(&body, "internal", false)?,
         arguments: arguments(&body)?,
     };
-    ask(api.service.create_exchange(call(&caller, request))).await?;
+    api.service.create_exchange(&caller, request).await?;
     created(was_there)
 }
 
@@ -122,7 +123,7 @@ async fn delete_exchange(
         name: exchange_name(name),
         if_unused: query.if_unused.as_deref() == Some("true"),
     };
-    ask(api.service.delete_exchange(call(&caller, request))).await?;
+    api.service.delete_exchange(&caller, request).await?;
     no_content()
 }
 
@@ -173,6 +174,6 @@ async fn publish(
         properties: Some(properties),
         body: payload.into(),
     };
-    let answer = ask(api.service.publish_message(call(&caller, request))).await?;
+    let answer = api.service.publish_message(&caller, request).await?;
     json(json!({"routed": answer.routed}))
 }

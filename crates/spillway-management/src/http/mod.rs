@@ -5,7 +5,7 @@
 //! Every request goes through the same code as a gRPC call: HTTP Basic
 //! credentials are checked by the same [`Authenticator`] (stored users and
 //! their tags, the configured operators), and each endpoint calls the
-//! [`ManagementService`]'s gRPC method with the caller attached, so what a
+//! same [`ManagementService`] method as gRPC does, with the caller, so what a
 //! user may see and do over HTTP is what it may over gRPC. This module only
 //! translates: URLs and JSON bodies in RabbitMQ's shapes to requests, a
 //! module per resource, each with its own routes ([`overview`], [`vhosts`],

@@ -8,9 +8,8 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::{json, Value};
 use spillway_proto::management as m;
-use spillway_proto::management::management_server::Management;
 
-use super::common::{ask, call, json, visible_vhosts, Answer, Api, Who};
+use super::common::{json, visible_vhosts, Answer, Api, Who};
 use super::exchanges::EXCHANGE_TYPES;
 use super::{ApiError, HttpApi};
 use crate::auth::Caller;
@@ -38,10 +37,10 @@ const RABBITMQ_API_VERSION: &str = "3.10.0";
 async fn overview(State(api): State<Api>, Who(caller): Who) -> Answer {
     // Its totals read every queue (all of them, or the caller's vhosts').
     let _slot = api.list_slot().await?;
-    let status = ask(api
+    let status = api
         .service
-        .get_broker_status(call(&caller, m::GetBrokerStatusRequest {})))
-    .await?;
+        .get_broker_status(&caller, m::GetBrokerStatusRequest {})
+        .await?;
     let vhosts = visible_vhosts(&api, &caller).await?;
     let exchanges: u32 = vhosts.iter().map(|vhost| vhost.exchanges).sum();
     let names: Vec<&str> = vhosts.iter().map(|vhost| vhost.name.as_str()).collect();
@@ -113,10 +112,10 @@ async fn whoami(State(_api): State<Api>, Who(caller): Who) -> Answer {
 async fn node_view(api: &HttpApi, caller: &Caller) -> Result<Value, ApiError> {
     // The broker's status reads every queue.
     let _slot = api.list_slot().await?;
-    let status = ask(api
+    let status = api
         .service
-        .get_broker_status(call(caller, m::GetBrokerStatusRequest {})))
-    .await?;
+        .get_broker_status(caller, m::GetBrokerStatusRequest {})
+        .await?;
     Ok(json!({
         "name": api.node,
         "type": "disc",
@@ -147,10 +146,9 @@ async fn aliveness_test(
     Who(caller): Who,
     Path(vhost): Path<String>,
 ) -> Answer {
-    ask(api
-        .service
-        .get_vhost(call(&caller, m::GetVhostRequest { name: vhost })))
-    .await?;
+    api.service
+        .get_vhost(&caller, m::GetVhostRequest { name: vhost })
+        .await?;
     json(json!({"status": "ok"}))
 }
 
@@ -159,10 +157,10 @@ async fn aliveness_test(
 async fn alarms(State(api): State<Api>, Who(caller): Who) -> Answer {
     // The broker's status reads every queue.
     let _slot = api.list_slot().await?;
-    let status = ask(api
+    let status = api
         .service
-        .get_broker_status(call(&caller, m::GetBrokerStatusRequest {})))
-    .await?;
+        .get_broker_status(&caller, m::GetBrokerStatusRequest {})
+        .await?;
     if !status.store_overfull {
         return json(json!({"status": "ok"}));
     }

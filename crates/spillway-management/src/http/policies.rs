@@ -7,11 +7,8 @@ use axum::routing::get;
 use axum::Router;
 use serde_json::Value;
 use spillway_proto::management as m;
-use spillway_proto::management::management_server::Management;
 
-use super::common::{
-    ask, body, call, created, json, no_content, text, visible_vhosts, Answer, Api, Who,
-};
+use super::common::{body, created, json, no_content, text, visible_vhosts, Answer, Api, Who};
 use super::shapes;
 use super::{ApiError, HttpApi};
 use crate::auth::Caller;
@@ -64,10 +61,10 @@ async fn policies(
     };
     let mut items = Vec::new();
     for vhost in vhosts {
-        let list = ask(api
+        let list = api
             .service
-            .list_policies(call(caller, m::ListPoliciesRequest { vhost, operator })))
-        .await?;
+            .list_policies(caller, m::ListPoliciesRequest { vhost, operator })
+            .await?;
         items.extend(list.policies.iter().map(shapes::policy));
     }
     Ok(items)
@@ -150,13 +147,14 @@ async fn set_policy(
         definition,
         operator,
     };
-    ask(api.service.set_policy(call(
-        &caller,
-        m::SetPolicyRequest {
-            policy: Some(policy),
-        },
-    )))
-    .await?;
+    api.service
+        .set_policy(
+            &caller,
+            m::SetPolicyRequest {
+                policy: Some(policy),
+            },
+        )
+        .await?;
     created(was_there)
 }
 
@@ -167,15 +165,16 @@ async fn clear_policy(
     name: String,
     operator: bool,
 ) -> Answer {
-    ask(api.service.clear_policy(call(
-        &caller,
-        m::ClearPolicyRequest {
-            vhost,
-            name,
-            operator,
-        },
-    )))
-    .await?;
+    api.service
+        .clear_policy(
+            &caller,
+            m::ClearPolicyRequest {
+                vhost,
+                name,
+                operator,
+            },
+        )
+        .await?;
     no_content()
 }
 

@@ -9,10 +9,9 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use spillway_proto::management as m;
-use spillway_proto::management::management_server::Management;
 
 use super::common::{
-    arguments, ask, body, call, created, flag, json, no_content, text, visible_vhosts, Answer, Api,
+    arguments, body, created, flag, json, no_content, text, visible_vhosts, Answer, Api,
     DeleteQuery, Who,
 };
 use super::pages::{self, ListQuery};
@@ -47,13 +46,15 @@ fn queue_json(api: &HttpApi, queue: &m::Queue) -> Value {
 }
 
 async fn queues_of(api: &HttpApi, caller: &Caller, vhost: &str) -> Result<Vec<m::Queue>, ApiError> {
-    let list = ask(api.service.list_queues(call(
-        caller,
-        m::ListQueuesRequest {
-            vhost: vhost.to_string(),
-        },
-    )))
-    .await?;
+    let list = api
+        .service
+        .list_queues(
+            caller,
+            m::ListQueuesRequest {
+                vhost: vhost.to_string(),
+            },
+        )
+        .await?;
     Ok(list.queues)
 }
 
@@ -97,10 +98,10 @@ async fn get_queue(
     Who(caller): Who,
     Path((vhost, name)): Path<(String, String)>,
 ) -> Answer {
-    let queue = ask(api
+    let queue = api
         .service
-        .get_queue(call(&caller, m::GetQueueRequest { vhost, name })))
-    .await?;
+        .get_queue(&caller, m::GetQueueRequest { vhost, name })
+        .await?;
     json(queue_json(&api, &queue))
 }
 
@@ -111,15 +112,17 @@ async fn put_queue(
     bytes: Bytes,
 ) -> Answer {
     let body = body(&bytes)?;
-    let was_there = ask(api.service.get_queue(call(
-        &caller,
-        m::GetQueueRequest {
-            vhost: vhost.clone(),
-            name: name.clone(),
-        },
-    )))
-    .await
-    .is_ok();
+    let was_there = api
+        .service
+        .get_queue(
+            &caller,
+            m::GetQueueRequest {
+                vhost: vhost.clone(),
+                name: name.clone(),
+            },
+        )
+        .await
+        .is_ok();
     let request = m::CreateQueueRequest {
         vhost,
         name,
@@ -127,7 +130,7 @@ async fn put_queue(
         auto_delete: flag(&body, "auto_delete", false)?,
         arguments: arguments(&body)?,
     };
-    ask(api.service.create_queue(call(&caller, request))).await?;
+    api.service.create_queue(&caller, request).await?;
     created(was_there)
 }
 
@@ -143,7 +146,7 @@ async fn delete_queue(
         if_unused: query.if_unused.as_deref() == Some("true"),
         if_empty: query.if_empty.as_deref() == Some("true"),
     };
-    ask(api.service.delete_queue(call(&caller, request))).await?;
+    api.service.delete_queue(&caller, request).await?;
     no_content()
 }
 
@@ -152,10 +155,9 @@ async fn purge_queue(
     Who(caller): Who,
     Path((vhost, name)): Path<(String, String)>,
 ) -> Answer {
-    ask(api
-        .service
-        .purge_queue(call(&caller, m::PurgeQueueRequest { vhost, name })))
-    .await?;
+    api.service
+        .purge_queue(&caller, m::PurgeQueueRequest { vhost, name })
+        .await?;
     no_content()
 }
 
@@ -208,7 +210,7 @@ async fn get_messages(
                 queue: name,
                 count: count as u32,
             };
-            ask(api.service.peek_messages(call(&caller, request))).await?
+            api.service.peek_messages(&caller, request).await?
         }
         Some(reject) => {
             let request = m::GetMessagesRequest {
@@ -217,7 +219,7 @@ async fn get_messages(
                 count: count as u32,
                 reject,
             };
-            ask(api.service.get_messages(call(&caller, request))).await?
+            api.service.get_messages(&caller, request).await?
         }
     };
     let total = peeked.messages.len();
@@ -317,11 +319,7 @@ async fn move_messages(
         destination: order.destination,
         max_messages: order.count.unwrap_or(0),
     };
-    let answer = api
-        .service
-        .move_messages(call(&caller, request))
-        .await?
-        .into_inner();
+    let answer = api.service.move_messages(&caller, request).await?;
     Ok(Json(json!({
         "moved": answer.moved,
         "remaining": answer.remaining,

@@ -18,7 +18,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use spillway_proto::management as m;
-use spillway_proto::management::management_server::Management;
 use tokio::time::Instant;
 
 use super::HttpApi;
@@ -295,9 +294,8 @@ pub(super) async fn run_sampler(api: std::sync::Weak<HttpApi>, every: Duration) 
 async fn sample_all(api: &Arc<HttpApi>, sampler: &Caller) -> Result<(), tonic::Status> {
     let vhosts = api
         .service
-        .list_vhosts(super::common::call(sampler, m::ListVhostsRequest {}))
+        .list_vhosts(sampler, m::ListVhostsRequest {})
         .await?
-        .into_inner()
         .vhosts;
     let names: Vec<String> = vhosts.into_iter().map(|vhost| vhost.name).collect();
     for vhost in &names {
@@ -308,12 +306,8 @@ async fn sample_all(api: &Arc<HttpApi>, sampler: &Caller) -> Result<(), tonic::S
         let request = m::ListQueuesRequest {
             vhost: vhost.clone(),
         };
-        let queues = match api
-            .service
-            .list_queues(super::common::call(sampler, request))
-            .await
-        {
-            Ok(queues) => queues.into_inner().queues,
+        let queues = match api.service.list_queues(sampler, request).await {
+            Ok(queues) => queues.queues,
             // Deleted meanwhile.
             Err(_) => continue,
         };

@@ -6,9 +6,8 @@ use axum::routing::get;
 use axum::Router;
 use serde_json::Value;
 use spillway_proto::management as m;
-use spillway_proto::management::management_server::Management;
 
-use super::common::{ask, body, call, created, json, list, no_content, text, Answer, Api, Who};
+use super::common::{body, created, json, list, no_content, text, Answer, Api, Who};
 use super::pages::ListQuery;
 use super::shapes;
 use super::{ApiError, HttpApi};
@@ -34,7 +33,10 @@ pub(super) fn routes() -> Router<Api> {
 }
 
 async fn users(api: &HttpApi, caller: &Caller) -> Result<Vec<m::User>, ApiError> {
-    let list = ask(api.service.list_users(call(caller, m::ListUsersRequest {}))).await?;
+    let list = api
+        .service
+        .list_users(caller, m::ListUsersRequest {})
+        .await?;
     Ok(list.users)
 }
 
@@ -100,24 +102,24 @@ async fn put_user(
         .await?
         .iter()
         .any(|user| user.name == name);
-    ask(api.service.put_user(call(
-        &caller,
-        m::PutUserRequest {
-            name,
-            password,
-            tags,
-            loopback_only: false,
-        },
-    )))
-    .await?;
+    api.service
+        .put_user(
+            &caller,
+            m::PutUserRequest {
+                name,
+                password,
+                tags,
+                loopback_only: false,
+            },
+        )
+        .await?;
     created(was_there)
 }
 
 async fn delete_user(State(api): State<Api>, Who(caller): Who, Path(name): Path<String>) -> Answer {
-    ask(api
-        .service
-        .delete_user(call(&caller, m::DeleteUserRequest { name })))
-    .await?;
+    api.service
+        .delete_user(&caller, m::DeleteUserRequest { name })
+        .await?;
     no_content()
 }
 
@@ -127,10 +129,10 @@ async fn permissions(
     user: String,
     vhost: String,
 ) -> Result<Vec<m::Permission>, ApiError> {
-    let list = ask(api
+    let list = api
         .service
-        .list_permissions(call(caller, m::ListPermissionsRequest { user, vhost })))
-    .await?;
+        .list_permissions(caller, m::ListPermissionsRequest { user, vhost })
+        .await?;
     Ok(list.permissions)
 }
 
@@ -206,7 +208,7 @@ async fn put_permission(
         vhost: vhost.clone(),
     };
     let was_there = !permissions(&api, &caller, user, vhost).await?.is_empty();
-    ask(api.service.set_permissions(call(&caller, request))).await?;
+    api.service.set_permissions(&caller, request).await?;
     created(was_there)
 }
 
@@ -221,9 +223,8 @@ async fn delete_permission(
     {
         return Err(ApiError::not_found());
     }
-    ask(api
-        .service
-        .clear_permissions(call(&caller, m::ClearPermissionsRequest { user, vhost })))
-    .await?;
+    api.service
+        .clear_permissions(&caller, m::ClearPermissionsRequest { user, vhost })
+        .await?;
     no_content()
 }

@@ -5,9 +5,8 @@ use axum::routing::get;
 use axum::Router;
 use serde_json::Value;
 use spillway_proto::management as m;
-use spillway_proto::management::management_server::Management;
 
-use super::common::{ask, call, created, json, list, no_content, visible_vhosts, Answer, Api, Who};
+use super::common::{created, json, list, no_content, visible_vhosts, Answer, Api, Who};
 use super::pages::ListQuery;
 use super::shapes;
 use super::HttpApi;
@@ -60,10 +59,10 @@ async fn list_vhosts(
 }
 
 async fn get_vhost(State(api): State<Api>, Who(caller): Who, Path(name): Path<String>) -> Answer {
-    let vhost = ask(api
+    let vhost = api
         .service
-        .get_vhost(call(&caller, m::GetVhostRequest { name })))
-    .await?;
+        .get_vhost(&caller, m::GetVhostRequest { name })
+        .await?;
     let totals = {
         let _slot = api.list_slot().await?;
         api.service
@@ -78,14 +77,11 @@ async fn get_vhost(State(api): State<Api>, Who(caller): Who, Path(name): Path<St
 async fn put_vhost(State(api): State<Api>, Who(caller): Who, Path(name): Path<String>) -> Answer {
     authorize(&caller, &[Need::Administrator])?;
     let existing = m::GetVhostRequest { name: name.clone() };
-    if ask(api.service.get_vhost(call(&caller, existing)))
-        .await
-        .is_ok()
-    {
+    if api.service.get_vhost(&caller, existing).await.is_ok() {
         return created(true);
     }
     let request = m::CreateVhostRequest { name: name.clone() };
-    ask(api.service.create_vhost(call(&caller, request))).await?;
+    api.service.create_vhost(&caller, request).await?;
     if let Caller::User(user) = &caller {
         let grant = m::SetPermissionsRequest {
             user: user.name.clone(),
@@ -94,7 +90,7 @@ async fn put_vhost(State(api): State<Api>, Who(caller): Who, Path(name): Path<St
             write: ".*".into(),
             read: ".*".into(),
         };
-        ask(api.service.set_permissions(call(&caller, grant))).await?;
+        api.service.set_permissions(&caller, grant).await?;
     }
     created(false)
 }
@@ -104,9 +100,8 @@ async fn delete_vhost(
     Who(caller): Who,
     Path(name): Path<String>,
 ) -> Answer {
-    ask(api
-        .service
-        .delete_vhost(call(&caller, m::DeleteVhostRequest { name })))
-    .await?;
+    api.service
+        .delete_vhost(&caller, m::DeleteVhostRequest { name })
+        .await?;
     no_content()
 }
