@@ -9,7 +9,7 @@ use crate::cluster::{ClusterChannel, ClusterClient};
 use crate::engine as pb;
 use crate::engine::engine_admin_client::EngineAdminClient;
 use crate::management as m;
-use crate::rotation::Rotation;
+use crate::rotation::{Attempts, Rotation};
 use crate::ServiceError;
 use async_trait::async_trait;
 
@@ -288,7 +288,7 @@ macro_rules! remote_impl {
             $(
                 async fn $method(&self, request: $request) -> Result<$response, ServiceError> {
                     self.engines
-                        .first_answering(|client| {
+                        .call(Attempts::ONE_ROUND, |client| {
                             let mut client = client.clone();
                             let request = request.clone();
                             Box::pin(async move {

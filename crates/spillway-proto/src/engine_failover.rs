@@ -11,7 +11,7 @@
 use async_trait::async_trait;
 
 use crate::cluster::ClusterClient;
-use crate::rotation::Rotation;
+use crate::rotation::{Attempts, Rotation};
 use crate::{EngineApi, RemoteEngine, ServiceError, SessionStreams};
 
 /// Every engine, as the gateway reaches them.
@@ -37,7 +37,9 @@ impl FailoverEngine {
 impl EngineApi for FailoverEngine {
     async fn open_session(&self) -> Result<SessionStreams, ServiceError> {
         self.engines
-            .first_answering(|engine| Box::pin(engine.open_session()))
+            .call(Attempts::ONE_ROUND, |engine| {
+                Box::pin(engine.open_session())
+            })
             .await
     }
 
@@ -46,7 +48,9 @@ impl EngineApi for FailoverEngine {
         request: crate::engine::AuthenticateRequest,
     ) -> Result<crate::engine::LoginResult, ServiceError> {
         self.engines
-            .first_answering(|engine| Box::pin(engine.authenticate(request.clone())))
+            .call(Attempts::ONE_ROUND, |engine| {
+                Box::pin(engine.authenticate(request.clone()))
+            })
             .await
     }
 }

@@ -20,13 +20,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::future::BoxFuture;
-use tokio::time::Instant;
 
-use crate::backoff::Backoff;
 use crate::boundary::ChannelTimeouts;
 use crate::cluster::ClusterClient;
-use crate::rotation::Rotation;
+use crate::rotation::{Attempts, Rotation};
 use crate::storage::{
     AcquireLeaseRequest, Definitions, GroupStatus, Lease, MessageRecord, QueueEntry, StoreStatus,
     WriteBatch,
@@ -35,18 +32,18 @@ use crate::{QuotaStream, RemoteStorage, ServiceError, StorageApi};
 
 /// How long one call keeps looking for a leader that answers.
 pub const CALL_DEADLINE: Duration = Duration::from_secs(10);
-/// The lease is renewed every few seconds and must not wait as long.
-const LEASE_DEADLINE: Duration = Duration::from_secs(3);
-/// How long one attempt of a write may take on one member before the next
-/// is asked (a leader that died mid-call may leave its connection silent
-/// rather than closed). A commit takes milliseconds; a retry is safe, as
-/// the group applies a batch once.
-const WRITE_ATTEMPT: Duration = Duration::from_secs(4);
-/// The same for one attempt of a lease call.
-const LEASE_ATTEMPT: Duration = Duration::from_secs(2);
-/// The same for one attempt of a status call (a member busy catching up
-/// on loaded cores can take a few seconds to answer).
-const STATUS_ATTEMPT: Duration = Duration::from_secs(5);
+/// Most calls: until [`CALL_DEADLINE`].
+const CALL: Attempts = Attempts::until(CALL_DEADLINE);
+/// A write: one member may take 4 s before the next is asked (a leader
+/// that died mid-call may leave its connection silent rather than closed).
+/// A commit takes milliseconds; a retry is safe, as the group applies a
+/// batch once.
+const WRITE: Attempts = CALL.each_within(Duration::from_secs(4));
+/// A lease call: renewed every few seconds, it must not wait as long.
+const LEASE: Attempts = Attempts::until(Duration::from_secs(3)).each_within(Duration::from_secs(2));
+/// A status call: a member busy catching up on loaded cores can take a few
+/// seconds to answer.
+const STATUS: Attempts = CALL.each_within(Duration::from_secs(5));
 
 /// Every member of a storage group, as the engine reaches them: over gRPC
 /// ([`RemoteStorage`]), or in the simulation over its faulty network.
@@ -84,82 +81,22 @@ impl<M: StorageApi> GroupStorage<M> {
             members: Rotation::new("storage group member", members)?,
         })
     }
-
-    /// Runs `call` against the leader, following redirections and passing
-    /// over members that do not answer, until `deadline`.
-    async fn on_leader<'a, T>(
-        &'a self,
-        deadline: Duration,
-        call: impl Fn(&'a M) -> BoxFuture<'a, Result<T, ServiceError>>,
-    ) -> Result<T, ServiceError> {
-        self.on_leader_within(deadline, None, call).await
-    }
-
-    /// [`GroupStorage::on_leader`], giving each member at most `attempt`
-    /// (None: no bound of its own) before the next is asked.
-    async fn on_leader_within<'a, T>(
-        &'a self,
-        deadline: Duration,
-        attempt: Option<Duration>,
-        call: impl Fn(&'a M) -> BoxFuture<'a, Result<T, ServiceError>>,
-    ) -> Result<T, ServiceError> {
-        let started = Instant::now();
-        let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
-        let mut misses = 0;
-        loop {
-            let index = self.members.current();
-            let (addr, member) = self.members.get(index);
-            let answer = match attempt {
-                None => call(member).await,
-                Some(limit) => tokio::time::timeout(limit, call(member))
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(ServiceError::Unavailable(format!(
-                            "storage group member {addr} did not answer within {limit:?}"
-                        )))
-                    }),
-            };
-            let error = match answer {
-                Ok(value) => return Ok(value),
-                Err(error) if !error.is_transient() => return Err(error),
-                Err(error) => error,
-            };
-            let next = match &error {
-                ServiceError::NotLeader(leader) => self.members.position(leader),
-                _ => None,
-            };
-            let next = next
-                .filter(|next| *next != index)
-                .unwrap_or((index + 1) % self.members.len());
-            if next != index {
-                tracing::debug!(from = %addr, to = %self.members.get(next).0, %error, "storage group: trying another member");
-            }
-            self.members.move_on(index, next);
-            if started.elapsed() >= deadline {
-                return Err(error);
-            }
-            misses += 1;
-            // A round of every member without an answer: an election, or
-            // members down. Wait a little before the next round.
-            if misses % self.members.len() == 0 {
-                tokio::time::sleep(backoff.next_delay()).await;
-            }
-        }
-    }
 }
 
 #[async_trait]
 impl<M: StorageApi> StorageApi for GroupStorage<M> {
     async fn write(&self, batch: Arc<WriteBatch>) -> Result<(), ServiceError> {
-        self.on_leader_within(CALL_DEADLINE, Some(WRITE_ATTEMPT), |member| {
-            let batch = batch.clone();
-            Box::pin(async move { member.write(batch).await })
-        })
-        .await
+        self.members
+            .call(WRITE, |member| {
+                let batch = batch.clone();
+                Box::pin(async move { member.write(batch).await })
+            })
+            .await
     }
 
     async fn load_definitions(&self) -> Result<Definitions, ServiceError> {
-        self.on_leader(CALL_DEADLINE, |member| Box::pin(member.load_definitions()))
+        self.members
+            .call(CALL, |member| Box::pin(member.load_definitions()))
             .await
     }
 
@@ -168,59 +105,57 @@ impl<M: StorageApi> StorageApi for GroupStorage<M> {
         vhost: &str,
         queue: &str,
     ) -> Result<Vec<QueueEntry>, ServiceError> {
-        self.on_leader(CALL_DEADLINE, |member| {
-            Box::pin(member.load_messages(vhost, queue))
-        })
-        .await
+        self.members
+            .call(CALL, |member| Box::pin(member.load_messages(vhost, queue)))
+            .await
     }
 
     async fn read_messages(&self, ids: Vec<u64>) -> Result<Vec<MessageRecord>, ServiceError> {
-        self.on_leader(CALL_DEADLINE, |member| {
-            Box::pin(member.read_messages(ids.clone()))
-        })
-        .await
+        self.members
+            .call(CALL, |member| Box::pin(member.read_messages(ids.clone())))
+            .await
     }
 
     async fn scan_delayed(
         &self,
         request: crate::storage::ScanDelayedRequest,
     ) -> Result<crate::storage::DelayedBatch, ServiceError> {
-        self.on_leader(CALL_DEADLINE, |member| {
-            Box::pin(member.scan_delayed(request))
-        })
-        .await
+        self.members
+            .call(CALL, |member| Box::pin(member.scan_delayed(request)))
+            .await
     }
 
     async fn status(&self, count_records: bool) -> Result<StoreStatus, ServiceError> {
-        self.on_leader(CALL_DEADLINE, |member| {
-            Box::pin(member.status(count_records))
-        })
-        .await
+        self.members
+            .call(CALL, |member| Box::pin(member.status(count_records)))
+            .await
     }
 
     async fn remove_orphans(&self, epoch: u64, below_id: u64) -> Result<u64, ServiceError> {
-        self.on_leader(CALL_DEADLINE, |member| {
-            Box::pin(member.remove_orphans(epoch, below_id))
-        })
-        .await
+        self.members
+            .call(CALL, |member| {
+                Box::pin(member.remove_orphans(epoch, below_id))
+            })
+            .await
     }
 
     async fn acquire_lease(&self, request: AcquireLeaseRequest) -> Result<Lease, ServiceError> {
-        self.on_leader_within(LEASE_DEADLINE, Some(LEASE_ATTEMPT), |member| {
-            Box::pin(member.acquire_lease(request.clone()))
-        })
-        .await
+        self.members
+            .call(LEASE, |member| {
+                Box::pin(member.acquire_lease(request.clone()))
+            })
+            .await
     }
 
     async fn release_lease(&self, epoch: u64) -> Result<(), ServiceError> {
-        self.on_leader_within(LEASE_DEADLINE, Some(LEASE_ATTEMPT), |member| {
-            Box::pin(member.release_lease(epoch))
-        })
-        .await
+        self.members
+            .call(LEASE, |member| Box::pin(member.release_lease(epoch)))
+            .await
     }
 
     async fn watch_quota(&self) -> Result<QuotaStream, ServiceError> {
-        self.on_leader(CALL_DEADLINE, |member| Box::pin(member.watch_quota()))
+        self.members
+            .call(CALL, |member| Box::pin(member.watch_quota()))
             .await
     }
 
@@ -228,9 +163,8 @@ impl<M: StorageApi> StorageApi for GroupStorage<M> {
     /// answers, else the first member's that does.
     async fn group_status(&self) -> Result<GroupStatus, ServiceError> {
         let seen = self
-            .on_leader_within(CALL_DEADLINE, Some(STATUS_ATTEMPT), |member| {
-                Box::pin(member.group_status())
-            })
+            .members
+            .call(STATUS, |member| Box::pin(member.group_status()))
             .await?;
         let mut seen = seen;
         if seen.leader == 0 {
@@ -264,14 +198,16 @@ impl<M: StorageApi> StorageApi for GroupStorage<M> {
     }
 
     async fn add_member(&self, id: u64, address: String) -> Result<GroupStatus, ServiceError> {
-        self.on_leader(CALL_DEADLINE, |member| {
-            Box::pin(member.add_member(id, address.clone()))
-        })
-        .await
+        self.members
+            .call(CALL, |member| {
+                Box::pin(member.add_member(id, address.clone()))
+            })
+            .await
     }
 
     async fn remove_member(&self, id: u64) -> Result<GroupStatus, ServiceError> {
-        self.on_leader(CALL_DEADLINE, |member| Box::pin(member.remove_member(id)))
+        self.members
+            .call(CALL, |member| Box::pin(member.remove_member(id)))
             .await
     }
 
