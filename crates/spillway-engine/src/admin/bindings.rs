@@ -20,29 +20,9 @@ impl Engine {
         let (binding, arguments) = binding_request(request.binding)?;
         self.with_session(&binding.vhost, |broker, session| {
             let result = if binding.destination_is_exchange {
-                broker.bind_exchange(
-                    session,
-                    &pb::ExchangeBind {
-                        request_id: 0,
-                        channel: CHANNEL,
-                        destination: binding.destination.clone(),
-                        source: binding.source.clone(),
-                        routing_key: binding.routing_key.clone(),
-                        arguments,
-                    },
-                )
+                broker.bind_exchange(session, &exchange_bind(&binding, arguments))
             } else {
-                broker.bind_queue(
-                    session,
-                    &pb::QueueBind {
-                        request_id: 0,
-                        channel: CHANNEL,
-                        queue: binding.destination.clone(),
-                        exchange: binding.source.clone(),
-                        routing_key: binding.routing_key.clone(),
-                        arguments,
-                    },
-                )
+                broker.bind_queue(session, &queue_bind(&binding, arguments))
             };
             ok(result)
         })?;
@@ -126,33 +106,38 @@ impl Engine {
                 )));
             }
             let result = if binding.destination_is_exchange {
-                broker.unbind_exchange(
-                    session,
-                    &pb::ExchangeBind {
-                        request_id: 0,
-                        channel: CHANNEL,
-                        destination: binding.destination.clone(),
-                        source: binding.source.clone(),
-                        routing_key: binding.routing_key.clone(),
-                        arguments,
-                    },
-                )
+                broker.unbind_exchange(session, &exchange_bind(&binding, arguments))
             } else {
-                broker.unbind_queue(
-                    session,
-                    &pb::QueueBind {
-                        request_id: 0,
-                        channel: CHANNEL,
-                        queue: binding.destination.clone(),
-                        exchange: binding.source.clone(),
-                        routing_key: binding.routing_key.clone(),
-                        arguments,
-                    },
-                )
+                broker.unbind_queue(session, &queue_bind(&binding, arguments))
             };
             ok(result)
         })?;
         Ok(m::DeleteBindingResponse {})
+    }
+}
+
+/// `exchange.bind` (or `exchange.unbind`) of `binding`, as a session
+/// sends it.
+fn exchange_bind(binding: &m::Binding, arguments: Bytes) -> pb::ExchangeBind {
+    pb::ExchangeBind {
+        request_id: 0,
+        channel: CHANNEL,
+        destination: binding.destination.clone(),
+        source: binding.source.clone(),
+        routing_key: binding.routing_key.clone(),
+        arguments,
+    }
+}
+
+/// `queue.bind` (or `queue.unbind`) of `binding`, as a session sends it.
+fn queue_bind(binding: &m::Binding, arguments: Bytes) -> pb::QueueBind {
+    pb::QueueBind {
+        request_id: 0,
+        channel: CHANNEL,
+        queue: binding.destination.clone(),
+        exchange: binding.source.clone(),
+        routing_key: binding.routing_key.clone(),
+        arguments,
     }
 }
 
