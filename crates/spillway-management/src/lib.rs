@@ -20,7 +20,9 @@ use spillway_proto::management::{self as m};
 use spillway_proto::permissions::{
     alternate_exchange_requirements, dead_letter_requirements, Access, Requirement,
 };
-use spillway_proto::{EngineAdminApi, ServiceError, StorageApi, MANAGEMENT_DESCRIPTOR};
+use spillway_proto::{
+    engine::EngineAdminApi, management::MANAGEMENT_DESCRIPTOR, storage::StorageApi, ServiceError,
+};
 use spillway_telemetry::Metrics;
 use tonic::service::Routes;
 use tonic::{Request, Response, Status};

@@ -23,15 +23,17 @@ use async_trait::async_trait;
 use futures::future::BoxFuture;
 use tokio::time::Instant;
 
-use crate::backoff::Backoff;
-use crate::boundary::ChannelTimeouts;
+use super::api::{QuotaStream, StorageApi};
+use super::remote::RemoteStorage;
+use crate::cluster::ChannelTimeouts;
 use crate::cluster::ClusterClient;
-use crate::rotation::Rotation;
 use crate::storage::{
     AcquireLeaseRequest, Definitions, GroupStatus, Lease, MessageRecord, QueueEntry, StoreStatus,
     WriteBatch,
 };
-use crate::{QuotaStream, RemoteStorage, ServiceError, StorageApi};
+use crate::util::backoff::Backoff;
+use crate::util::rotation::Rotation;
+use crate::ServiceError;
 
 /// How long one call keeps looking for a leader that answers.
 pub const CALL_DEADLINE: Duration = Duration::from_secs(10);

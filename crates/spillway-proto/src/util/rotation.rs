@@ -1,15 +1,12 @@
 //! [`Rotation`]: several servers of which one is expected to answer (the
 //! engine that holds the lease, the storage group's leader), and which one
-//! answered last. The gateway's [`FailoverEngine`], management's
-//! [`RemoteEngineAdmin`] and the engine's [`GroupStorage`] each keep one.
+//! answered last. The gateway's `engine::FailoverEngine`, management's
+//! `engine::RemoteEngineAdmin` and the engine's `storage::GroupStorage` each
+//! keep one (a utility: it names none of them).
 //!
 //! Written here rather than with tonic's `balance_list`: that balancer
 //! keeps routing to endpoints whose connection failed, and a unary request
 //! cannot be replayed below the generated client.
-//!
-//! [`FailoverEngine`]: crate::FailoverEngine
-//! [`RemoteEngineAdmin`]: crate::RemoteEngineAdmin
-//! [`GroupStorage`]: crate::GroupStorage
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
