@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use spillway_proto::clock::{SharedClock, SystemClock};
+use spillway_proto::util::clock::{SharedClock, SystemClock};
 use spillway_telemetry::MemoryCeiling;
 
 use crate::budget;

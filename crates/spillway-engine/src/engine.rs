@@ -12,8 +12,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 use parking_lot::Mutex;
-use spillway_proto::backoff::Backoff;
-use spillway_proto::{EngineApi, ServiceError, SessionStreams, StorageApi};
+use spillway_proto::util::backoff::Backoff;
+use spillway_proto::{
+    engine::{EngineApi, SessionStreams},
+    storage::StorageApi,
+    ServiceError,
+};
 use tokio::sync::{mpsc, Notify, Semaphore};
 
 use crate::access::{AccessControl, LoginRefusal, Permissions};
@@ -693,7 +697,7 @@ async fn run_loader(
 #[async_trait]
 impl EngineApi for Engine {
     async fn open_session(&self) -> Result<SessionStreams, ServiceError> {
-        let (command_tx, command_rx) = spillway_proto::command_queue();
+        let (command_tx, command_rx) = spillway_proto::engine::command_queue();
         let (event_tx, event_rx) = mpsc::unbounded_channel();
         let id = self.shared.next_session.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(run_session(self.shared.clone(), id, command_rx, event_tx));

@@ -41,8 +41,8 @@
 //!   (`budget.rs`), delivery credit (`credit.rs`) and the ordered pipe to
 //!   the store (`persistence.rs`).
 //!
-//! [`StorageApi`]: spillway_proto::StorageApi
-//! [`EngineApi`]: spillway_proto::EngineApi
+//! [`StorageApi`]: spillway_proto::storage::StorageApi
+//! [`EngineApi`]: spillway_proto::engine::EngineApi
 
 pub mod access;
 mod admin;

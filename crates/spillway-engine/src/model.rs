@@ -37,7 +37,7 @@ pub struct Message {
     stored_seq: AtomicU64,
     /// The engine's `publish` span, when traces are exported: deliveries
     /// join its trace.
-    pub trace: Option<Box<spillway_proto::trace::SpanContext>>,
+    pub trace: Option<Box<spillway_proto::util::trace::SpanContext>>,
     accounted: u64,
     budget: Arc<MemoryBudget>,
 }
@@ -53,7 +53,7 @@ impl Message {
         body: Body,
         persistent: bool,
     ) -> Arc<Self> {
-        let trace = spillway_proto::trace::current().map(Box::new);
+        let trace = spillway_proto::util::trace::current().map(Box::new);
         Self::build(
             budget,
             (exchange, routing_key, properties, body),
@@ -66,7 +66,7 @@ impl Message {
         budget: &Arc<MemoryBudget>,
         (exchange, routing_key, properties, body): (String, String, Bytes, Body),
         persistent: bool,
-        trace: Option<Box<spillway_proto::trace::SpanContext>>,
+        trace: Option<Box<spillway_proto::util::trace::SpanContext>>,
     ) -> Arc<Self> {
         // The body as held: a compressed body counts its compressed size.
         let accounted = (exchange.len() + routing_key.len() + properties.len()) as u64

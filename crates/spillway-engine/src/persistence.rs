@@ -38,10 +38,10 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use prost::Message as _;
-use spillway_proto::backoff::Backoff;
 use spillway_proto::storage::{write_op, Durability, MessageRecord, WriteBatch, WriteOp};
-use spillway_proto::trace::SpanContext;
-use spillway_proto::{ServiceError, StorageApi};
+use spillway_proto::util::backoff::Backoff;
+use spillway_proto::util::trace::SpanContext;
+use spillway_proto::{storage::StorageApi, ServiceError};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tracing::Instrument;
 
@@ -312,7 +312,7 @@ impl StoreWriter {
             durability,
             spilled_bytes,
             done,
-            trace: spillway_proto::trace::current(),
+            trace: spillway_proto::util::trace::current(),
         };
         if self.requests.send(request).is_err() {
             tracing::error!("storage writer stopped: a write was not submitted");
@@ -639,8 +639,8 @@ fn batch_span(traces: &[SpanContext], ops: usize) -> tracing::Span {
     let Some((first, others)) = traces.split_first() else {
         return tracing::Span::none();
     };
-    let span = tracing::trace_span!(target: spillway_proto::trace::TARGET, "write_batch", ops, writes = traces.len());
-    spillway_proto::trace::set_parent_and_links(&span, first, others);
+    let span = tracing::trace_span!(target: spillway_proto::util::trace::TARGET, "write_batch", ops, writes = traces.len());
+    spillway_proto::util::trace::set_parent_and_links(&span, first, others);
     span
 }
 
@@ -786,7 +786,7 @@ mod tests {
         async fn release_lease(&self, _: u64) -> Result<(), ServiceError> {
             Ok(())
         }
-        async fn watch_quota(&self) -> Result<spillway_proto::QuotaStream, ServiceError> {
+        async fn watch_quota(&self) -> Result<spillway_proto::storage::QuotaStream, ServiceError> {
             Ok(Box::pin(futures::stream::pending()))
         }
         async fn set_quota(

@@ -27,8 +27,8 @@ use std::sync::Weak;
 use std::time::{Duration, Instant};
 
 use spillway_amqp as amqp;
-use spillway_proto::backoff::Backoff;
 use spillway_proto::storage::Definitions;
+use spillway_proto::util::backoff::Backoff;
 use spillway_proto::ServiceError;
 
 use crate::broker::{
@@ -226,7 +226,7 @@ pub(crate) async fn run(shared: Weak<Shared>, epoch: u64, queues: Vec<(String, S
 /// Calls the store until it answers, or the engine is gone (None).
 async fn with_retry<T, F, Fut>(shared: &Weak<Shared>, what: &str, mut call: F) -> Option<T>
 where
-    F: FnMut(std::sync::Arc<dyn spillway_proto::StorageApi>) -> Fut,
+    F: FnMut(std::sync::Arc<dyn spillway_proto::storage::StorageApi>) -> Fut,
     Fut: std::future::Future<Output = Result<T, ServiceError>>,
 {
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));

@@ -5,10 +5,10 @@ use std::pin::Pin;
 
 use futures::{Stream, StreamExt};
 use spillway_proto::engine::engine_server::{Engine as EngineGrpc, EngineServer};
+use spillway_proto::engine::{serve_remote_session, EngineApi};
 use spillway_proto::engine::{
     AuthenticateRequest, AuthenticateResponse, SessionCommand, SessionEvent,
 };
-use spillway_proto::{serve_remote_session, EngineApi};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::engine::Engine;

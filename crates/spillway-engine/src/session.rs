@@ -17,7 +17,7 @@ use spillway_proto::engine::{
     self as pb, reply, session_command::Command, session_event::Event, AmqpError, Reply,
     SessionCommand, SessionEvent,
 };
-use spillway_proto::{CommandReceiver, QueuedCommand};
+use spillway_proto::engine::{CommandReceiver, QueuedCommand};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::access::{self, SessionAccess};
@@ -533,9 +533,12 @@ impl Session {
             }
             Command::Publish(mut cmd) => {
                 let (channel, seq) = (cmd.channel, cmd.confirm_seq);
-                let span = tracing::trace_span!(target: spillway_proto::trace::TARGET, "publish",
+                let span = tracing::trace_span!(target: spillway_proto::util::trace::TARGET, "publish",
                     exchange = %cmd.exchange, routing_key = %cmd.routing_key);
-                spillway_proto::trace::set_parent(&span, &std::mem::take(&mut cmd.trace_context));
+                spillway_proto::util::trace::set_parent(
+                    &span,
+                    &std::mem::take(&mut cmd.trace_context),
+                );
                 let outcome = span.in_scope(|| broker.publish(id, cmd));
                 broker.check_memory_ceiling();
                 self.paced_on = broker.take_paced(id);

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use spillway_proto::backoff::Backoff;
-use spillway_proto::StorageApi;
+use spillway_proto::storage::StorageApi;
+use spillway_proto::util::backoff::Backoff;
 use tokio::sync::Notify;
 
 use crate::access::AccessControl;

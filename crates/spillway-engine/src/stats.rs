@@ -460,7 +460,7 @@ mod tests {
 
     use bytes::Bytes;
     use spillway_proto::engine::{self as pb, session_command::Command, session_event::Event};
-    use spillway_proto::{EngineApi, SessionStreams};
+    use spillway_proto::engine::{EngineApi, SessionStreams};
     use spillway_storage::MemoryStore;
 
     use super::*;

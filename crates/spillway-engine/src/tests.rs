@@ -12,7 +12,7 @@ use spillway_amqp::{self as amqp, reply_code};
 use spillway_proto::engine::{
     self as pb, reply, session_command::Command, session_event::Event, ErrorKind,
 };
-use spillway_proto::{EngineApi, SessionStreams};
+use spillway_proto::engine::{EngineApi, SessionStreams};
 use spillway_storage::MemoryStore;
 
 use crate::{Engine, EngineConfig};
@@ -487,7 +487,7 @@ async fn gets_wait_for_delivery_credit_and_later_commands_keep_their_order() {
 /// on the timer, with nobody asking), and the store keeps nothing of it.
 #[tokio::test]
 async fn persistent_messages_expire_after_a_restart_and_leave_the_store() {
-    use spillway_proto::StorageApi;
+    use spillway_proto::storage::StorageApi;
 
     let store = MemoryStore::new();
     let engine = engine_on(&store).await;
@@ -669,7 +669,7 @@ async fn transactions_hold_publishes_and_acks_until_commit() {
 /// has been idle for `idle_close`, by `clock`.
 async fn engine_closing_idle_transactions(
     idle_close: Duration,
-    clock: spillway_proto::clock::SharedClock,
+    clock: spillway_proto::util::clock::SharedClock,
 ) -> Engine {
     let config = EngineConfig {
         transactions: crate::TxConfig {
@@ -691,7 +691,7 @@ async fn engine_closing_idle_transactions(
 async fn an_idle_transaction_closes_its_connection_with_506() {
     let engine = engine_closing_idle_transactions(
         Duration::from_millis(50),
-        spillway_proto::clock::SystemClock::shared(),
+        spillway_proto::util::clock::SystemClock::shared(),
     )
     .await;
     let mut client = Client::open(&engine).await;
@@ -714,7 +714,7 @@ async fn an_idle_transaction_closes_its_connection_with_506() {
 /// passes on a manual clock without any real time going by.
 #[tokio::test]
 async fn an_idle_transaction_times_out_on_the_engine_clock() {
-    use spillway_proto::clock::ManualClock;
+    use spillway_proto::util::clock::ManualClock;
 
     let clock = ManualClock::new();
     let hour = Duration::from_secs(3600);
@@ -976,7 +976,7 @@ async fn engine_with_threshold(store: &MemoryStore, threshold: u64, interval: Du
 /// payload moves to the store and leaves the budget.
 #[tokio::test]
 async fn unacked_payloads_move_to_the_store_only_after_half_a_housekeeping_interval() {
-    use spillway_proto::StorageApi;
+    use spillway_proto::storage::StorageApi;
     const MESSAGES: usize = 8;
     for (interval, moved) in [
         (Duration::from_secs(600), false),
@@ -1073,7 +1073,7 @@ async fn unacked_counts_follow_each_queue_when_one_channel_consumes_several() {
 /// the clock has passed is not, though no real time went by.
 #[tokio::test]
 async fn message_ttl_follows_the_engine_clock_not_the_wall() {
-    use spillway_proto::clock::ManualClock;
+    use spillway_proto::util::clock::ManualClock;
 
     let store = MemoryStore::new();
     let clock = ManualClock::new();

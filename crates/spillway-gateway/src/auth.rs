@@ -1,7 +1,7 @@
 //! SASL PLAIN, AMQPLAIN and EXTERNAL (the user named by a verified TLS
 //! client certificate's CN): the client's response is read here, the login
 //! itself is checked by the engine, which holds the users
-//! ([`spillway_proto::EngineApi::authenticate`]).
+//! ([`spillway_proto::engine::EngineApi::authenticate`]).
 //!
 //! A refused login tells the client only RabbitMQ's "Login was refused …"
 //! (an unknown user, a wrong password and a loopback-only user read the

@@ -24,7 +24,7 @@
 //! - [`amqp1`]: AMQP 1.0 on the same listeners, chosen by the protocol
 //!   header, over the same engine (`fe2o3-amqp`'s state machines).
 //!
-//! The engine is reached through [`spillway_proto::EngineApi`]: in-process
+//! The engine is reached through [`spillway_proto::engine::EngineApi`]: in-process
 //! in the all-in-one broker, over gRPC when the gateway runs alone.
 
 pub mod amqp091;
@@ -88,8 +88,8 @@ pub struct GatewayConfig {
     /// throttling and the rate of refusal log lines); the wiring hands it
     /// the process's clock. Socket deadlines and heartbeats run on tokio's
     /// timers, which tests pause and advance.
-    #[serde(skip, default = "spillway_proto::clock::SystemClock::shared")]
-    pub clock: spillway_proto::clock::SharedClock,
+    #[serde(skip, default = "spillway_proto::util::clock::SystemClock::shared")]
+    pub clock: spillway_proto::util::clock::SharedClock,
 }
 
 impl GatewayConfig {
@@ -134,7 +134,7 @@ impl Default for GatewayConfig {
             max_unfinished_content: 128 * 1024 * 1024,
             compress_above: None,
             amqp1_anonymous_user: None,
-            clock: spillway_proto::clock::SystemClock::shared(),
+            clock: spillway_proto::util::clock::SystemClock::shared(),
         }
     }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use spillway_amqp::{reply_code, MethodId};
 use spillway_proto::engine::AmqpError;
-use spillway_proto::EngineApi;
+use spillway_proto::engine::EngineApi;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;

@@ -406,7 +406,8 @@ impl GroupSandbox {
     pub async fn status_of(&self, id: u64) -> anyhow::Result<GroupStatus> {
         let member = self.members.get(&id).context("no such member")?;
         let cluster = self.secrets.client(ClusterRole::Management)?;
-        let channel = spillway_proto::lazy_channel(&format!("http://{}", member.addr), &cluster)?;
+        let channel =
+            spillway_proto::cluster::lazy_channel(&format!("http://{}", member.addr), &cluster)?;
         let mut client = StorageGroupClient::new(channel);
         let mut request = tonic::Request::new(GroupStatusRequest {});
         request.set_timeout(Duration::from_secs(2));

@@ -40,7 +40,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use spillway_proto::cluster::{ClusterClient, ClusterRole, ClusterSecret, ClusterTls};
 use spillway_proto::storage::StoreStatus;
-use spillway_proto::{RemoteStorage, StorageApi};
+use spillway_proto::storage::{RemoteStorage, StorageApi};
 use spillway_serve::{Role, Running, Settings};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

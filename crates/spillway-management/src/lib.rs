@@ -20,7 +20,9 @@
 use std::sync::Arc;
 
 use spillway_proto::management::management_server::ManagementServer;
-use spillway_proto::{EngineAdminApi, StorageApi, MANAGEMENT_DESCRIPTOR};
+use spillway_proto::{
+    engine::EngineAdminApi, management::MANAGEMENT_DESCRIPTOR, storage::StorageApi,
+};
 use spillway_telemetry::Metrics;
 use tonic::service::Routes;
 

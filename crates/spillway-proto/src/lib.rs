@@ -1,64 +1,58 @@
-//! Spillway's gRPC contracts: the generated types and services for
-//! gateway↔engine (`engine`, with the engine's internal admin API),
-//! engine↔storage (`storage`) and the public management API (`management`).
+//! Spillway's gRPC contracts and what the components share across them.
+//!
+//! The crate owns the boundaries between Spillway's components: for each
+//! service its generated types and gRPC code, the trait a component calls
+//! it through, and that trait's remote client (the in-process
+//! implementations live in the components' own crates). Callers hold an
+//! `Arc<dyn …>` and never know which they have. Besides, it owns the error
+//! mapping every service uses, the cluster's internal credentials and
+//! channels, and two domain types the components share.
+//!
+//! One module per service, each holding its generated code and the
+//! hand-written code of that boundary:
+//! - [`engine`]: gateway↔engine (the session contract [`engine::EngineApi`],
+//!   its remote client and server, the session's command queue, the
+//!   gateway's [`engine::FailoverEngine`]) and the engine's internal admin
+//!   API ([`engine::EngineAdminApi`], [`engine::RemoteEngineAdmin`]);
+//! - [`storage`]: engine↔storage ([`storage::StorageApi`],
+//!   [`storage::RemoteStorage`], and [`storage::GroupStorage`], the client
+//!   that follows a storage group's leader);
+//! - [`management`]: the public management API and its descriptor set.
+//!
+//! Shared by them all:
+//! - [`error`]: [`ServiceError`] and its one mapping to gRPC statuses (and,
+//!   in `amqp_error.rs`, how the engine's `AmqpError` is built);
+//! - [`cluster`]: what every internal call carries (role, secret, mutual
+//!   TLS, message limits) and the channels that carry it;
+//! - [`body`] (the message body as the broker holds it) and [`permissions`]
+//!   (RabbitMQ's permissions): domain types of the engine and management;
+//! - [`util`]: backoff, clock, JSON helpers, the internal gRPC codec,
+//!   rotation over several servers, trace context. Utilities import
+//!   nothing of the services.
+//!
+//! No service module imports another's hand-written code: `engine` and
+//! `storage` name only `management`'s generated messages (the admin API and
+//! the store's quota carry them).
 //!
 //! The generated code is checked in under `src/generated/` so that building
 //! Spillway needs no `protoc`; `tests/generated_code_is_fresh.rs` regenerates
 //! it from `proto/` and fails on any difference. The internal services use
-//! [`lean_codec::LeanCodec`]: prost's codec with small starting buffers.
+//! [`util::lean_codec::LeanCodec`]: prost's codec with small starting
+//! buffers.
 //!
 //! The prost message types double as Spillway's domain types on the message
 //! path: the in-process wiring moves them through channels as they are, the
 //! remote wiring sends them over tonic, so neither pays a conversion.
 
-pub mod engine {
-    #![allow(clippy::all, missing_docs)]
-    include!("generated/spillway.engine.v1.rs");
-}
-
-pub mod storage {
-    #![allow(clippy::all, missing_docs)]
-    include!("generated/spillway.storage.v1.rs");
-}
-
-pub mod management {
-    #![allow(clippy::all, missing_docs)]
-    include!("generated/spillway.management.v1.rs");
-}
+pub mod engine;
+pub mod management;
+pub mod storage;
 
 mod amqp_error;
-pub mod backoff;
 pub mod body;
-mod boundary;
-pub mod clock;
 pub mod cluster;
-pub mod command_queue;
-mod engine_failover;
-mod group_client;
-pub mod lean_codec;
+pub mod error;
 pub mod permissions;
-mod rotation;
-mod status;
+pub mod util;
 
-pub use boundary::{
-    lazy_channel, lazy_member_channel, serve_remote_session, EngineApi, QuotaStream, RemoteEngine,
-    RemoteStorage, SessionStreams, StorageApi,
-};
-pub use command_queue::{
-    command_queue, CommandReceiver, CommandSender, QueuedCommand, SESSION_COMMAND_BUFFER,
-    SESSION_COMMAND_BYTES,
-};
-
-pub use engine_failover::FailoverEngine;
-pub use group_client::GroupStorage;
-pub use status::{RemoteError, ServiceError, LEADER_HEADER};
-
-mod admin;
-pub mod json;
-pub mod trace;
-
-pub use admin::{EngineAdminApi, RemoteEngineAdmin};
-
-/// The encoded file descriptor set of the public management API, for gRPC
-/// server reflection (regenerated and checked with the code).
-pub const MANAGEMENT_DESCRIPTOR: &[u8] = include_bytes!("generated/management_descriptor.bin");
+pub use error::ServiceError;

@@ -23,9 +23,9 @@ fn generate_into(out_dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .build_client(true)
         .bytes(".")
-        // Small starting stream buffers (`lean_codec.rs`), paid per client
+        // Small starting stream buffers (`util/lean_codec.rs`), paid per client
         // connection in the separate wiring.
-        .codec_path("crate::lean_codec::LeanCodec")
+        .codec_path("crate::util::lean_codec::LeanCodec")
         // The engine's admin API carries the public API's messages.
         .extern_path(".spillway.management.v1", "crate::management")
         .out_dir(out_dir)
@@ -59,15 +59,15 @@ fn generate_into(out_dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
         )
         .field_attribute(
             ".spillway.management.v1.PeekedMessage.body",
-            "#[serde(serialize_with = \"crate::json::base64\")]",
+            "#[serde(serialize_with = \"crate::util::json::base64\")]",
         )
         .field_attribute(
             ".spillway.management.v1.PublishMessageRequest.body",
-            "#[serde(serialize_with = \"crate::json::base64\")]",
+            "#[serde(serialize_with = \"crate::util::json::base64\")]",
         )
         .field_attribute(
             ".spillway.management.v1.DefinedUser.password_hash",
-            "#[serde(serialize_with = \"crate::json::base64\")]",
+            "#[serde(serialize_with = \"crate::util::json::base64\")]",
         )
         .file_descriptor_set_path(out_dir.join(DESCRIPTOR))
         .out_dir(management.path())

@@ -13,4 +13,4 @@ pub use settings::{Origin, Problem, Settings, SettingsError};
 
 /// The `tracing` target of the message-path spans that are exported over
 /// OTLP (the binary enables it only for its OpenTelemetry layer).
-pub use spillway_proto::trace::TARGET as TRACE_TARGET;
+pub use spillway_proto::util::trace::TARGET as TRACE_TARGET;

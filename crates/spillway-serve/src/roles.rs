@@ -7,12 +7,12 @@ use anyhow::Context;
 use spillway_engine::{Engine, EngineAdminService, EngineConfig, EngineService};
 use spillway_gateway::{AmqpServer, GatewayMetrics, Listeners};
 use spillway_management::ManagementService;
-use spillway_proto::backoff::Backoff;
-use spillway_proto::clock::{SharedClock, SystemClock};
 use spillway_proto::cluster::{grpc_message_limit, ClusterClient};
+use spillway_proto::util::backoff::Backoff;
+use spillway_proto::util::clock::{SharedClock, SystemClock};
 use spillway_proto::{
-    EngineAdminApi, EngineApi, FailoverEngine, GroupStorage, RemoteEngine, RemoteEngineAdmin,
-    RemoteStorage, StorageApi,
+    engine::{EngineAdminApi, EngineApi, FailoverEngine, RemoteEngine, RemoteEngineAdmin},
+    storage::{GroupStorage, RemoteStorage, StorageApi},
 };
 use spillway_storage::{RocksStore, StorageGroup, StorageGroupService, StorageService};
 use spillway_telemetry::prometheus_client::metrics::family::Family;

@@ -486,7 +486,7 @@ impl GatewaySettings {
                 .clone()
                 .filter(|user| !user.is_empty()),
             // The wiring hands the process's own clock.
-            clock: spillway_proto::clock::SystemClock::shared(),
+            clock: spillway_proto::util::clock::SystemClock::shared(),
         }
     }
 }

@@ -19,7 +19,10 @@ use spillway_proto::storage::{
     write_op, AcquireLeaseRequest, Definitions, GroupStatus, Lease, MessageRecord, QueueEntry,
     StoreStatus, WriteBatch, WriteOp,
 };
-use spillway_proto::{GroupStorage, QuotaStream, ServiceError, StorageApi};
+use spillway_proto::{
+    storage::{GroupStorage, QuotaStream, StorageApi},
+    ServiceError,
+};
 
 use crate::history::{Event, History, MessageTag};
 use crate::network::{address_of, Host, Network, Undelivered};

@@ -5,7 +5,7 @@
 //! group's own log and state machine (`spillway_storage::group`) on a
 //! RocksDB held in memory ([`RocksStore::open_in_memory`]), and engines
 //! that write through the engine's own client of the group
-//! ([`spillway_proto::GroupStorage`]). What is simulated:
+//! ([`spillway_proto::storage::GroupStorage`]). What is simulated:
 //!
 //! - the network ([`network`]): every message delayed, some lost, cuts
 //!   between hosts; the members reach each other through the same

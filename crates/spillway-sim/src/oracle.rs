@@ -23,8 +23,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use prost::Message as _;
+use spillway_proto::storage::StorageApi;
 use spillway_proto::storage::{write_op, WriteBatch};
-use spillway_proto::StorageApi;
 use spillway_storage::group::{Command, LoggedEntry};
 use spillway_storage::StorageGroup;
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use rand08::rngs::StdRng;
 use rand08::{Rng, SeedableRng};
-use spillway_proto::StorageApi as _;
+use spillway_proto::storage::StorageApi as _;
 use spillway_storage::group::{runtime, GroupSettings, LogLevels};
 use spillway_storage::{RocksStore, StorageGroup};
 use tokio::task::JoinHandle;

@@ -17,7 +17,7 @@
 //!   log ([`StorageGroup`], served by [`StorageService::grouped`] and
 //!   [`StorageGroupService`]).
 //!
-//! [`StorageApi`]: spillway_proto::StorageApi
+//! [`StorageApi`]: spillway_proto::storage::StorageApi
 
 mod delayed;
 pub mod group;

@@ -22,7 +22,10 @@ use spillway_proto::storage::{
     PermissionDefinition, PolicyDefinition, QueueDefinition, QueueEntry, QuotaState, StoreStatus,
     UserDefinition, VhostDefinition, WriteBatch,
 };
-use spillway_proto::{QuotaStream, ServiceError, StorageApi};
+use spillway_proto::{
+    storage::{QuotaStream, StorageApi},
+    ServiceError,
+};
 use tokio::sync::watch;
 
 use crate::keys;

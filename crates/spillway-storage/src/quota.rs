@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use rocksdb::DB;
 use spillway_proto::storage::QuotaState;
-use spillway_proto::QuotaStream;
+use spillway_proto::storage::QuotaStream;
 use tokio::sync::watch;
 
 const CHECK_EVERY: Duration = Duration::from_millis(500);

@@ -7,12 +7,12 @@ use std::sync::Arc;
 
 use futures::Stream;
 use spillway_proto::storage::storage_server::Storage;
+use spillway_proto::storage::StorageApi;
 use spillway_proto::storage::{
     Definitions, LoadDefinitionsRequest, LoadMessagesRequest, QueueEntryChunk, QuotaState,
     ReadMessagesRequest, ReadMessagesResponse, StatusRequest, StoreStatus, WatchQuotaRequest,
     WriteAck, WriteBatch,
 };
-use spillway_proto::StorageApi;
 use tonic::{Request, Response, Status};
 
 use crate::group::node::StorageGroup;
@@ -105,11 +105,12 @@ impl Storage for StorageService {
         let (metadata, _, batch) = request.into_parts();
         if let Some(group) = &self.group {
             let write = group.write_at(&batch);
-            let applied_index = spillway_proto::trace::with_remote_parent(&metadata, write).await?;
+            let applied_index =
+                spillway_proto::util::trace::with_remote_parent(&metadata, write).await?;
             return Ok(Response::new(WriteAck { applied_index }));
         }
         let write = self.store.write(Arc::new(batch));
-        spillway_proto::trace::with_remote_parent(&metadata, write).await?;
+        spillway_proto::util::trace::with_remote_parent(&metadata, write).await?;
         Ok(Response::new(WriteAck::default()))
     }
 

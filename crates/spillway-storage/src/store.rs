@@ -28,7 +28,7 @@ use spillway_proto::storage::{
     Lease, MessageRecord, PermissionDefinition, PolicyDefinition, QueueDefinition, QueueEntry,
     StoreStatus, UserDefinition, VhostDefinition, WriteBatch,
 };
-use spillway_proto::{ServiceError, StorageApi};
+use spillway_proto::{storage::StorageApi, ServiceError};
 
 use crate::keys;
 use crate::lease::{Grant, LeaseState};
@@ -897,8 +897,8 @@ impl RocksStore {
 impl StorageApi for RocksStore {
     async fn write(&self, batch: Arc<WriteBatch>) -> Result<(), ServiceError> {
         use tracing::Instrument;
-        let span = if spillway_proto::trace::in_trace() {
-            tracing::trace_span!(target: spillway_proto::trace::TARGET, "write", ops = batch.ops.len())
+        let span = if spillway_proto::util::trace::in_trace() {
+            tracing::trace_span!(target: spillway_proto::util::trace::TARGET, "write", ops = batch.ops.len())
         } else {
             tracing::Span::none()
         };
@@ -938,7 +938,7 @@ impl StorageApi for RocksStore {
             .await
     }
 
-    async fn watch_quota(&self) -> Result<spillway_proto::QuotaStream, ServiceError> {
+    async fn watch_quota(&self) -> Result<spillway_proto::storage::QuotaStream, ServiceError> {
         Ok(self.quota.watch())
     }
 

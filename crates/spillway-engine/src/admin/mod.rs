@@ -28,7 +28,7 @@ use async_trait::async_trait;
 use spillway_proto::engine as pb;
 use spillway_proto::engine::engine_admin_server::{EngineAdmin, EngineAdminServer};
 use spillway_proto::management as m;
-use spillway_proto::{EngineAdminApi, ServiceError};
+use spillway_proto::{engine::EngineAdminApi, ServiceError};
 use tonic::{Request, Response, Status};
 
 use crate::engine::Engine;

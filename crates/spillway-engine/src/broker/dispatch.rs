@@ -549,9 +549,9 @@ fn delivered_properties(message: &Message, earlier_deliveries: u32) -> bytes::By
 /// The engine's `deliver` span (in the trace of the message's publish) as it
 /// hands a message to a consumer, and its context for the gateway.
 fn deliver_trace_context(
-    publish: &spillway_proto::trace::SpanContext,
-) -> spillway_proto::trace::Carrier {
-    let span = tracing::trace_span!(target: spillway_proto::trace::TARGET, "deliver");
-    spillway_proto::trace::set_parent_and_links(&span, publish, &[]);
-    spillway_proto::trace::carrier(&span)
+    publish: &spillway_proto::util::trace::SpanContext,
+) -> spillway_proto::util::trace::Carrier {
+    let span = tracing::trace_span!(target: spillway_proto::util::trace::TARGET, "deliver");
+    spillway_proto::util::trace::set_parent_and_links(&span, publish, &[]);
+    spillway_proto::util::trace::carrier(&span)
 }

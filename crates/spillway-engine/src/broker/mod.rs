@@ -117,8 +117,8 @@ pub struct Broker {
     /// The process's memory ceiling: what it holds for clients, checked
     /// after each publish and at each housekeeping.
     pub(crate) memory_ceiling: Arc<spillway_telemetry::MemoryCeiling>,
-    /// Time as the broker reads it ([`spillway_proto::clock`]).
-    pub(crate) clock: spillway_proto::clock::SharedClock,
+    /// Time as the broker reads it ([`spillway_proto::util::clock`]).
+    pub(crate) clock: spillway_proto::util::clock::SharedClock,
     pub(crate) consumer_timeout: Option<std::time::Duration>,
     /// `engine.default_maximum_delivery_count` (0 = no limit).
     pub(crate) default_max_deliveries: u64,

@@ -317,7 +317,7 @@ struct ConnectionIo<R> {
     out: FrameWriter,
     read_buffer: CountedBytes,
     writer_tx: mpsc::Sender<Outbound>,
-    commands: spillway_proto::CommandSender,
+    commands: spillway_proto::engine::CommandSender,
     events: mpsc::UnboundedReceiver<SessionEvent>,
 }
 
@@ -593,7 +593,7 @@ impl WriteDeadline {
 async fn write_loop<W: AsyncWrite + Unpin>(
     mut socket: W,
     mut outbound: mpsc::Receiver<Outbound>,
-    commands: spillway_proto::CommandSender,
+    commands: spillway_proto::engine::CommandSender,
     metrics: GatewayMetrics,
     deadline: WriteDeadline,
 ) {

@@ -13,11 +13,11 @@ use std::sync::{Arc, Weak};
 
 use foldhash::HashMap;
 use parking_lot::Mutex;
+use spillway_proto::engine::CommandSender;
 use spillway_proto::engine::{
     self as pb, reply, session_command::Command, session_event::Event, SessionCommand, SessionEvent,
 };
 use spillway_proto::management::Amqp1Link;
-use spillway_proto::CommandSender;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::Amqp1Error;

@@ -843,7 +843,7 @@ pub mod engine_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.Engine/Session",
             );
@@ -869,7 +869,7 @@ pub mod engine_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.Engine/Authenticate",
             );
@@ -1022,7 +1022,7 @@ pub mod engine_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = SessionSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -1067,7 +1067,7 @@ pub mod engine_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = AuthenticateSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -1275,7 +1275,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/CreateVhost",
             );
@@ -1301,7 +1301,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/ListVhosts",
             );
@@ -1325,7 +1325,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/DeleteVhost",
             );
@@ -1351,7 +1351,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/CreateExchange",
             );
@@ -1377,7 +1377,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/ListExchanges",
             );
@@ -1403,7 +1403,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/DeleteExchange",
             );
@@ -1429,7 +1429,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/CreateQueue",
             );
@@ -1455,7 +1455,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/ListQueues",
             );
@@ -1480,7 +1480,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/GetQueue",
             );
@@ -1505,7 +1505,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/GetVhost",
             );
@@ -1532,7 +1532,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/VhostMessageTotals",
             );
@@ -1561,7 +1561,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/DeleteQueue",
             );
@@ -1587,7 +1587,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/PurgeQueue",
             );
@@ -1611,7 +1611,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/PeekMessages",
             );
@@ -1637,7 +1637,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/GetMessages",
             );
@@ -1663,7 +1663,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/MoveMessages",
             );
@@ -1689,7 +1689,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/PublishMessage",
             );
@@ -1715,7 +1715,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/CreateBinding",
             );
@@ -1741,7 +1741,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/ListBindings",
             );
@@ -1767,7 +1767,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/DeleteBinding",
             );
@@ -1794,7 +1794,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/GetBrokerStatus",
             );
@@ -1820,7 +1820,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/ListConnections",
             );
@@ -1846,7 +1846,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/ListChannels",
             );
@@ -1872,7 +1872,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/ListConsumers",
             );
@@ -1898,7 +1898,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/CloseConnection",
             );
@@ -1924,7 +1924,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/SetBrokerSettings",
             );
@@ -1953,7 +1953,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/UpdateQueue",
             );
@@ -1979,7 +1979,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/SetLimits",
             );
@@ -2003,7 +2003,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/ClearLimits",
             );
@@ -2029,7 +2029,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/ListLimits",
             );
@@ -2053,7 +2053,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/ListUsers",
             );
@@ -2077,7 +2077,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/PutUser",
             );
@@ -2101,7 +2101,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/DeleteUser",
             );
@@ -2125,7 +2125,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/SetPermissions",
             );
@@ -2151,7 +2151,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/ClearPermissions",
             );
@@ -2177,7 +2177,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/ListPermissions",
             );
@@ -2205,7 +2205,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/SetTransactionTimeouts",
             );
@@ -2234,7 +2234,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/SetPolicy",
             );
@@ -2258,7 +2258,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/ListPolicies",
             );
@@ -2284,7 +2284,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/ClearPolicy",
             );
@@ -2310,7 +2310,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/ExportDefinitions",
             );
@@ -2339,7 +2339,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/ImportDefinitions",
             );
@@ -2371,7 +2371,7 @@ pub mod engine_admin_client {
                         format!("Service was not ready: {}", e.into()),
                     )
                 })?;
-            let codec = crate::lean_codec::LeanCodec::default();
+            let codec = crate::util::lean_codec::LeanCodec::default();
             let path = http::uri::PathAndQuery::from_static(
                 "/spillway.engine.v1.EngineAdmin/AuthenticateUser",
             );
@@ -2816,7 +2816,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = CreateVhostSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -2861,7 +2861,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListVhostsSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -2908,7 +2908,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = DeleteVhostSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -2956,7 +2956,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = CreateExchangeSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3004,7 +3004,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListExchangesSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3052,7 +3052,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = DeleteExchangeSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3099,7 +3099,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = CreateQueueSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3144,7 +3144,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListQueuesSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3189,7 +3189,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = GetQueueSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3234,7 +3234,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = GetVhostSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3280,7 +3280,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = VhostMessageTotalsSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3327,7 +3327,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = DeleteQueueSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3372,7 +3372,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = PurgeQueueSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3419,7 +3419,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = PeekMessagesSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3466,7 +3466,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = GetMessagesSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3513,7 +3513,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = MoveMessagesSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3561,7 +3561,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = PublishMessageSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3609,7 +3609,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = CreateBindingSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3656,7 +3656,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListBindingsSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3704,7 +3704,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = DeleteBindingSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3752,7 +3752,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = GetBrokerStatusSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3800,7 +3800,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListConnectionsSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3847,7 +3847,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListChannelsSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3895,7 +3895,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListConsumersSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3943,7 +3943,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = CloseConnectionSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -3992,7 +3992,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = SetBrokerSettingsSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -4039,7 +4039,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = UpdateQueueSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -4084,7 +4084,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = SetLimitsSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -4131,7 +4131,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ClearLimitsSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -4176,7 +4176,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListLimitsSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -4221,7 +4221,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListUsersSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -4266,7 +4266,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = PutUserSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -4311,7 +4311,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = DeleteUserSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -4359,7 +4359,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = SetPermissionsSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -4407,7 +4407,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ClearPermissionsSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -4455,7 +4455,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListPermissionsSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -4507,7 +4507,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = SetTransactionTimeoutsSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -4552,7 +4552,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = SetPolicySvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -4599,7 +4599,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListPoliciesSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -4646,7 +4646,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ClearPolicySvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -4695,7 +4695,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ExportDefinitionsSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -4744,7 +4744,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ImportDefinitionsSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,
@@ -4789,7 +4789,7 @@ pub mod engine_admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = AuthenticateUserSvc(inner);
-                        let codec = crate::lean_codec::LeanCodec::default();
+                        let codec = crate::util::lean_codec::LeanCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
                                 accept_compression_encodings,

@@ -375,7 +375,7 @@ pub struct PeekedMessage {
         ArgumentValue,
     >,
     #[prost(bytes = "bytes", tag = "11")]
-    #[serde(serialize_with = "crate::json::base64")]
+    #[serde(serialize_with = "crate::util::json::base64")]
     pub body: ::prost::bytes::Bytes,
     #[prost(uint64, tag = "12")]
     pub body_size: u64,
@@ -455,7 +455,7 @@ pub struct PublishMessageRequest {
     #[prost(message, optional, tag = "4")]
     pub properties: ::core::option::Option<MessageProperties>,
     #[prost(bytes = "bytes", tag = "5")]
-    #[serde(serialize_with = "crate::json::base64")]
+    #[serde(serialize_with = "crate::util::json::base64")]
     pub body: ::prost::bytes::Bytes,
 }
 #[allow(clippy::all)]
@@ -1251,7 +1251,7 @@ pub struct DefinedUser {
     /// RabbitMQ's rabbit_password_hashing_sha256: a 4-byte salt, then
     /// SHA-256(salt ++ password). Empty: no password login.
     #[prost(bytes = "bytes", tag = "2")]
-    #[serde(serialize_with = "crate::json::base64")]
+    #[serde(serialize_with = "crate::util::json::base64")]
     pub password_hash: ::prost::bytes::Bytes,
     #[prost(string, repeated, tag = "3")]
     pub tags: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,

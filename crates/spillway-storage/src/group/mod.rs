@@ -20,7 +20,7 @@
 //! [`StorageGroup`] is the node's handle: the [`StorageApi`] the storage
 //! service serves when `storage.members` is set.
 //!
-//! [`StorageApi`]: spillway_proto::StorageApi
+//! [`StorageApi`]: spillway_proto::storage::StorageApi
 
 // openraft's traits fix the error type, `StorageError` (over 200 bytes);
 // it is only ever built on the way to a failed member.

@@ -35,12 +35,13 @@ impl RaftNetworkFactory<GroupConfig> for GroupNetwork {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: u64, node: &BasicNode) -> PeerClient {
-        let client =
-            spillway_proto::lazy_member_channel(&node.addr, &self.cluster).map(|channel| {
+        let client = spillway_proto::cluster::lazy_member_channel(&node.addr, &self.cluster).map(
+            |channel| {
                 StorageGroupClient::new(channel)
                     .max_decoding_message_size(self.cluster.max_message_bytes)
                     .max_encoding_message_size(self.cluster.max_message_bytes)
-            });
+            },
+        );
         PeerClient {
             target,
             address: node.addr.clone(),

@@ -19,7 +19,7 @@ use spillway_proto::storage::{
     write_op, AcquireLeaseRequest, Definitions, GroupMember, GroupStatus, Lease, MessageId,
     MessageRecord, QueueEntry, StoreStatus, WriteBatch, WriteOp,
 };
-use spillway_proto::{ServiceError, StorageApi};
+use spillway_proto::{storage::StorageApi, ServiceError};
 
 use tokio::time::Instant;
 
@@ -700,7 +700,7 @@ impl StorageApi for StorageGroup {
         self.propose(Command::Release { epoch }).await.map(|_| ())
     }
 
-    async fn watch_quota(&self) -> Result<spillway_proto::QuotaStream, ServiceError> {
+    async fn watch_quota(&self) -> Result<spillway_proto::storage::QuotaStream, ServiceError> {
         Ok(self.inner.store.quota.watch())
     }
 

@@ -49,7 +49,7 @@ impl GroupTransport for GrpcTransport {
     }
 
     async fn status_of(&self, address: &str) -> Result<GroupStatus, String> {
-        let channel = spillway_proto::lazy_member_channel(address, &self.cluster)
+        let channel = spillway_proto::cluster::lazy_member_channel(address, &self.cluster)
             .map_err(|error| error.to_string())?;
         let mut client = StorageGroupClient::new(channel);
         let mut request = tonic::Request::new(GroupStatusRequest {});

@@ -341,7 +341,7 @@ impl Connection {
         } else {
             0
         };
-        let span = tracing::trace_span!(target: spillway_proto::trace::TARGET, "publish",
+        let span = tracing::trace_span!(target: spillway_proto::util::trace::TARGET, "publish",
             exchange = %exchange, routing_key = %routing_key);
         // Compressed here, once, when it is large and worth it: the engine,
         // its budget, flow to disk and the store then hold fewer bytes.
@@ -354,7 +354,7 @@ impl Connection {
             }
         };
         commands.push(command(Command::Publish(pb::Publish {
-            trace_context: spillway_proto::trace::carrier(&span),
+            trace_context: spillway_proto::util::trace::carrier(&span),
             channel: u32::from(channel_id),
             exchange,
             routing_key,

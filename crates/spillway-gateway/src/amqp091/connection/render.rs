@@ -45,9 +45,9 @@ impl Connection {
                 ))
             }
             Event::Deliver(deliver) => {
-                let span = tracing::trace_span!(target: spillway_proto::trace::TARGET, "deliver",
+                let span = tracing::trace_span!(target: spillway_proto::util::trace::TARGET, "deliver",
                     consumer_tag = %deliver.consumer_tag);
-                spillway_proto::trace::set_parent(&span, &deliver.trace_context);
+                spillway_proto::util::trace::set_parent(&span, &deliver.trace_context);
                 let _entered = span.enter();
                 let channel_id = deliver.channel as u16;
                 // Counted as written even when dropped: the engine's

@@ -645,8 +645,8 @@ fn flow_control(blocked: bool, reason: &str) -> SessionEvent {
 
 #[test]
 fn the_memory_ceiling_holds_back_publishers_only_and_lets_go_when_back_under() {
-    use spillway_proto::clock::Clock as _;
-    let clock = spillway_proto::clock::ManualClock::new();
+    use spillway_proto::util::clock::Clock as _;
+    let clock = spillway_proto::util::clock::ManualClock::new();
     let config = GatewayConfig {
         blocked_overdraft: 0,
         clock: clock.clone(),

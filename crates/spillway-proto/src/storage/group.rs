@@ -21,14 +21,18 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::boundary::ChannelTimeouts;
+use super::api::{QuotaStream, StorageApi};
+use super::remote::RemoteStorage;
+use crate::cluster::ChannelTimeouts;
 use crate::cluster::ClusterClient;
-use crate::rotation::{Attempts, Rotation};
+use crate::util::rotation::{Attempts, Rotation};
 use crate::storage::{
     AcquireLeaseRequest, Definitions, GroupStatus, Lease, MessageRecord, QueueEntry, StoreStatus,
     WriteBatch,
 };
-use crate::{QuotaStream, RemoteStorage, ServiceError, StorageApi};
+use crate::util::backoff::Backoff;
+use crate::util::rotation::Rotation;
+use crate::ServiceError;
 
 /// How long one call keeps looking for a leader that answers.
 pub const CALL_DEADLINE: Duration = Duration::from_secs(10);

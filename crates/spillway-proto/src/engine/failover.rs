@@ -10,9 +10,10 @@
 
 use async_trait::async_trait;
 
+use super::session::{EngineApi, RemoteEngine, SessionStreams};
 use crate::cluster::ClusterClient;
-use crate::rotation::{Attempts, Rotation};
-use crate::{EngineApi, RemoteEngine, ServiceError, SessionStreams};
+use crate::util::rotation::{Attempts, Rotation};
+use crate::ServiceError;
 
 /// Every engine, as the gateway reaches them.
 pub struct FailoverEngine {

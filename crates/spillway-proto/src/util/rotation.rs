@@ -3,18 +3,15 @@
 //! answered last, and [`Rotation::call`]: the one way a call is tried
 //! against them — following the leader a server names, bounding each
 //! attempt, waiting between rounds, giving up at a deadline ([`Attempts`]).
-//! The gateway's [`FailoverEngine`], management's [`RemoteEngineAdmin`] and
-//! the engine's [`GroupStorage`] each keep one and call through it.
+//! The gateway's `engine::FailoverEngine`, management's
+//! `engine::RemoteEngineAdmin` and the engine's `storage::GroupStorage` each
+//! keep one and call through it (a utility: it names none of them).
 //!
 //! Written here rather than with tonic's `balance_list` or tower's `retry`
 //! and `timeout` layers: that balancer keeps routing to endpoints whose
 //! connection failed, and below the generated client a unary request is an
 //! HTTP body that cannot be replayed. Above it, a call is a trait method,
 //! not a tower service, so the policy takes the call as a closure instead.
-//!
-//! [`FailoverEngine`]: crate::FailoverEngine
-//! [`RemoteEngineAdmin`]: crate::RemoteEngineAdmin
-//! [`GroupStorage`]: crate::GroupStorage
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -23,7 +20,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tokio::time::Instant;
 
-use crate::backoff::Backoff;
+use crate::util::backoff::Backoff;
 use crate::ServiceError;
 
 /// How [`Rotation::call`] tries one call.

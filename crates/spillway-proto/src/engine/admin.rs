@@ -4,12 +4,12 @@
 //! one over tonic ([`RemoteEngineAdmin`]). The calls carry the public API's
 //! own messages (`crate::management`).
 
-use crate::boundary::lazy_channel;
+use crate::cluster::lazy_channel;
 use crate::cluster::{ClusterChannel, ClusterClient};
 use crate::engine as pb;
 use crate::engine::engine_admin_client::EngineAdminClient;
 use crate::management as m;
-use crate::rotation::{Attempts, Rotation};
+use crate::util::rotation::{Attempts, Rotation};
 use crate::ServiceError;
 use async_trait::async_trait;
 

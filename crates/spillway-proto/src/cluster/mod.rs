@@ -7,7 +7,8 @@
 //! wiring (`spillway-serve`); this module holds what clients and servers
 //! share: [`ClusterRole`], [`ClusterSecret`], the metadata keys, the client
 //! interceptor [`ClusterCredentials`], [`ClusterTls`] and
-//! [`grpc_message_limit`].
+//! [`grpc_message_limit`], and the clients' channels ([`lazy_channel`],
+//! [`lazy_member_channel`], in `channel.rs`).
 
 use std::fmt;
 use std::sync::Arc;
@@ -19,6 +20,11 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::service::Interceptor;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity, ServerTlsConfig};
 use tonic::{Request, Status};
+
+mod channel;
+
+pub use channel::{lazy_channel, lazy_member_channel};
+pub(crate) use channel::{lazy_channel_within, ChannelTimeouts};
 
 /// The request metadata key that carries the cluster secret.
 pub const SECRET_METADATA_KEY: &str = "spillway-cluster-secret";
