@@ -701,8 +701,8 @@ async fn start_amqp(
         listeners,
         engine,
         spillway_gateway::GatewayConfig {
+            settings: settings.gateway.clone(),
             clock,
-            ..settings.gateway.protocol()
         },
         gateway_metrics,
         memory,

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use spillway_engine::EngineSettings;
-use spillway_gateway::GatewayConfig;
+use spillway_gateway::{GatewaySettings, TlsSettings};
 use spillway_telemetry::formats::{durations, list_or_commas, sizes};
 
 /// The largest `gateway.max_message_size`: RabbitMQ's own limit (512 MiB).
@@ -270,39 +270,13 @@ impl ClusterSettings {
     }
 }
 
-/// A listener's TLS (`gateway.tls`, `management.tls`): PEM files.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(default)]
-pub struct TlsSettings {
-    /// The server's certificate chain, leaf first.
-    pub cert_file: Option<PathBuf>,
-    /// Its private key.
-    pub key_file: Option<PathBuf>,
-    /// The CAs client certificates are verified against. Set: a client
-    /// may present a certificate (and log in with SASL EXTERNAL on AMQPS).
-    pub ca_file: Option<PathBuf>,
-    /// Require a client certificate (needs `ca_file`).
-    pub verify_peer: bool,
+/// A listener's TLS (`gateway.tls`, `management.tls`) checked as the
+/// listener will use it.
+trait TlsCheck {
+    fn check(&self, section: &str, needed_by: Option<&str>) -> Vec<Range>;
 }
 
-impl TlsSettings {
-    /// The files, when a certificate and key are set (TLS is on).
-    pub fn files(&self) -> Option<spillway_gateway::tls::TlsFiles> {
-        Some(spillway_gateway::tls::TlsFiles {
-            cert_file: self.cert_file.clone()?,
-            key_file: self.key_file.clone()?,
-            ca_file: self.ca_file.clone(),
-            verify_peer: self.verify_peer,
-        })
-    }
-
-    fn is_set(&self) -> bool {
-        self.cert_file.is_some()
-            || self.key_file.is_some()
-            || self.ca_file.is_some()
-            || self.verify_peer
-    }
-
+impl TlsCheck for TlsSettings {
     /// What is wrong with `section.tls` (`needed_by`: the setting that
     /// needs a certificate, if any). Every file is read and checked as the
     /// listener will use it, so a bad one stops start-up in every role.
@@ -367,134 +341,6 @@ impl TlsSettings {
         found
     }
 }
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(default)]
-pub struct GatewaySettings {
-    /// Where AMQP clients connect. Empty: no plain AMQP (only with
-    /// `amqps_listen` set).
-    pub amqp_listen: String,
-    /// Where AMQPS (AMQP over TLS) clients connect. Unset or empty: no AMQPS.
-    pub amqps_listen: Option<String>,
-    /// AMQPS's certificate, key and client CAs.
-    pub tls: TlsSettings,
-    /// The engine's gRPC address when the gateway runs alone.
-    pub engine_addr: String,
-    /// Every engine, when several run (one active, the others standing
-    /// by): sessions go to the one that answers (`docs/replication.md`).
-    /// A list, or one comma-separated string. Empty: `engine_addr` alone.
-    #[serde(deserialize_with = "list_or_commas")]
-    pub engine_addrs: Vec<String>,
-    pub frame_max: u32,
-    pub channel_max: u16,
-    pub heartbeat: u16,
-    /// Shortest heartbeat a client may choose, seconds; 0 = no minimum.
-    pub min_heartbeat: u16,
-    /// Longest heartbeat a client may choose, seconds (0 = off refused
-    /// too); 0 = no maximum.
-    pub max_heartbeat: u16,
-    pub max_message_size: u64,
-    /// Compress message bodies above `message_compression_threshold_size`
-    /// as they are published (lz4; kept only when at least an eighth
-    /// smaller), hold them so in memory and on disk, and decode them on
-    /// delivery (Qpid's `broker.messageCompressionEnabled`). docs/compression.md.
-    pub message_compression_enabled: bool,
-    /// Bodies longer than this are compressed when
-    /// `message_compression_enabled` is on: a size (`16KiB`; Qpid's
-    /// `connection.messageCompressionThresholdSize`).
-    #[serde(deserialize_with = "sizes::required")]
-    pub message_compression_threshold_size: u64,
-    /// Body bytes a connection blocked by producer flow control may still
-    /// publish before the gateway stops reading it.
-    #[serde(deserialize_with = "sizes::required")]
-    pub blocked_overdraft: u64,
-    /// From accept to `connection.open-ok`: `10s`, or plain milliseconds.
-    #[serde(deserialize_with = "durations::millis_or_text")]
-    pub handshake_timeout: Duration,
-    /// Most connections this gateway holds open at once; 0 = no maximum.
-    pub max_connections: usize,
-    /// How long a write to a client may make no progress before the
-    /// connection is dropped: `15s`, or plain milliseconds; 0 waits for ever.
-    #[serde(deserialize_with = "durations::millis_or_text")]
-    pub write_timeout: Duration,
-    /// Partly received message bodies one connection may hold: a size.
-    #[serde(deserialize_with = "sizes::required")]
-    pub max_unfinished_content: u64,
-    /// The user an AMQP 1.0 client logs in as with SASL ANONYMOUS (RabbitMQ
-    /// 4's `anonymous_login_user`). Unset, the default: ANONYMOUS is not
-    /// offered and a 1.0 client must log in.
-    pub amqp1_anonymous_user: Option<String>,
-}
-
-impl Default for GatewaySettings {
-    fn default() -> Self {
-        let protocol = GatewayConfig::default();
-        Self {
-            amqp_listen: "0.0.0.0:5672".into(),
-            amqps_listen: None,
-            tls: TlsSettings::default(),
-            engine_addr: "http://127.0.0.1:50061".into(),
-            engine_addrs: Vec::new(),
-            frame_max: protocol.frame_max,
-            channel_max: protocol.channel_max,
-            heartbeat: protocol.heartbeat,
-            min_heartbeat: protocol.min_heartbeat,
-            max_heartbeat: protocol.max_heartbeat,
-            max_message_size: protocol.max_message_size,
-            message_compression_enabled: false,
-            message_compression_threshold_size: DEFAULT_COMPRESSION_THRESHOLD,
-            blocked_overdraft: protocol.blocked_overdraft,
-            handshake_timeout: protocol.handshake_timeout,
-            max_connections: protocol.max_connections,
-            write_timeout: protocol.write_timeout,
-            max_unfinished_content: protocol.max_unfinished_content,
-            amqp1_anonymous_user: None,
-        }
-    }
-}
-
-impl GatewaySettings {
-    /// The AMQPS address, when one is set (and not empty).
-    pub fn amqps_listen(&self) -> Option<&str> {
-        self.amqps_listen
-            .as_deref()
-            .map(str::trim)
-            .filter(|listen| !listen.is_empty())
-    }
-
-    /// The plain AMQP address, unless it is empty (off).
-    pub fn amqp_listen(&self) -> Option<&str> {
-        Some(self.amqp_listen.trim()).filter(|listen| !listen.is_empty())
-    }
-
-    pub fn protocol(&self) -> GatewayConfig {
-        GatewayConfig {
-            frame_max: self.frame_max,
-            channel_max: self.channel_max,
-            heartbeat: self.heartbeat,
-            min_heartbeat: self.min_heartbeat,
-            max_heartbeat: self.max_heartbeat,
-            max_message_size: self.max_message_size,
-            blocked_overdraft: self.blocked_overdraft,
-            handshake_timeout: self.handshake_timeout,
-            max_connections: self.max_connections,
-            write_timeout: self.write_timeout,
-            max_unfinished_content: self.max_unfinished_content,
-            compress_above: self
-                .message_compression_enabled
-                .then_some(self.message_compression_threshold_size),
-            amqp1_anonymous_user: self
-                .amqp1_anonymous_user
-                .clone()
-                .filter(|user| !user.is_empty()),
-            // The wiring hands the process's own clock.
-            clock: spillway_proto::clock::SystemClock::shared(),
-        }
-    }
-}
-
-/// `gateway.message_compression_threshold_size` by default: 16 KiB.
-pub const DEFAULT_COMPRESSION_THRESHOLD: u64 = 16 * 1024;
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(default)]
@@ -1118,10 +964,7 @@ impl Settings {
             "at most gateway.max_heartbeat",
         );
         check(
-            gateway
-                .protocol()
-                .heartbeat_refusal(gateway.heartbeat)
-                .is_none(),
+            gateway.heartbeat_refusal(gateway.heartbeat).is_none(),
             "gateway.heartbeat",
             &gateway.heartbeat,
             "within gateway.min_heartbeat and gateway.max_heartbeat (0 = off only without a maximum)",
@@ -1772,7 +1615,7 @@ mod tests {
     fn message_compression_is_off_by_default_and_takes_its_threshold() -> anyhow::Result<()> {
         let (_, result) = load("", &[]);
         let settings = result?;
-        assert_eq!(settings.gateway.protocol().compress_above, None);
+        assert_eq!(settings.gateway.compress_above(), None);
         assert_eq!(
             settings.gateway.message_compression_threshold_size,
             16 * 1024
@@ -1782,7 +1625,7 @@ mod tests {
              message_compression_threshold_size = \"32KiB\"\n",
             &[],
         );
-        assert_eq!(result?.gateway.protocol().compress_above, Some(32 * 1024));
+        assert_eq!(result?.gateway.compress_above(), Some(32 * 1024));
         // Qpid's names, as the design brief first gave them.
         let (_, result) = load(
             "",
@@ -1794,7 +1637,7 @@ mod tests {
                 ),
             ],
         );
-        assert_eq!(result?.gateway.protocol().compress_above, Some(1024));
+        assert_eq!(result?.gateway.compress_above(), Some(1024));
         Ok(())
     }
 
@@ -2094,8 +1937,8 @@ mod tests {
             &[],
         );
         let settings = result.expect("bounds around the offered heartbeat load");
-        assert_eq!(settings.gateway.protocol().heartbeat_refusal(30), None);
-        assert!(settings.gateway.protocol().heartbeat_refusal(0).is_some());
+        assert_eq!(settings.gateway.heartbeat_refusal(30), None);
+        assert!(settings.gateway.heartbeat_refusal(0).is_some());
     }
 
     /// A CA, and a server certificate and key it signed, as PEM files.
