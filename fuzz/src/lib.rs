@@ -29,7 +29,7 @@ use spillway_gateway::amqp091::connection::{
     ConnectionError, Handshake, HandshakeStep, Negotiated, Next,
 };
 use spillway_gateway::auth;
-use spillway_gateway::GatewayConfig;
+use spillway_gateway::{GatewayConfig, GatewaySettings};
 use spillway_proto::body::{Body, BodyError};
 use spillway_proto::engine::{self as pb, reply, session_command::Command, session_event::Event};
 use spillway_proto::engine::{AuthenticateRequest, LoginResult, SessionCommand, SessionEvent};
@@ -394,16 +394,16 @@ fn check_negotiated(
         user.name
     );
     assert!(
-        (MIN_FRAME_MAX..=config.frame_max).contains(&negotiated.frame_max),
+        (MIN_FRAME_MAX..=config.settings.frame_max).contains(&negotiated.frame_max),
         "negotiated frame-max {} outside {MIN_FRAME_MAX}..={}",
         negotiated.frame_max,
-        config.frame_max
+        config.settings.frame_max
     );
     assert!(
-        (1..=config.channel_max).contains(&negotiated.channel_max),
+        (1..=config.settings.channel_max).contains(&negotiated.channel_max),
         "negotiated channel-max {} outside 1..={}",
         negotiated.channel_max,
-        config.channel_max
+        config.settings.channel_max
     );
 }
 
@@ -502,10 +502,14 @@ pub fn check_connection(data: &[u8]) -> ConnectionOutcome {
     let frame_max: u32 = if options & 0x20 != 0 { 131_072 } else { 4096 };
     let channel_max = CHANNEL_MAXES[usize::from(options >> 6)];
     let config = Arc::new(GatewayConfig {
-        max_message_size: FUZZ_MAX_MESSAGE,
-        blocked_overdraft: 10_000,
-        // Compressed publishes come back through basic.return decoded.
-        compress_above: (engine_options & 0x80 != 0).then_some(64),
+        settings: GatewaySettings {
+            max_message_size: FUZZ_MAX_MESSAGE,
+            blocked_overdraft: 10_000,
+            // Compressed publishes come back through basic.return decoded.
+            message_compression_enabled: engine_options & 0x80 != 0,
+            message_compression_threshold_size: 64,
+            ..fuzz_config().settings
+        },
         ..fuzz_config()
     });
     let negotiated = Negotiated {

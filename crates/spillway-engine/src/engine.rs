@@ -25,10 +25,11 @@ use crate::access::{AccessControl, LoginRefusal, Permissions};
 use crate::broker::flow_to_disk::{FlowStatus, LoadRequest};
 use crate::broker::{Broker, BrokerParts};
 use crate::budget::MemoryBudget;
-use crate::config::{EngineConfig, SeedUser};
+use crate::config::EngineConfig;
 use crate::persistence::{FailureSource, StoreWriter};
 use crate::recovery;
 use crate::session::run_session;
+use crate::settings::SeedUser;
 use crate::shared::{load, LeaseTerms, Shared};
 use spillway_proto::engine::LoginResult;
 
@@ -91,12 +92,12 @@ impl Engine {
                 return Err(error.into());
             }
         };
-        let budget = Arc::new(MemoryBudget::new(config.flow_to_disk_threshold));
+        let budget = Arc::new(MemoryBudget::new(config.settings.flow_to_disk_threshold()));
         let writer = StoreWriter::start(
             store.clone(),
             budget.clone(),
             lease.epoch,
-            config.writer_limits,
+            config.settings.writer_limits(),
         );
         let (loads, load_requests) = mpsc::unbounded_channel();
         let housekeeping_kick = Arc::new(Notify::new());
@@ -116,7 +117,7 @@ impl Engine {
         // were all deleted, or found corrupt, stays without (fails closed,
         // as RabbitMQ seeds its default user on a node's first start only).
         match (access.is_empty(), definitions.had_users) {
-            (true, false) => seed_users(&mut access, &config.seed_users, &writer),
+            (true, false) => seed_users(&mut access, &config.settings.users, &writer),
             (true, true) => tracing::error!(
                 "the store has no users left (deleted, or corrupt records removed): none are seeded \
                  again; add one through management with its token (management.token)"
@@ -168,7 +169,7 @@ impl Engine {
         ));
         tokio::spawn(run_housekeeping(
             Arc::downgrade(&shared),
-            config.housekeeping_interval,
+            config.settings.housekeeping_interval,
         ));
         tokio::spawn(run_expiry(Arc::downgrade(&shared), expiry_wake));
         tokio::spawn(run_delayed(Arc::downgrade(&shared), delayed_wake, first_id));

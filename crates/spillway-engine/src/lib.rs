@@ -68,6 +68,7 @@ mod recovery;
 mod routing;
 mod service;
 mod session;
+mod settings;
 mod shared;
 mod stats;
 #[cfg(test)]
@@ -79,10 +80,7 @@ mod walk;
 pub use admin::EngineAdminService;
 pub use broker::flow_to_disk::FlowStatus;
 pub use broker::producer_flow::BlockedChannel;
-pub use config::{
-    EngineConfig, SeedUser, DEFAULT_CONSUMER_TIMEOUT, DEFAULT_LEASE_TTL, DEFAULT_MAX_MESSAGE_SIZE,
-    DEFAULT_SESSION_CREDIT_BYTES,
-};
+pub use config::{EngineConfig, DEFAULT_LEASE_TTL, DEFAULT_MAX_MESSAGE_SIZE};
 pub use engine::{Engine, EngineError};
 pub use format::thousands;
 pub use limits::LimitConfig;
@@ -91,5 +89,8 @@ pub use persistence::{
     StoreFailure, WriterLimits, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_QUEUED_WRITES,
 };
 pub use service::EngineService;
+pub use settings::{
+    EngineSettings, SeedUser, DEFAULT_CONSUMER_TIMEOUT, DEFAULT_SESSION_CREDIT_BYTES,
+};
 pub use stats::QueueStats;
 pub use transaction::{TxConfig, TxTimeouts, DEFAULT_MAX_TRANSACTION_BYTES};

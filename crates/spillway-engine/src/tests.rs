@@ -15,7 +15,7 @@ use spillway_proto::engine::{
 use spillway_proto::engine::{EngineApi, SessionStreams};
 use spillway_storage::MemoryStore;
 
-use crate::{Engine, EngineConfig};
+use crate::{Engine, EngineConfig, EngineSettings};
 
 /// How long a test waits for an event before it fails.
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -412,7 +412,10 @@ async fn refused_arguments_say_the_caller_got_them_wrong() {
 async fn gets_wait_for_delivery_credit_and_later_commands_keep_their_order() {
     let store = MemoryStore::new();
     let config = EngineConfig {
-        session_credit: 2,
+        settings: EngineSettings {
+            session_credit: 2,
+            ..EngineSettings::default()
+        },
         ..EngineConfig::default()
     };
     let engine = Engine::start(Arc::new(store.clone()), config)
@@ -672,12 +675,9 @@ async fn engine_closing_idle_transactions(
     clock: spillway_proto::util::clock::SharedClock,
 ) -> Engine {
     let config = EngineConfig {
-        transactions: crate::TxConfig {
-            default_timeouts: crate::TxTimeouts {
-                idle_close,
-                ..Default::default()
-            },
-            ..Default::default()
+        settings: EngineSettings {
+            default_transaction_idle_close: idle_close,
+            ..EngineSettings::default()
         },
         clock,
         ..EngineConfig::default()
@@ -743,7 +743,11 @@ async fn an_idle_transaction_times_out_on_the_engine_clock() {
 /// An engine with publisher pacing at `window` messages and `stall`.
 async fn paced_engine(window: u32, stall: Duration) -> Engine {
     let config = EngineConfig {
-        pacing: crate::PacingConfig { window, stall },
+        settings: EngineSettings {
+            publisher_pacing_window: window,
+            publisher_pacing_stall: stall,
+            ..EngineSettings::default()
+        },
         ..EngineConfig::default()
     };
     Engine::start(Arc::new(MemoryStore::new()), config)
@@ -961,8 +965,11 @@ static KIB_BODY: [u8; 1024] = [7; 1024];
 /// housekeeping every `interval`.
 async fn engine_with_threshold(store: &MemoryStore, threshold: u64, interval: Duration) -> Engine {
     let config = EngineConfig {
-        flow_to_disk_threshold: threshold,
-        housekeeping_interval: interval,
+        settings: EngineSettings {
+            flow_to_disk_threshold: Some(threshold),
+            housekeeping_interval: interval,
+            ..EngineSettings::default()
+        },
         ..EngineConfig::default()
     };
     Engine::start(Arc::new(store.clone()), config)

@@ -114,7 +114,7 @@ impl AmqpServer {
         let connections = TaskTracker::new();
         let context = ConnectionContext {
             engine,
-            slots: ConnectionSlots::new(config.max_connections),
+            slots: ConnectionSlots::new(config.settings.max_connections),
             refusing: ConnectionSlots::new(REFUSALS_AT_ONCE),
             config,
             body_loans: BodyLoans::new(MAX_LENT_READ_BYTES, metrics.lent_read_bytes()),
@@ -278,7 +278,7 @@ async fn serve_tls(
     context: ConnectionContext,
     mut stopped: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    let deadline = accepted_at + context.config.handshake_timeout;
+    let deadline = accepted_at + context.config.settings.handshake_timeout;
     let handshake = tokio::select! {
         _ = stopped.changed() => return Ok(()),
         handshake = tokio::time::timeout_at(deadline, tls.accept(stream)) => handshake,
@@ -309,7 +309,7 @@ async fn serve_client<S: ClientStream>(
 ) -> std::io::Result<()> {
     // One deadline from accept to open, whichever protocol the client
     // speaks (RabbitMQ's handshake_timeout).
-    let deadline = accepted_at + context.config.handshake_timeout;
+    let deadline = accepted_at + context.config.settings.handshake_timeout;
     let mut stream = stream;
     let mut header = [0u8; 8];
     match tokio::time::timeout_at(deadline, stream.read_exact(&mut header)).await {

@@ -559,30 +559,17 @@ async fn start_engine(
     health: &Health,
 ) -> anyhow::Result<Engine> {
     let config = EngineConfig {
-        session_credit: settings.engine.session_credit,
-        session_credit_bytes: settings.engine.session_credit_bytes,
-        flow_to_disk_threshold: settings.engine.flow_to_disk_threshold(),
-        housekeeping_interval: settings.engine.housekeeping_interval,
-        consumer_timeout: Some(settings.engine.consumer_timeout).filter(|t| !t.is_zero()),
-        default_max_deliveries: settings.engine.default_maximum_delivery_count,
-        limits: settings.engine.limits(),
-        pacing: settings.engine.pacing(),
-        writer_limits: spillway_engine::WriterLimits {
-            max_writes: settings.engine.store_writer_max_writes,
-            max_bytes: settings.engine.store_writer_max_bytes,
-        },
-        lease_ttl: spillway_engine::DEFAULT_LEASE_TTL,
+        settings: settings.engine.clone(),
+        // The gateway's bound, which management's peek decodes within.
         max_message_size: settings.gateway.max_message_size,
-        // The configuration's users are the seed of a store without users.
-        seed_users: settings.engine.users.clone(),
-        transactions: settings.engine.transactions(),
+        lease_ttl: spillway_engine::DEFAULT_LEASE_TTL,
         memory_ceiling: memory_ceiling.clone(),
         clock,
     };
     tracing::info!(
-        flow_to_disk_threshold = config.flow_to_disk_threshold,
+        flow_to_disk_threshold = config.settings.flow_to_disk_threshold(),
         memory_high_watermark = memory_ceiling.high_watermark(),
-        housekeeping_interval_ms = config.housekeeping_interval.as_millis() as u64,
+        housekeeping_interval_ms = config.settings.housekeeping_interval.as_millis() as u64,
         "engine memory budget"
     );
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
@@ -714,8 +701,8 @@ async fn start_amqp(
         listeners,
         engine,
         spillway_gateway::GatewayConfig {
+            settings: settings.gateway.clone(),
             clock,
-            ..settings.gateway.protocol()
         },
         gateway_metrics,
         memory,

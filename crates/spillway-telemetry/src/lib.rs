@@ -16,6 +16,8 @@
 //!   over the bytes its components hold for clients.
 //! - [`Server`] (`server.rs`): the shape every network server of a process
 //!   has (name, bound addresses, shutdown), so the wiring holds one list.
+//! - [`formats`]: how the configuration writes sizes (`256MiB`), durations
+//!   (`30s`) and lists, for the settings each component declares.
 //!
 //! It knows nothing of AMQP or of the other components: they depend on it, not
 //! the other way round. [`prometheus_client`] is re-exported so components
@@ -52,6 +54,7 @@ pub use prometheus_client;
 pub use refusals::{LimitRefusals, LIMIT_REFUSALS};
 pub use server::Server;
 
+pub mod formats;
 mod login_refusals;
 mod memory_ceiling;
 mod refusals;

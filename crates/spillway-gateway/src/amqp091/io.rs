@@ -97,7 +97,7 @@ pub(crate) async fn serve<S: ClientStream>(
     // Bounded like the handshake: an engine that does not answer (starting,
     // or stopped but still connected) must not hold the client forever.
     let opening = tokio::time::timeout(
-        context.config.handshake_timeout,
+        context.config.settings.handshake_timeout,
         context.engine.open_session(),
     );
     let session = match opening.await.unwrap_or_else(|_| {
@@ -130,7 +130,7 @@ pub(crate) async fn serve<S: ClientStream>(
         context.metrics.clone(),
         WriteDeadline {
             peer,
-            timeout: Some(config.write_timeout).filter(|t| !t.is_zero()),
+            timeout: Some(config.settings.write_timeout).filter(|t| !t.is_zero()),
         },
     ));
     let mut io = ConnectionIo {
@@ -222,7 +222,7 @@ async fn handshake<S: ClientStream>(
     let negotiated = loop {
         let frame = tokio::select! {
             _ = &mut deadline => {
-                tracing::info!(%peer, timeout = ?config.handshake_timeout, "handshake not finished in time, closing");
+                tracing::info!(%peer, timeout = ?config.settings.handshake_timeout, "handshake not finished in time, closing");
                 return Ok(None);
             }
             frame = frames.next() => frame,
@@ -248,7 +248,7 @@ async fn handshake<S: ClientStream>(
             // The engine holds the users; within the same deadline.
             let answer = tokio::select! {
                 _ = &mut deadline => {
-                    tracing::info!(%peer, timeout = ?config.handshake_timeout, "login not checked in time, closing");
+                    tracing::info!(%peer, timeout = ?config.settings.handshake_timeout, "login not checked in time, closing");
                     return Ok(None);
                 }
                 answer = engine.authenticate(request) => answer,

@@ -155,10 +155,10 @@ pub(crate) async fn serve<S: ClientStream + std::fmt::Debug>(
     let config = &context.config;
     let mut acceptor = ConnectionAcceptor::builder()
         .container_id("spillway")
-        .max_frame_size(config.frame_max.max(512))
+        .max_frame_size(config.settings.frame_max.max(512))
         .channel_max(MAX_SESSIONS - 1);
-    if config.heartbeat > 0 {
-        acceptor = acceptor.idle_time_out(u32::from(config.heartbeat) * 1000);
+    if config.settings.heartbeat > 0 {
+        acceptor = acceptor.idle_time_out(u32::from(config.settings.heartbeat) * 1000);
     }
     let acceptor = acceptor.build();
     // Only frames the guard passed reach the library's decoder.
@@ -167,7 +167,7 @@ pub(crate) async fn serve<S: ClientStream + std::fmt::Debug>(
     let hang_up = CancellationToken::new();
     let guarded = FrameGuard::with_board(
         Replay::new(seen, stream),
-        config.frame_max.max(512) as usize,
+        config.settings.frame_max.max(512) as usize,
         board.clone(),
     )
     // The protocol header was answered before the `open` was read: the
@@ -202,8 +202,8 @@ pub(crate) async fn serve<S: ClientStream + std::fmt::Debug>(
         session: session.clone(),
         user,
         window: LINK_WINDOW,
-        compress_above: config.compress_above,
-        max_message_size: config.max_message_size,
+        compress_above: config.settings.compress_above(),
+        max_message_size: config.settings.max_message_size,
         board,
         metrics: context.metrics.clone(),
         connection_ending: CancellationToken::new(),
@@ -310,13 +310,16 @@ async fn open<S: ClientStream>(
                 mechanisms.push("EXTERNAL");
             }
             mechanisms.push("PLAIN");
-            if config.amqp1_anonymous_user.is_some() {
+            if config.settings.amqp1_anonymous_user().is_some() {
                 mechanisms.push("ANONYMOUS");
             }
             let init = handshake::sasl_start(stream, &mechanisms).await?;
-            let login = match (init.mechanism.as_str(), &config.amqp1_anonymous_user) {
+            let login = match (
+                init.mechanism.as_str(),
+                config.settings.amqp1_anonymous_user(),
+            ) {
                 ("ANONYMOUS", Some(user)) => Ok(pb::AuthenticateRequest {
-                    user: user.clone(),
+                    user: user.to_string(),
                     password: None,
                     peer_is_loopback: peer.ip().is_loopback(),
                 }),
@@ -346,9 +349,13 @@ async fn open<S: ClientStream>(
                 }
             }
         }
-        AMQP_HEADER if config.amqp1_anonymous_user.is_some() => {
+        AMQP_HEADER if config.settings.amqp1_anonymous_user().is_some() => {
             // No SASL layer: the anonymous user, when one is configured.
-            let user = config.amqp1_anonymous_user.clone().unwrap_or_default();
+            let user = config
+                .settings
+                .amqp1_anonymous_user()
+                .unwrap_or_default()
+                .to_string();
             let login = Ok(pb::AuthenticateRequest {
                 user,
                 password: None,
@@ -417,13 +424,16 @@ async fn open_engine_session(
     container: &str,
 ) -> Result<Arc<EngineSession>, Amqp1Error> {
     let streams = tokio::time::timeout(
-        context.config.handshake_timeout,
+        context.config.settings.handshake_timeout,
         context.engine.open_session(),
     )
     .await
     .map_err(|_| Amqp1Error::EngineGone)?
     .map_err(|_| Amqp1Error::EngineGone)?;
-    let session = EngineSession::new(streams.commands, usize::from(context.config.channel_max));
+    let session = EngineSession::new(
+        streams.commands,
+        usize::from(context.config.settings.channel_max),
+    );
     tokio::spawn(EngineSession::route(
         Arc::downgrade(&session),
         streams.events,

@@ -227,9 +227,9 @@ impl<'a> Handshake<'a> {
         out.method(
             0,
             AMQPClass::Connection(conn::AMQPMethod::Tune(conn::Tune {
-                channel_max: self.config.channel_max,
-                frame_max: self.config.frame_max,
-                heartbeat: self.config.heartbeat,
+                channel_max: self.config.settings.channel_max,
+                frame_max: self.config.settings.frame_max,
+                heartbeat: self.config.settings.heartbeat,
             })),
         );
         Ok(HandshakeStep::Continue)
@@ -248,8 +248,8 @@ impl<'a> Handshake<'a> {
     /// Takes the client's limits, capped by ours (0 = "no limit" = ours).
     fn on_tune_ok(&mut self, tune_ok: conn::TuneOk) -> Result<HandshakeStep, ConnectionError> {
         let frame_max = match tune_ok.frame_max {
-            0 => self.config.frame_max,
-            n => n.min(self.config.frame_max),
+            0 => self.config.settings.frame_max,
+            n => n.min(self.config.settings.frame_max),
         };
         if frame_max < codec::MIN_FRAME_MAX {
             return Err(ConnectionError::new(
@@ -261,13 +261,13 @@ impl<'a> Handshake<'a> {
             )
             .on(MethodId::CONNECTION_TUNE_OK));
         }
-        if let Some(refusal) = self.config.heartbeat_refusal(tune_ok.heartbeat) {
+        if let Some(refusal) = self.config.settings.heartbeat_refusal(tune_ok.heartbeat) {
             return Err(ConnectionError::new(reply_code::NOT_ALLOWED, refusal)
                 .on(MethodId::CONNECTION_TUNE_OK));
         }
         let channel_max = match tune_ok.channel_max {
-            0 => self.config.channel_max,
-            n => n.min(self.config.channel_max),
+            0 => self.config.settings.channel_max,
+            n => n.min(self.config.settings.channel_max),
         };
         self.tuned = Tuned {
             channel_max,

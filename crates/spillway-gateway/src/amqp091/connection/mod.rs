@@ -251,7 +251,7 @@ impl Connection {
         ) {
             (false, Some(reason)) => {
                 tracing::debug!(peer = %self.peer, %reason, "connection blocked");
-                self.overdraft_left = self.config.blocked_overdraft;
+                self.overdraft_left = self.config.settings.blocked_overdraft;
                 if tell {
                     out.method(
                         0,

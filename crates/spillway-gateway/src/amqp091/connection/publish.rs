@@ -158,7 +158,7 @@ impl Connection {
         commands: &mut Vec<SessionCommand>,
     ) -> Result<(), ConnectionError> {
         let channel_id = frame.channel;
-        let max_message_size = self.config.max_message_size;
+        let max_message_size = self.config.settings.max_message_size;
         let Some(channel) = content_channel(&mut self.channels, channel_id)? else {
             return Ok(());
         };
@@ -260,8 +260,9 @@ impl Connection {
         // One message of the largest size always fits.
         let limit = self
             .config
+            .settings
             .max_unfinished_content
-            .max(self.config.max_message_size);
+            .max(self.config.settings.max_message_size);
         if !complete && unfinished > limit {
             return Err(ConnectionError::new(
                 reply_code::RESOURCE_ERROR,
@@ -346,7 +347,7 @@ impl Connection {
         // Compressed here, once, when it is large and worth it: the engine,
         // its budget, flow to disk and the store then hold fewer bytes.
         let body = body.finish();
-        let (body, body_encoding, body_size) = match self.config.compress_above {
+        let (body, body_encoding, body_size) = match self.config.settings.compress_above() {
             Some(threshold) => Body::compress_above(body, threshold).wire(),
             None => {
                 let size = body.len() as u64;

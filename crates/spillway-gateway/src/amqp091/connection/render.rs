@@ -165,13 +165,14 @@ impl Connection {
     /// decode (a corrupt record) closes the connection with 541 rather than
     /// reach the client altered; its message goes back to its queue.
     fn published_body(&self, body: Body) -> Result<Bytes, ConnectionError> {
-        body.decode(self.config.max_message_size).map_err(|error| {
-            tracing::error!(peer = %self.peer, %error, "a message body does not decode");
-            ConnectionError::new(
-                reply_code::INTERNAL_ERROR,
-                format!("message body does not decode: {error}"),
-            )
-        })
+        body.decode(self.config.settings.max_message_size)
+            .map_err(|error| {
+                tracing::error!(peer = %self.peer, %error, "a message body does not decode");
+                ConnectionError::new(
+                    reply_code::INTERNAL_ERROR,
+                    format!("message body does not decode: {error}"),
+                )
+            })
     }
 
     /// The engine answered a request: reply to the client as recorded when

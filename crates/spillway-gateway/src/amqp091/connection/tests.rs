@@ -14,6 +14,7 @@ use spillway_proto::engine::{LoginResult, SessionCommand, SessionEvent};
 use tokio_util::codec::Decoder;
 
 use super::*;
+use crate::GatewaySettings;
 use spillway_amqp::codec::{FrameDecoder, FRAME_BODY, FRAME_HEADER, FRAME_METHOD};
 
 fn peer() -> SocketAddr {
@@ -90,7 +91,7 @@ fn negotiate(config: &GatewayConfig) -> Negotiated {
     let [(0, AMQPClass::Connection(conn::AMQPMethod::Tune(tune)))] = sent.as_slice() else {
         panic!("expected connection.tune, got {sent:?}");
     };
-    assert_eq!(tune.frame_max, config.frame_max);
+    assert_eq!(tune.frame_max, config.settings.frame_max);
 
     let tune_ok = method_frame(
         0,
@@ -228,8 +229,11 @@ fn body_frame(channel: u16, len: usize) -> RawFrame {
 #[test]
 fn unfinished_bodies_are_counted_over_channels_until_finished_or_dropped() {
     let config = GatewayConfig {
-        max_message_size: 4000,
-        max_unfinished_content: 6000,
+        settings: GatewaySettings {
+            max_message_size: 4000,
+            max_unfinished_content: 6000,
+            ..Default::default()
+        },
         ..Default::default()
     };
     let (mut connection, mut out) = open_connection(config);
@@ -506,7 +510,11 @@ fn a_delivery_to_a_channel_that_is_not_open_still_counts_as_written() {
 #[test]
 fn compression_shrinks_large_publishes_and_deliveries_come_out_as_published() {
     let config = GatewayConfig {
-        compress_above: Some(1000),
+        settings: GatewaySettings {
+            message_compression_enabled: true,
+            message_compression_threshold_size: 1000,
+            ..Default::default()
+        },
         ..Default::default()
     };
     let (mut connection, mut out) = open_connection(config);
@@ -648,9 +656,11 @@ fn the_memory_ceiling_holds_back_publishers_only_and_lets_go_when_back_under() {
     use spillway_proto::util::clock::Clock as _;
     let clock = spillway_proto::util::clock::ManualClock::new();
     let config = GatewayConfig {
-        blocked_overdraft: 0,
+        settings: GatewaySettings {
+            blocked_overdraft: 0,
+            ..GatewaySettings::default()
+        },
         clock: clock.clone(),
-        ..GatewayConfig::default()
     };
     let (mut connection, mut out) = open_connection(config);
     let mut commands = Vec::new();
