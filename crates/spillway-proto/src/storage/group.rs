@@ -25,13 +25,11 @@ use super::api::{QuotaStream, StorageApi};
 use super::remote::RemoteStorage;
 use crate::cluster::ChannelTimeouts;
 use crate::cluster::ClusterClient;
-use crate::util::rotation::{Attempts, Rotation};
 use crate::storage::{
     AcquireLeaseRequest, Definitions, GroupStatus, Lease, MessageRecord, QueueEntry, StoreStatus,
     WriteBatch,
 };
-use crate::util::backoff::Backoff;
-use crate::util::rotation::Rotation;
+use crate::util::rotation::{Attempts, Rotation};
 use crate::ServiceError;
 
 /// How long one call keeps looking for a leader that answers.

@@ -13,7 +13,7 @@
 //! `spillway_gateway::GatewaySettings`, held here as read and handed to
 //! their components as is. Here: `storage.rs`, `management.rs`,
 //! `telemetry.rs`, `cluster.rs`; the checks of `gateway.tls` and
-//! `management.tls` (`tls.rs`); loading (`load.rs`, the environment layer in
+//! `management.tls` (with the other checks, `check.rs`); loading (`load.rs`, the environment layer in
 //! `env.rs`, Qpid's names in `aliases.rs`), the known keys (`keys.rs`), the
 //! ranges (`check.rs`) and what a refusal says (`error.rs`).
 
@@ -33,7 +33,6 @@ mod storage;
 mod telemetry;
 #[cfg(test)]
 mod tests;
-mod tls;
 
 pub use cluster::ClusterSettings;
 pub use error::{Origin, Problem, SettingsError};
