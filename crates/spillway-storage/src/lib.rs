@@ -11,6 +11,7 @@
 //! - [`StorageService`]: the same store served over gRPC for the engine when
 //!   the components run as separate processes.
 //! - [`RocksStore::register_metrics`]: its disk usage on `/metrics`.
+//! - [`StorageSettings`]: the `[storage]` section of the configuration.
 //! - [`MemoryStore`]: the same [`StorageApi`] kept in memory, for tests of
 //!   the engine where RocksDB is not what is being tested.
 //! - [`group`]: several storage nodes replicating the store through a Raft
@@ -27,6 +28,7 @@ mod memory;
 mod metrics;
 mod quota;
 mod service;
+mod settings;
 mod store;
 #[cfg(test)]
 mod test_ops;
@@ -34,4 +36,5 @@ mod test_ops;
 pub use group::{GroupSettings, StorageGroup, StorageGroupService};
 pub use memory::MemoryStore;
 pub use service::{StorageService, MIN_APPLIED_HEADER};
+pub use settings::StorageSettings;
 pub use store::{RocksStore, StoreError, StoreMemory, BLOCK_CACHE_BYTES, MEMTABLE_BYTES};

@@ -9,9 +9,10 @@
 //! fields, found through their `Deserialize` impls ([`keys`]), never a list.
 //!
 //! A section per file, beside the components that declare their own:
-//! `[engine]` is `spillway_engine::EngineSettings` and `[gateway]` is
-//! `spillway_gateway::GatewaySettings`, held here as read and handed to
-//! their components as is. Here: `storage.rs`, `management.rs`,
+//! `[engine]` is `spillway_engine::EngineSettings`, `[gateway]` is
+//! `spillway_gateway::GatewaySettings` and `[storage]` is
+//! `spillway_storage::StorageSettings`, held here as read and handed to
+//! their components as is. Here: `management.rs`,
 //! `telemetry.rs`, `cluster.rs`; the checks of `gateway.tls` and
 //! `management.tls` (with the other checks, `check.rs`); loading (`load.rs`, the environment layer in
 //! `env.rs`, Qpid's names in `aliases.rs`), the known keys (`keys.rs`), the
@@ -20,6 +21,7 @@
 use serde::Deserialize;
 use spillway_engine::EngineSettings;
 use spillway_gateway::GatewaySettings;
+use spillway_storage::StorageSettings;
 
 pub mod aliases;
 mod check;
@@ -29,7 +31,6 @@ mod error;
 pub mod keys;
 mod load;
 mod management;
-mod storage;
 mod telemetry;
 #[cfg(test)]
 mod tests;
@@ -37,7 +38,6 @@ mod tests;
 pub use cluster::ClusterSettings;
 pub use error::{Origin, Problem, SettingsError};
 pub use management::ManagementSettings;
-pub use storage::StorageSettings;
 pub use telemetry::TelemetrySettings;
 
 #[derive(Clone, Debug, Default, Deserialize)]

@@ -1,4 +1,8 @@
-//! `[storage]`: the storage node, its disk quota and its storage group.
+//! The storage node's settings: the configuration's `[storage]` section,
+//! declared here once (keys, defaults, accepted formats, what each means)
+//! and read by the wiring as is. What the group takes from them
+//! ([`GroupSettings`]: member ids as numbers, checked) is derived here too.
+//! A leaf: it imports none of the store's state.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -7,6 +11,10 @@ use std::time::Duration;
 use serde::Deserialize;
 use spillway_telemetry::formats::{durations, sizes};
 
+use crate::group::GroupSettings;
+
+/// The storage node: where it listens and keeps its files, its disk quota,
+/// and its place in a storage group.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(default)]
 pub struct StorageSettings {
@@ -47,8 +55,9 @@ pub struct StorageSettings {
 }
 
 impl StorageSettings {
-    /// The storage group this node belongs to, if `storage.members` is set.
-    pub fn group(&self) -> Result<Option<spillway_storage::GroupSettings>, String> {
+    /// The storage group this node belongs to, if `storage.members` is set;
+    /// a refusal names the setting.
+    pub fn group(&self) -> Result<Option<GroupSettings>, String> {
         if self.members.is_empty() {
             return Ok(None);
         }
@@ -73,7 +82,7 @@ impl StorageSettings {
                     .join(", ")
             ));
         }
-        Ok(Some(spillway_storage::GroupSettings {
+        Ok(Some(GroupSettings {
             node_id: self.node_id,
             members,
             heartbeat: self.group_heartbeat,
