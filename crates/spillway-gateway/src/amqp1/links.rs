@@ -5,8 +5,8 @@
 //!   Each message becomes an engine publish in confirm mode; the client
 //!   hears `accepted` when the engine confirms it (stored, as a 0-9-1
 //!   publisher's confirm), `released` when it routed nowhere, `rejected`
-//!   when the engine refused it. Credit is granted a window at a time, and
-//!   not while the engine holds this link's channel back (it published to
+//!   when the engine refused it. Credit is granted from the link's floor
+//!   and its connection's pool ([`super::credit`]), and not while the engine holds this link's channel back (it published to
 //!   an overfull queue, or the store or memory holds everyone).
 //! - [`deliver_to`]: the client receives (the broker's link is a sender).
 //!   A consumer on the source queue with the link's window as prefetch;
@@ -31,6 +31,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::address::Destination;
+use super::credit::{CreditPool, LinkCredit, CONNECTION_POOL, LINK_FLOOR};
 use super::engine_session::{EngineSession, LinkChannel};
 use super::mapping;
 use super::Amqp1Error;
@@ -84,9 +85,8 @@ pub struct LinkContext {
     pub session: Arc<EngineSession>,
     /// The user who logged in (a message's `user-id` must name it).
     pub user: String,
-    /// Credit granted at a time to a link the client sends on
-    /// ([`super::LINK_WINDOW`]).
-    pub window: u32,
+    /// The connection's credit beyond its sending links' floors.
+    pub credit_pool: Arc<CreditPool>,
     /// Bodies above this many bytes are compressed (`gateway.message_compression_*`).
     pub compress_above: Option<u64>,
     /// Largest body, published or delivered (`gateway.max_message_size`).
@@ -138,14 +138,19 @@ pub async fn publish_from(
     };
     let _attached = link.metrics.amqp1_link_attached();
     let session = link.session.clone();
-    let window = link.window;
+    let mut share = LinkCredit::new(
+        link.credit_pool.clone(),
+        LINK_FLOOR,
+        LINK_FLOOR + CONNECTION_POOL,
+    );
     let mut flow = session.flow();
     receiver.set_credit_mode(CreditMode::Manual);
     let mut blocked = flow.borrow().holds(channel);
-    // What the client may still send without more credit.
+    // What the client may still send without more credit. The floor at
+    // attach: a link borrows from the pool only once it has used credit.
     let mut credit: u32 = 0;
-    if !blocked && receiver.set_credit(window).await.is_ok() {
-        credit = window;
+    if !blocked && receiver.set_credit(LINK_FLOOR).await.is_ok() {
+        credit = LINK_FLOOR;
     }
     let mut unsettled: HashMap<u64, DeliveryInfo> = HashMap::default();
     let mut next_seq: u64 = 0;
@@ -217,15 +222,16 @@ pub async fn publish_from(
                 // Held back by granting no more: the client may still use
                 // what it has (taking credit back would race transfers
                 // already on the wire, which the library counts as a
-                // protocol error), so at most one window more arrives.
+                // protocol error), so at most what it holds arrives.
                 blocked = flow.borrow_and_update().holds(channel);
             }
         }
-        // More credit when half the window is spent and what is in flight
-        // leaves room, unless producers are held back.
+        // What is confirmed goes back to the pool; more credit once half of
+        // what the link could hold is spent, unless producers are held back.
         let in_flight = unsettled.len() as u32;
-        if !blocked && !client_gone && credit <= window / 2 && in_flight < window {
-            let grant = window - in_flight;
+        share.settle(in_flight.saturating_add(credit));
+        if !blocked && !client_gone && share.wants_more(credit) {
+            let grant = share.grant(in_flight);
             if grant > credit {
                 client_gone |= receiver.set_credit(grant).await.is_err();
                 credit = grant;

@@ -19,11 +19,13 @@
 //! (`gateway.frame_max`), sessions per connection and links per session
 //! ([`MAX_SESSIONS`], [`MAX_LINKS_PER_SESSION`]), links per connection
 //! (`gateway.channel_max`, as 0-9-1's channels), unsettled messages per
-//! link ([`LINK_WINDOW`] where the client sends, the consumer's prefetch of
-//! at most 1000 where it receives), message size
+//! link where the client sends ([`credit::LINK_FLOOR`] each, and together at
+//! most [`credit::CONNECTION_POOL`] more borrowed by busy links), the
+//! consumer's prefetch of at most 1000 where it receives, message size
 //! (`gateway.max_message_size`).
 
 pub mod address;
+pub mod credit;
 pub mod engine_session;
 pub mod guard;
 pub mod handshake;
@@ -70,11 +72,6 @@ pub use self::handshake::is_amqp1_header;
 pub const MAX_SESSIONS: u16 = 64;
 /// Most links a session may attach.
 pub const MAX_LINKS_PER_SESSION: u32 = 256;
-/// Credit the broker grants a client's sending link at a time: the most
-/// messages of one link that may wait for the engine's confirm. (Where the
-/// client receives, the consumer's prefetch follows the client's credit.)
-pub const LINK_WINDOW: u32 = 200;
-
 /// What ends a link or a connection, as an AMQP 1.0 error.
 #[derive(Debug, thiserror::Error)]
 pub enum Amqp1Error {
@@ -201,7 +198,7 @@ pub(crate) async fn serve<S: ClientStream + std::fmt::Debug>(
     let link = LinkContext {
         session: session.clone(),
         user,
-        window: LINK_WINDOW,
+        credit_pool: credit::CreditPool::new(credit::CONNECTION_POOL),
         compress_above: config.settings.compress_above(),
         max_message_size: config.settings.max_message_size,
         board,

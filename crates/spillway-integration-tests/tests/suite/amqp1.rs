@@ -4,7 +4,8 @@
 //! overfull queue (their credit), releasing them below resume capacity, and
 //! a receiver granting little credit drains a backlog that flowed to disk
 //! within the memory budget; a hand-driven client that sends a transfer
-//! with no credit is detached with `amqp:link:transfer-limit-exceeded`.
+//! with no credit is detached with `amqp:link:transfer-limit-exceeded`, and
+//! a busy sending link borrows credit from its connection's pool.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -33,6 +34,7 @@ both_wirings!(
     a_full_queue_holds_back_only_the_links_that_publish_to_it,
     a_low_credit_receiver_drains_a_spilled_backlog_within_the_budget,
     a_transfer_past_the_credit_detaches_the_link,
+    a_busy_sender_borrows_from_its_connections_credit_pool,
 );
 
 async fn connect(sandbox: &Sandbox, name: &str) -> anyhow::Result<ConnectionHandle<()>> {
@@ -522,6 +524,117 @@ async fn a_transfer_past_the_credit_detaches_the_link(wiring: Wiring) -> anyhow:
             let depth = channel
                 .queue_declare(
                     "credit".into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await?
+                .message_count();
+            anyhow::ensure!(
+                depth == expected,
+                "the queue holds {depth} messages, not {expected}"
+            );
+            anyhow::Ok(())
+        }
+    })
+    .await?;
+    Ok(())
+}
+
+/// A sending link that spends its credit borrows from its connection's
+/// pool, so one busy sender may have more messages waiting for the store
+/// than its floor (as a 0-9-1 publisher's confirm window), while a second
+/// link of the same connection still gets its floor and no link ever more
+/// than its floor and the whole pool.
+async fn a_busy_sender_borrows_from_its_connections_credit_pool(
+    wiring: Wiring,
+) -> anyhow::Result<()> {
+    use fe2o3_amqp_types::messaging::DeliveryState;
+    use fe2o3_amqp_types::performatives::Performative;
+    use spillway_gateway::amqp1::credit::{CONNECTION_POOL, LINK_FLOOR};
+    use spillway_integration_tests::amqp1_raw::RawAmqp1;
+
+    let sandbox = Sandbox::start(wiring).await?;
+    let amqp = sandbox.connect().await?;
+    let channel = amqp.create_channel().await?;
+    channel
+        .queue_declare(
+            "pool".into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let mut client = RawAmqp1::connect(sandbox.amqp_addr(), "guest", "guest", "/").await?;
+    let link_credit = |handle: u32| {
+        move |p: &Performative| -> Option<u32> {
+            match p {
+                Performative::Flow(f) if f.handle.as_ref().is_some_and(|h| h.0 == handle) => {
+                    f.link_credit
+                }
+                _ => None,
+            }
+        }
+    };
+
+    client.attach_sender(0, "/queues/pool").await?;
+    let first = client
+        .until(|p| link_credit(0)(p).is_some_and(|credit| credit > 0))
+        .await
+        .context("the link got no credit")?;
+    let first = link_credit(0)(&first).unwrap_or(0);
+    anyhow::ensure!(
+        first <= LINK_FLOOR,
+        "a link that has sent nothing was granted {first}, past its floor {LINK_FLOOR}"
+    );
+
+    // Past half of the floor, the gateway tops the link up from the pool.
+    let mut last_sent = 0;
+    for n in 0..LINK_FLOOR * 3 / 4 {
+        last_sent = client
+            .transfer(0, format!("message {n}").as_bytes())
+            .await?;
+    }
+    let topped_up = client
+        .until(|p| link_credit(0)(p).is_some_and(|credit| credit > LINK_FLOOR))
+        .await
+        .context("a link that spent its credit was never granted more than its floor")?;
+    let topped_up = link_credit(0)(&topped_up).unwrap_or(0);
+    anyhow::ensure!(
+        topped_up <= LINK_FLOOR + CONNECTION_POOL,
+        "one link was granted {topped_up}, past its floor and the whole pool"
+    );
+
+    // A second link of the same connection still has its floor.
+    client.attach_sender(1, "/queues/pool").await?;
+    let second = client
+        .until(|p| link_credit(1)(p).is_some_and(|credit| credit > 0))
+        .await
+        .context("a second link got no credit while the first held the pool")?;
+    let second = link_credit(1)(&second).unwrap_or(0);
+    anyhow::ensure!(second <= LINK_FLOOR, "the second link was granted {second}");
+    let sent = client.transfer(1, b"on the second link").await?;
+    let outcome = client
+        .until(|p| matches!(p, Performative::Disposition(d) if d.first <= sent && d.last.unwrap_or(d.first) >= sent))
+        .await?;
+    let Performative::Disposition(outcome) = outcome else {
+        unreachable!("until answers what it was asked for");
+    };
+    anyhow::ensure!(
+        matches!(outcome.state, Some(DeliveryState::Accepted(_))),
+        "{outcome:?}"
+    );
+    anyhow::ensure!(last_sent < sent, "delivery ids run on over the session");
+
+    // Everything sent on both links was taken.
+    let expected = LINK_FLOOR * 3 / 4 + 1;
+    spillway_integration_tests::eventually(Duration::from_secs(10), || {
+        let channel = &channel;
+        async move {
+            let depth = channel
+                .queue_declare(
+                    "pool".into(),
                     QueueDeclareOptions {
                         passive: true,
                         ..Default::default()
