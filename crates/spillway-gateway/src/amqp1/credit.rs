@@ -78,6 +78,8 @@ pub struct LinkCredit {
     /// Most this link may hold, floor included.
     most: u32,
     borrowed: u32,
+    /// The link has spent half of its floor once: it may borrow.
+    busy: bool,
 }
 
 impl LinkCredit {
@@ -90,6 +92,7 @@ impl LinkCredit {
             floor,
             most: most.max(floor),
             borrowed: 0,
+            busy: false,
         }
     }
 
@@ -108,19 +111,25 @@ impl LinkCredit {
         }
     }
 
-    /// Whether a link that has `credit` left should be topped up: once half
-    /// of its share is spent (with what it borrowed given back as confirms
-    /// came, once as many messages wait for a confirm as it has credit).
-    pub fn wants_more(&self, credit: u32) -> bool {
-        credit.saturating_mul(2) <= self.share()
-    }
-
-    /// Borrows what the pool lets the link have, and returns the credit to
-    /// grant with `in_flight` messages waiting for their confirm.
-    pub fn grant(&mut self, in_flight: u32) -> u32 {
-        let wanted = self.most.saturating_sub(self.share());
-        self.borrowed += self.pool.take(wanted);
-        self.share().saturating_sub(in_flight)
+    /// The credit to grant a link that has `credit` left and `in_flight`
+    /// messages waiting for their confirm, if it is time: once half of what
+    /// it could hold (its share and what the pool has free) is spent, and
+    /// only a top-up of a quarter of that or more, so a busy link hears a
+    /// `flow` every few hundred messages, not after each confirm.
+    pub fn top_up(&mut self, credit: u32, in_flight: u32) -> Option<u32> {
+        if !self.busy {
+            if credit.saturating_mul(2) > self.floor {
+                return None;
+            }
+            self.busy = true;
+        }
+        let reach = (self.share() + self.pool.free()).min(self.most);
+        if credit.saturating_mul(2) > reach {
+            return None;
+        }
+        self.borrowed += self.pool.take(reach.saturating_sub(self.share()));
+        let grant = self.share().saturating_sub(in_flight);
+        (grant >= credit.saturating_add((reach / 4).max(1))).then_some(grant)
     }
 }
 
@@ -138,12 +147,11 @@ mod tests {
     fn a_busy_link_borrows_the_pool_and_gives_it_back_as_it_settles() {
         let pool = CreditPool::new(1000);
         let mut link = LinkCredit::new(pool.clone(), 200, 1200);
-        assert_eq!(link.share(), 200);
         // Half of the 200 granted at attach is not spent yet: no more.
-        assert!(!link.wants_more(101));
-        // Spent 150: time to top up, from the pool.
-        assert!(link.wants_more(50));
-        assert_eq!(link.grant(150), 1050);
+        assert_eq!(link.top_up(101, 99), None);
+        assert_eq!(pool.free(), 1000);
+        // Spent 150: topped up from the pool.
+        assert_eq!(link.top_up(50, 150), Some(1050));
         assert_eq!(pool.free(), 0);
         // 150 in flight and 1050 credit: all of it held.
         link.settle(1200);
@@ -158,17 +166,40 @@ mod tests {
     }
 
     #[test]
+    fn a_top_up_comes_every_few_hundred_messages_not_after_each_confirm() {
+        let pool = CreditPool::new(1000);
+        let mut link = LinkCredit::new(pool.clone(), 200, 1200);
+        assert_eq!(link.top_up(100, 100), Some(1100));
+        // 1000 waiting, 200 credit: confirms come one at a time.
+        let mut grants = 0;
+        let mut credit = 200;
+        for in_flight in (0..1000u32).rev() {
+            link.settle(in_flight + credit);
+            if let Some(grant) = link.top_up(credit, in_flight) {
+                assert!(grant >= credit + 300, "a top-up of {grant} over {credit}");
+                credit = grant;
+                grants += 1;
+            }
+        }
+        assert!(
+            (1..=3).contains(&grants),
+            "{grants} flows for a thousand confirms"
+        );
+        assert!(link.share() <= 1200);
+    }
+
+    #[test]
     fn a_second_link_keeps_its_floor_while_the_first_holds_the_pool() {
         let pool = CreditPool::new(1000);
         let mut first = LinkCredit::new(pool.clone(), 200, 1200);
         let mut second = LinkCredit::new(pool.clone(), 200, 1200);
-        assert_eq!(first.grant(0), 1200);
-        assert!(second.wants_more(100));
-        assert!(!second.wants_more(101));
-        assert_eq!(second.grant(100), 100);
+        assert_eq!(first.top_up(100, 100), Some(1100));
+        assert_eq!(second.top_up(101, 99), None);
+        // The pool is lent: the second link's reach is its floor.
+        assert_eq!(second.top_up(100, 0), Some(200));
         first.settle(700);
         assert_eq!(pool.free(), 500);
-        assert_eq!(second.grant(100), 600);
+        assert_eq!(second.top_up(100, 100), Some(600));
         assert_eq!(pool.free(), 0);
         // Never more than the floors and the pool, together.
         assert_eq!(first.share() + second.share(), 200 + 200 + 1000);
@@ -178,8 +209,8 @@ mod tests {
     fn a_link_never_holds_more_than_its_most() {
         let pool = CreditPool::new(5000);
         let mut link = LinkCredit::new(pool.clone(), 200, 1200);
-        assert_eq!(link.grant(0), 1200);
-        assert_eq!(link.grant(1200), 0);
+        assert_eq!(link.top_up(0, 200), Some(1000));
+        assert_eq!(link.top_up(0, 1200), None);
         assert_eq!(pool.free(), 4000);
     }
 }

@@ -226,13 +226,12 @@ pub async fn publish_from(
                 blocked = flow.borrow_and_update().holds(channel);
             }
         }
-        // What is confirmed goes back to the pool; more credit once half of
-        // what the link could hold is spent, unless producers are held back.
+        // What is confirmed goes back to the pool; more credit once enough
+        // is spent (`LinkCredit::top_up`), unless producers are held back.
         let in_flight = unsettled.len() as u32;
         share.settle(in_flight.saturating_add(credit));
-        if !blocked && !client_gone && share.wants_more(credit) {
-            let grant = share.grant(in_flight);
-            if grant > credit {
+        if !blocked && !client_gone {
+            if let Some(grant) = share.top_up(credit, in_flight) {
                 client_gone |= receiver.set_credit(grant).await.is_err();
                 credit = grant;
             }
