@@ -515,31 +515,7 @@ async fn a_transfer_past_the_credit_detaches_the_link(wiring: Wiring) -> anyhow:
             underfull_size: Some(0),
         })
         .await?;
-    // Publishes of one connection reach the engine in order, but another
-    // connection's question may overtake the last of them: asked until so.
-    let expected = 2 + granted;
-    eventually(Duration::from_secs(10), || {
-        let channel = &channel;
-        async move {
-            let depth = channel
-                .queue_declare(
-                    "credit".into(),
-                    QueueDeclareOptions {
-                        passive: true,
-                        ..Default::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await?
-                .message_count();
-            anyhow::ensure!(
-                depth == expected,
-                "the queue holds {depth} messages, not {expected}"
-            );
-            anyhow::Ok(())
-        }
-    })
-    .await?;
+    queue_holds(&channel, "credit", 2 + granted).await?;
     Ok(())
 }
 
@@ -628,28 +604,21 @@ async fn a_busy_sender_borrows_from_its_connections_credit_pool(
     anyhow::ensure!(last_sent < sent, "delivery ids run on over the session");
 
     // Everything sent on both links was taken.
-    let expected = LINK_FLOOR * 3 / 4 + 1;
-    spillway_integration_tests::eventually(Duration::from_secs(10), || {
-        let channel = &channel;
-        async move {
-            let depth = channel
-                .queue_declare(
-                    "pool".into(),
-                    QueueDeclareOptions {
-                        passive: true,
-                        ..Default::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await?
-                .message_count();
-            anyhow::ensure!(
-                depth == expected,
-                "the queue holds {depth} messages, not {expected}"
-            );
-            anyhow::Ok(())
-        }
-    })
-    .await?;
+    queue_holds(&channel, "pool", LINK_FLOOR * 3 / 4 + 1).await?;
     Ok(())
+}
+
+/// Waits (10 s at most) until `queue` holds `expected` messages. Publishes
+/// of one connection reach the engine in order, but another connection's
+/// question may overtake the last of them: asked until so.
+async fn queue_holds(channel: &lapin::Channel, queue: &str, expected: u32) -> anyhow::Result<()> {
+    spillway_integration_tests::eventually(Duration::from_secs(10), || async move {
+        let depth = spillway_integration_tests::amqp::message_count(channel, queue).await?;
+        anyhow::ensure!(
+            depth == expected,
+            "{queue} holds {depth} messages, not {expected}"
+        );
+        anyhow::Ok(())
+    })
+    .await
 }
