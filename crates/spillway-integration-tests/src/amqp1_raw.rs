@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use fe2o3_amqp_types::definitions::{Handle, Role};
+use fe2o3_amqp_types::messaging::DeliveryState;
 use fe2o3_amqp_types::performatives::{
     Attach, Begin, ChannelMax, MaxFrameSize, Open, Performative, Transfer,
 };
@@ -181,6 +182,26 @@ impl RawAmqp1 {
             return serde_amqp::from_slice(&body)
                 .map_err(|error| anyhow::anyhow!("undecodable performative: {error}"));
         }
+    }
+
+    /// Sends `body` on link `handle` and waits for its outcome: an error
+    /// unless the broker settled it `accepted`. Answers its delivery id.
+    pub async fn transfer_accepted(&mut self, handle: u32, body: &[u8]) -> anyhow::Result<u32> {
+        let sent = self.transfer(handle, body).await?;
+        let outcome = self
+            .until(|p| {
+                matches!(p, Performative::Disposition(d)
+                    if d.first <= sent && d.last.unwrap_or(d.first) >= sent)
+            })
+            .await?;
+        let Performative::Disposition(outcome) = outcome else {
+            anyhow::bail!("until answered {outcome:?}, which it was not asked for");
+        };
+        anyhow::ensure!(
+            matches!(outcome.state, Some(DeliveryState::Accepted(_))),
+            "message {sent} was not accepted: {outcome:?}"
+        );
+        Ok(sent)
     }
 
     /// Reads until a performative `wanted` accepts, and answers it.

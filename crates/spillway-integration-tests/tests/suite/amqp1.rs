@@ -403,7 +403,6 @@ async fn a_low_credit_receiver_drains_a_spilled_backlog_within_the_budget(
 /// what the library grants at attach.
 async fn a_transfer_past_the_credit_detaches_the_link(wiring: Wiring) -> anyhow::Result<()> {
     use fe2o3_amqp_types::definitions::{ErrorCondition, LinkError};
-    use fe2o3_amqp_types::messaging::DeliveryState;
     use fe2o3_amqp_types::performatives::Performative;
     use spillway_integration_tests::amqp1_raw::RawAmqp1;
     use spillway_integration_tests::eventually;
@@ -453,17 +452,7 @@ async fn a_transfer_past_the_credit_detaches_the_link(wiring: Wiring) -> anyhow:
     // session's events come in order). The first outcome alone may come
     // before it.
     for body in [&b"within the credit"[..], b"within the credit too"] {
-        let sent = client.transfer(0, body).await?;
-        let outcome = client
-            .until(|p| matches!(p, Performative::Disposition(d) if d.first <= sent && d.last.unwrap_or(d.first) >= sent))
-            .await?;
-        let Performative::Disposition(outcome) = outcome else {
-            unreachable!("until answers what it was asked for");
-        };
-        anyhow::ensure!(
-            matches!(outcome.state, Some(DeliveryState::Accepted(_))),
-            "{outcome:?}"
-        );
+        client.transfer_accepted(0, body).await?;
     }
 
     // fe2o3's link acceptor grants its default credit (200) at every attach,
@@ -527,7 +516,6 @@ async fn a_transfer_past_the_credit_detaches_the_link(wiring: Wiring) -> anyhow:
 async fn a_busy_sender_borrows_from_its_connections_credit_pool(
     wiring: Wiring,
 ) -> anyhow::Result<()> {
-    use fe2o3_amqp_types::messaging::DeliveryState;
     use fe2o3_amqp_types::performatives::Performative;
     use spillway_gateway::amqp1::credit::{CONNECTION_POOL, LINK_FLOOR};
     use spillway_integration_tests::amqp1_raw::RawAmqp1;
@@ -590,17 +578,7 @@ async fn a_busy_sender_borrows_from_its_connections_credit_pool(
         .context("a second link got no credit while the first held the pool")?;
     let second = link_credit(1)(&second).unwrap_or(0);
     anyhow::ensure!(second <= LINK_FLOOR, "the second link was granted {second}");
-    let sent = client.transfer(1, b"on the second link").await?;
-    let outcome = client
-        .until(|p| matches!(p, Performative::Disposition(d) if d.first <= sent && d.last.unwrap_or(d.first) >= sent))
-        .await?;
-    let Performative::Disposition(outcome) = outcome else {
-        unreachable!("until answers what it was asked for");
-    };
-    anyhow::ensure!(
-        matches!(outcome.state, Some(DeliveryState::Accepted(_))),
-        "{outcome:?}"
-    );
+    let sent = client.transfer_accepted(1, b"on the second link").await?;
     anyhow::ensure!(last_sent < sent, "delivery ids run on over the session");
 
     // Everything sent on both links was taken.
