@@ -124,12 +124,16 @@ impl LinkCredit {
             self.busy = true;
         }
         let reach = (self.share() + self.pool.free()).min(self.most);
-        if credit.saturating_mul(2) > reach {
+        if credit.saturating_mul(2) > reach
+            || reach.saturating_sub(in_flight) < credit.saturating_add((reach / 4).max(1))
+        {
             return None;
         }
+        // Borrowed only for a grant that goes out, so a link near its
+        // share does not take from the pool and give back at each confirm.
         self.borrowed += self.pool.take(reach.saturating_sub(self.share()));
         let grant = self.share().saturating_sub(in_flight);
-        (grant >= credit.saturating_add((reach / 4).max(1))).then_some(grant)
+        (grant > credit).then_some(grant)
     }
 }
 

@@ -6,8 +6,9 @@
 //!   hears `accepted` when the engine confirms it (stored, as a 0-9-1
 //!   publisher's confirm), `released` when it routed nowhere, `rejected`
 //!   when the engine refused it. Credit is granted from the link's floor
-//!   and its connection's pool ([`super::credit`]), and not while the engine holds this link's channel back (it published to
-//!   an overfull queue, or the store or memory holds everyone).
+//!   and its connection's pool ([`super::credit`]), and not while the
+//!   engine holds this link's channel back (it published to an overfull
+//!   queue, or the store or memory holds everyone).
 //! - [`deliver_to`]: the client receives (the broker's link is a sender).
 //!   A consumer on the source queue with the link's window as prefetch;
 //!   the client's outcome for each message becomes an ack or a nack.

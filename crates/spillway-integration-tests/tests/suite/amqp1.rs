@@ -523,12 +523,7 @@ async fn a_busy_sender_borrows_from_its_connections_credit_pool(
     let sandbox = Sandbox::start(wiring).await?;
     let amqp = sandbox.connect().await?;
     let channel = amqp.create_channel().await?;
-    channel
-        .queue_declare(
-            "pool".into(),
-            QueueDeclareOptions::default(),
-            FieldTable::default(),
-        )
+    spillway_integration_tests::amqp::declare(&channel, "pool", false, FieldTable::default())
         .await?;
     let mut client = RawAmqp1::connect(sandbox.amqp_addr(), "guest", "guest", "/").await?;
     let link_credit = |handle: u32| {
