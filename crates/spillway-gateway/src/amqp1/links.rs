@@ -464,6 +464,7 @@ async fn set_prefetch(
                 channel,
                 prefetch_count: prefetch,
                 global: false,
+                consumers: true,
             })
         })
         .await
