@@ -891,9 +891,7 @@ async fn a_qos_for_running_consumers_lifts_their_prefetch_at_once() {
     assert_eq!(bodies(&consumer.deliveries(1).await), [NUMBERS[0]]);
     consumer.prefetch(5).await;
     assert_eq!(
-        consumer
-            .answered_within("q", Duration::from_millis(200))
-            .await,
+        consumer.answered_within("q", Duration::from_millis(200)).await,
         None
     );
     assert!(

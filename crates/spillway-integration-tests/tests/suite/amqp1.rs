@@ -599,7 +599,8 @@ async fn a_receiver_settling_ranges_drains_its_queue(wiring: Wiring) -> anyhow::
     spillway_integration_tests::amqp::declare(&channel, queue, false, FieldTable::default())
         .await?;
     let publishing = amqp.create_channel().await?;
-    spillway_integration_tests::amqp::publish_numbered(publishing, queue.into(), COUNT, 64).await?;
+    spillway_integration_tests::amqp::publish_numbered(publishing, queue.into(), COUNT, 64)
+        .await?;
 
     let mut connection = connect(&sandbox, "ranges").await?;
     let mut session = Session::begin(&mut connection).await?;
