@@ -756,14 +756,7 @@ async fn paced_engine(window: u32, stall: Duration) -> Engine {
 }
 
 impl Client {
-    /// 0-9-1's basic.qos: the prefetch of consumers started after it.
     async fn prefetch(&mut self, count: u32) {
-        self.qos(count, false).await;
-    }
-
-    /// `consumers`: also the prefetch of the channel's running consumers,
-    /// as an AMQP 1.0 link asks for it.
-    async fn qos(&mut self, count: u32, consumers: bool) {
         let qos = self
             .request(|request_id| {
                 Command::Qos(pb::Qos {
@@ -771,7 +764,6 @@ impl Client {
                     channel: 1,
                     prefetch_count: count,
                     global: false,
-                    consumers,
                 })
             })
             .await;
@@ -872,41 +864,6 @@ async fn a_publisher_waits_for_a_slow_consumer_and_the_backlog_stays_within_the_
     let stats = engine.pacing_stats();
     assert!(stats.waits >= 1, "{stats:?}");
     assert_eq!(stats.stalls, 0, "{stats:?}");
-}
-
-/// 0-9-1's basic.qos leaves a running consumer's prefetch as it is; a qos
-/// for the running consumers (an AMQP 1.0 link's new credit) lifts it at
-/// once, with nothing acked in between.
-#[tokio::test]
-async fn a_qos_for_running_consumers_lifts_their_prefetch_at_once() {
-    let store = MemoryStore::new();
-    let engine = engine_on(&store).await;
-    let mut consumer = Client::open(&engine).await;
-    consumer.declare("q", false, &FieldTable::default()).await;
-    consumer.prefetch(1).await;
-    consumer.consume("q").await;
-    for body in &NUMBERS[..5] {
-        consumer.publish("q", body, false, 0).await;
-    }
-    assert_eq!(bodies(&consumer.deliveries(1).await), [NUMBERS[0]]);
-    consumer.prefetch(5).await;
-    assert_eq!(
-        consumer.answered_within("q", Duration::from_millis(200)).await,
-        None
-    );
-    assert!(
-        consumer.pending.is_empty(),
-        "basic.qos changed a running consumer: {:?}",
-        consumer.pending
-    );
-    assert_eq!(ready(&engine, "q"), 4);
-
-    consumer.qos(5, true).await;
-    let deliveries = tokio::time::timeout(PATIENCE, consumer.deliveries(4))
-        .await
-        .expect("the running consumer's prefetch was not lifted");
-    assert_eq!(bodies(&deliveries), NUMBERS[1..5]);
-    assert_eq!(ready(&engine, "q"), 0);
 }
 
 /// A consumer that stops taking messages (its prefetch is full) holds a

@@ -158,11 +158,6 @@ impl Broker {
             // and then global to have both, as its documentation does.
             channel.consumer_prefetch = cmd.prefetch_count;
             channel.channel_prefetch = 0;
-            if cmd.consumers {
-                for consumer in channel.consumers.values_mut() {
-                    consumer.prefetch = cmd.prefetch_count;
-                }
-            }
         }
         let queues: Vec<String> = channel
             .consumers

@@ -464,7 +464,6 @@ async fn set_prefetch(
                 channel,
                 prefetch_count: prefetch,
                 global: false,
-                consumers: true,
             })
         })
         .await

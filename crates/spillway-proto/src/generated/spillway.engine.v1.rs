@@ -375,12 +375,6 @@ pub struct Qos {
     pub prefetch_count: u32,
     #[prost(bool, tag = "4")]
     pub global: bool,
-    /// Also the new prefetch of the channel's running consumers. 0-9-1's
-    /// basic.qos leaves them as they are (it applies to consumers started
-    /// after it); an AMQP 1.0 link's prefetch follows the credit its client
-    /// grants while it consumes.
-    #[prost(bool, tag = "5")]
-    pub consumers: bool,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]

@@ -220,7 +220,6 @@ pub(super) fn translate(
                 channel: ch,
                 prefetch_count: u32::from(m.prefetch_count),
                 global: m.global,
-                consumers: false,
             }),
         ),
         AMQPClass::Basic(basic::AMQPMethod::Consume(m)) => request(
