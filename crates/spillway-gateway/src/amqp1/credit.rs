@@ -124,8 +124,10 @@ impl LinkCredit {
             self.busy = true;
         }
         let reach = (self.share() + self.pool.free()).min(self.most);
+        let smallest_top_up = (reach / 4).max(1);
+        let grant_at_reach = reach.saturating_sub(in_flight);
         if credit.saturating_mul(2) > reach
-            || reach.saturating_sub(in_flight) < credit.saturating_add((reach / 4).max(1))
+            || grant_at_reach < credit.saturating_add(smallest_top_up)
         {
             return None;
         }
