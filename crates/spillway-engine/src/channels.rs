@@ -20,6 +20,24 @@ pub struct Consumer {
     /// 0 = unlimited.
     pub prefetch: u32,
     pub unacked: u32,
+    /// Set for a consumer that takes deliveries only within credit (an
+    /// AMQP 1.0 sending link): `basic.qos` caps what it holds, this what
+    /// it is handed.
+    pub credit: Option<CreditWindow>,
+}
+
+/// A credit-limited consumer's deliveries against its limit, both counted
+/// from when it started (`ConsumerCredit` in the engine protocol).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CreditWindow {
+    pub delivered: u64,
+    pub limit: u64,
+}
+
+impl CreditWindow {
+    pub fn has_room(&self) -> bool {
+        self.delivered < self.limit
+    }
 }
 
 /// A channel's direct reply-to consumer (`broker/direct_reply.rs`).
@@ -88,6 +106,9 @@ impl ChannelState {
     }
 
     pub fn has_room(&self, consumer: &Consumer) -> bool {
+        if consumer.credit.is_some_and(|credit| !credit.has_room()) {
+            return false;
+        }
         let consumer_room = consumer.prefetch == 0 || consumer.unacked < consumer.prefetch;
         let channel_room = self.channel_prefetch == 0
             || (self.unacked.len() as u64) < u64::from(self.channel_prefetch);

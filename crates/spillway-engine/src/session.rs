@@ -321,13 +321,16 @@ impl Session {
     /// A command that arrived while this session waits: the gateway's
     /// report of deliveries written is applied at once (it is not the
     /// client's, and it is what frees delivery credit); with `settles`,
-    /// so are acks, nacks and rejects as long as nothing was deferred
+    /// so are acks, nacks, rejects and an AMQP 1.0 consumer's credit (the
+    /// client's receiving side) as long as nothing was deferred
     /// before them (a paced publisher's consumers must go on acking, and
     /// the client's order is kept). Anything else waits in `deferred`.
     fn take_while_waiting(&mut self, queued: QueuedCommand, settles: bool) {
         let now = match queued.command().command {
             Some(Command::DeliveriesWritten(_)) => true,
-            Some(Command::Ack(_) | Command::Nack(_)) => settles && self.deferred.is_empty(),
+            Some(Command::Ack(_) | Command::Nack(_) | Command::ConsumerCredit(_)) => {
+                settles && self.deferred.is_empty()
+            }
             _ => false,
         };
         if !now {
@@ -604,6 +607,11 @@ impl Session {
                 Err(error) => self.ok(cmd.request_id, Err(error)),
             },
             Command::Qos(cmd) => self.ok(cmd.request_id, broker.qos(id, &cmd)),
+            Command::ConsumerCredit(cmd) => {
+                if let Err(error) = broker.consumer_credit(id, &cmd) {
+                    self.send_async_error(cmd.channel, error, MethodId::BASIC_CONSUME);
+                }
+            }
             Command::ConfirmSelect(cmd) => {
                 self.ok(cmd.request_id, broker.confirm_select(id, cmd.channel))
             }

@@ -1108,3 +1108,105 @@ async fn message_ttl_follows_the_engine_clock_not_the_wall() {
         reply::Result::GetEmpty(_)
     ));
 }
+
+impl Client {
+    /// The bodies delivered up to now: a round trip makes sure every
+    /// delivery a command before it caused has been sent (the session
+    /// dispatches as it applies each command).
+    async fn delivered_by_now(&mut self) -> Vec<Vec<u8>> {
+        self.declare("sync", false, &FieldTable::default()).await;
+        let mut bodies = Vec::new();
+        while let Some(event) = self.pending.pop_front() {
+            match event {
+                Event::Deliver(deliver) => bodies.push(deliver.body.to_vec()),
+                other => panic!("expected a delivery, got {other:?}"),
+            }
+        }
+        bodies
+    }
+
+    async fn credit(&self, consumer_tag: &str, delivery_limit: u64) {
+        self.send(Command::ConsumerCredit(pb::ConsumerCredit {
+            channel: 1,
+            consumer_tag: consumer_tag.into(),
+            delivery_limit,
+        }))
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn a_credit_limited_consumer_is_handed_what_its_credit_allows() {
+    let store = MemoryStore::new();
+    let engine = engine_on(&store).await;
+    let mut client = Client::open(&engine).await;
+    client.declare("q", false, &FieldTable::default()).await;
+    for body in [&b"1"[..], b"2", b"3", b"4", b"5"] {
+        client.publish("q", body, false, 0).await;
+    }
+    let started = client
+        .request(|request_id| {
+            Command::Consume(pb::Consume {
+                request_id,
+                channel: 1,
+                queue: "q".into(),
+                credit_limited: true,
+                ..Default::default()
+            })
+        })
+        .await;
+    let reply::Result::ConsumeOk(pb::ConsumeOk { consumer_tag: tag }) = started else {
+        panic!("expected consume-ok, got {started:?}");
+    };
+    let none: Vec<Vec<u8>> = Vec::new();
+    assert_eq!(client.delivered_by_now().await, none, "no credit yet");
+
+    client.credit(&tag, 2).await;
+    assert_eq!(client.delivered_by_now().await, [b"1", b"2"]);
+    // Acks free no credit (they would free a prefetch).
+    client
+        .send(Command::Ack(pb::Ack {
+            channel: 1,
+            delivery_tag: 2,
+            multiple: true,
+        }))
+        .await;
+    assert_eq!(client.delivered_by_now().await, none);
+
+    client.credit(&tag, 4).await;
+    assert_eq!(client.delivered_by_now().await, [b"3", b"4"]);
+    // A released message is the next one handed over, once there is credit.
+    client
+        .send(Command::Nack(pb::Nack {
+            channel: 1,
+            delivery_tag: 4,
+            multiple: false,
+            requeue: true,
+        }))
+        .await;
+    assert_eq!(client.delivered_by_now().await, none);
+    client.credit(&tag, 5).await;
+    assert_eq!(client.delivered_by_now().await, [b"4"]);
+
+    // A limit below what was delivered (the client drained) is no error;
+    // nothing is handed over until the limit passes the deliveries.
+    client.credit(&tag, 3).await;
+    client.publish("q", b"6", false, 0).await;
+    assert_eq!(client.delivered_by_now().await, none);
+    client.credit(&tag, 6).await;
+    assert_eq!(client.delivered_by_now().await, [b"5"]);
+
+    // Credit for a consumer that is gone is no error; for one that was
+    // not started credit-limited, it is.
+    client.credit("nobody", 10).await;
+    assert_eq!(client.delivered_by_now().await, none);
+    let counted = client.consume("sync").await;
+    client.credit(&counted, 10).await;
+    match client.event().await {
+        Event::ChannelError(error) => {
+            let error = error.error.expect("the channel error's reason");
+            assert_eq!(error.reply_code(), reply_code::PRECONDITION_FAILED);
+        }
+        other => panic!("expected a channel error, got {other:?}"),
+    }
+}

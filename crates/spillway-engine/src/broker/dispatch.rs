@@ -94,6 +94,7 @@ impl Broker {
                 no_ack: cmd.no_ack,
                 prefetch,
                 unacked: 0,
+                credit: cmd.credit_limited.then(CreditWindow::default),
             },
         );
         Ok(tag)
@@ -165,6 +166,37 @@ impl Broker {
             .map(|c| c.queue.clone())
             .collect();
         for queue in queues {
+            self.dispatch(&vhost, &queue);
+        }
+        Ok(())
+    }
+
+    /// Sets how many deliveries in all a credit-limited consumer may have
+    /// had (an AMQP 1.0 link's credit), and hands it what that allows.
+    pub fn consumer_credit(
+        &mut self,
+        session: SessionId,
+        cmd: &pb::ConsumerCredit,
+    ) -> OpResult<()> {
+        let vhost = self.session_vhost(session)?;
+        let channel = self.channel_mut(session, cmd.channel)?;
+        // Gone meanwhile (cancelled, its queue deleted): nothing to do.
+        let Some(consumer) = channel.consumers.get_mut(&cmd.consumer_tag) else {
+            return Ok(());
+        };
+        let Some(credit) = &mut consumer.credit else {
+            return Err(AmqpError::new(
+                reply_code::PRECONDITION_FAILED,
+                format!(
+                    "consumer '{}' was not started credit-limited",
+                    cmd.consumer_tag
+                ),
+            ));
+        };
+        let raised = cmd.delivery_limit > credit.limit;
+        credit.limit = cmd.delivery_limit;
+        if raised {
+            let queue = consumer.queue.clone();
             self.dispatch(&vhost, &queue);
         }
         Ok(())
@@ -435,10 +467,18 @@ impl Broker {
                 break;
             };
             let delivery_tag = channel.take_delivery_tag();
-            let no_ack = channel
-                .consumers
-                .get(&consumer_ref.tag)
-                .is_none_or(|consumer| consumer.no_ack);
+            let no_ack = match channel.consumers.get_mut(&consumer_ref.tag) {
+                Some(consumer) => {
+                    if let Some(credit) = &mut consumer.credit {
+                        credit.delivered += 1;
+                    }
+                    if !consumer.no_ack {
+                        consumer.unacked += 1;
+                    }
+                    consumer.no_ack
+                }
+                None => true,
+            };
             let trace_context = message
                 .trace
                 .as_deref()
@@ -470,9 +510,6 @@ impl Broker {
                     &mut ops,
                 );
             } else {
-                if let Some(consumer) = channel.consumers.get_mut(&consumer_ref.tag) {
-                    consumer.unacked += 1;
-                }
                 if flow_active {
                     crate::broker::flow_to_disk::release_stored_payload(&mut entry);
                 }

@@ -61,7 +61,22 @@ const ATTACH: [u8; 3] = [0x00, 0x53, 0x12];
 const FLOW: [u8; 3] = [0x00, 0x53, 0x13];
 const CLOSE: [u8; 3] = [0x00, 0x53, 0x18];
 
-type CreditByLink = HashMap<(u16, u32), tokio::sync::watch::Sender<u32>>;
+type CreditByLink = HashMap<(u16, u32), tokio::sync::watch::Sender<ClientCredit>>;
+
+/// What a client's flow frames said of one link the broker sends on, in
+/// the link's delivery-count numbering (serial numbers, from the broker's
+/// initial delivery-count, 0).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClientCredit {
+    /// The client takes transfers up to this delivery-count: its last
+    /// flow's delivery-count plus its link-credit.
+    pub limit: u32,
+    /// Flows that asked to drain, so far. On each the library advances the
+    /// link's delivery-count to that flow's limit, spending the credit.
+    pub drains: u64,
+    /// The limit of the last flow that asked to drain.
+    pub drained_to: u32,
+}
 
 /// What the frame guard sees of a connection's links, for the link tasks:
 /// - the link credit clients grant, as their flow frames say, for the
@@ -82,9 +97,9 @@ pub struct LinkBoard {
 
 impl LinkBoard {
     /// Watches the credit of the client's link `handle` on `channel`
-    /// (0 until its first flow).
-    pub fn watch(&self, channel: u16, handle: u32) -> tokio::sync::watch::Receiver<u32> {
-        let (credit, watched) = tokio::sync::watch::channel(0);
+    /// (none until its first flow).
+    pub fn watch(&self, channel: u16, handle: u32) -> tokio::sync::watch::Receiver<ClientCredit> {
+        let (credit, watched) = tokio::sync::watch::channel(ClientCredit::default());
         self.links.lock().insert((channel, handle), credit);
         watched
     }
@@ -104,9 +119,22 @@ impl LinkBoard {
         self.taken.load(Ordering::Acquire) >= self.passed.load(Ordering::Acquire)
     }
 
-    fn granted(&self, channel: u16, handle: u32, credit: u32) {
+    /// A flow for the client's link `handle` on `channel`. A flow without
+    /// a delivery-count comes from a client that has not seen the broker's
+    /// attach: it counts from the initial delivery-count.
+    fn granted(&self, channel: u16, handle: u32, flow: &Flow) {
+        let Some(link_credit) = flow.link_credit else {
+            return;
+        };
+        let limit = flow.delivery_count.unwrap_or(0).wrapping_add(link_credit);
         if let Some(link) = self.links.lock().get(&(channel, handle)) {
-            link.send_replace(credit);
+            link.send_modify(|credit| {
+                credit.limit = limit;
+                if flow.drain {
+                    credit.drains += 1;
+                    credit.drained_to = limit;
+                }
+            });
         }
     }
 }
@@ -710,8 +738,8 @@ impl<S> FrameGuard<S> {
         }
         if body.starts_with(&FLOW) {
             if let Ok(flow) = serde_amqp::from_slice::<Flow>(&body[..read]) {
-                if let (Some(handle), Some(credit)) = (flow.handle, flow.link_credit) {
-                    self.board.granted(channel, handle.0, credit);
+                if let Some(handle) = &flow.handle {
+                    self.board.granted(channel, handle.0, &flow);
                 }
             }
         }

@@ -10,8 +10,10 @@
 //!   engine holds this link's channel back (it published to an overfull
 //!   queue, or the store or memory holds everyone).
 //! - [`deliver_to`]: the client receives (the broker's link is a sender).
-//!   A consumer on the source queue with the link's window as prefetch;
-//!   the client's outcome for each message becomes an ack or a nack.
+//!   A credit-limited consumer on the source queue: the engine hands it
+//!   what the client's credit allows ([`super::consumer_credit`]), and at
+//!   most [`MAX_UNSETTLED`] unsettled; the client's outcome for each
+//!   message becomes an ack or a nack.
 
 use std::time::Duration;
 
@@ -25,15 +27,17 @@ use foldhash::HashMap;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use spillway_proto::body::Body as EngineBody;
-use spillway_proto::engine::{self as pb, session_command::Command, session_event::Event};
+use spillway_proto::engine::{self as pb, reply, session_command::Command, session_event::Event};
 use spillway_proto::management::Amqp1Link;
 use std::sync::Arc;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::address::Destination;
+use super::consumer_credit::DeliveryLimit;
 use super::credit::{CreditPool, LinkCredit, CONNECTION_POOL, LINK_FLOOR};
 use super::engine_session::{EngineSession, LinkChannel};
+use super::guard::ClientCredit;
 use super::mapping;
 use super::Amqp1Error;
 use crate::metrics::GatewayMetrics;
@@ -322,16 +326,19 @@ pub async fn deliver_to(
     mut sender: Sender,
     queue: String,
     settled: bool,
-    mut credit: watch::Receiver<u32>,
+    mut credit: watch::Receiver<ClientCredit>,
     shown: Amqp1Link,
     link: LinkContext,
 ) {
     let session = link.session.clone();
-    let LinkChannel {
-        channel,
-        mut events,
-    } = match start_consumer(&link, &queue, settled, shown).await {
-        Ok(opened) => opened,
+    let (
+        consumer_tag,
+        LinkChannel {
+            channel,
+            mut events,
+        },
+    ) = match start_consumer(&link, &queue, settled, shown).await {
+        Ok(started) => started,
         Err(error) => {
             let _ = sender.close_with_error(error.condition()).await;
             return;
@@ -339,10 +346,9 @@ pub async fn deliver_to(
     };
     let _attached = link.metrics.amqp1_link_attached();
     let mut outcomes = FuturesUnordered::new();
-    // The consumer's prefetch follows the client's credit: what it granted
-    // plus what it holds unsettled, so the queue hands over no more than
-    // the client asked for (a released message is the next one it gets).
-    let mut prefetch = 1;
+    // The engine hands the consumer what the client's credit allows, no
+    // more: a message the client releases is then the next one it gets.
+    let mut limit = DeliveryLimit::default();
     let ended = 'link: loop {
         tokio::select! {
             changed = credit.changed() => {
@@ -350,19 +356,16 @@ pub async fn deliver_to(
                     // The frame guard went with the socket.
                     break LinkEnd::EngineGone;
                 }
-                let granted = *credit.borrow_and_update();
-                let wanted = prefetch_for(granted, outcomes.len());
-                if wanted != prefetch && !settled {
-                    prefetch = wanted;
-                    if set_prefetch(&session, channel, prefetch).await.is_err() {
-                        break LinkEnd::EngineGone;
-                    }
+                // Outcomes the client sent ahead of its flow go to the
+                // engine first, as far as the library has passed them on.
+                while let Some(Some((tag, outcome))) = outcomes.next().now_or_never() {
+                    settle(&session, &link.metrics, channel, tag, outcome).await;
                 }
             }
             event = events.recv() => {
                 let Some(event) = event else { break LinkEnd::EngineGone };
                 match event {
-                    Event::Deliver(deliver) => {
+                    Event::Deliver(deliver) => 'deliver: {
                         let tag = deliver.delivery_tag;
                         let body: Bytes = match deliver.body().decode(link.max_message_size) {
                             Ok(body) => body,
@@ -370,7 +373,10 @@ pub async fn deliver_to(
                                 tracing::error!(%error, "a stored body does not decode");
                                 session.deliveries_written(1).await;
                                 let _ = session.send(Command::Nack(pb::Nack { channel, delivery_tag: tag, multiple: false, requeue: false })).await;
-                                continue;
+                                // The client's credit is not spent: the
+                                // engine may hand over one more.
+                                limit.dropped();
+                                break 'deliver;
                             }
                         };
                         let message = mapping::to_amqp1(&deliver.properties, body, deliver.redelivered);
@@ -392,6 +398,7 @@ pub async fn deliver_to(
                             }
                         };
                         session.deliveries_written(1).await;
+                        limit.sent();
                         if sent.is_ok() {
                             link.metrics.count_delivered(1);
                         }
@@ -400,7 +407,7 @@ pub async fn deliver_to(
                             Ok(_) => {}
                             Err(error) => {
                                 tracing::info!(%error, "amqp 1.0 sending link ended");
-                                break LinkEnd::Detach(None);
+                                break 'link LinkEnd::Detach(None);
                             }
                         }
                     }
@@ -428,6 +435,19 @@ pub async fn deliver_to(
                 break LinkEnd::Detach(None);
             }
         }
+        let client = *credit.borrow();
+        if let Some(delivery_limit) = limit.update(&client) {
+            let told = session
+                .send(Command::ConsumerCredit(pb::ConsumerCredit {
+                    channel,
+                    consumer_tag: consumer_tag.clone(),
+                    delivery_limit,
+                }))
+                .await;
+            if told.is_err() {
+                break LinkEnd::EngineGone;
+            }
+        }
     };
     let error = match ended {
         LinkEnd::EngineGone => return link.connection_ending.cancelled().await,
@@ -442,46 +462,33 @@ pub async fn deliver_to(
     }
 }
 
-/// Most messages a sending link takes from its queue ahead of the client.
-const MAX_PREFETCH: u32 = 1000;
+/// Most messages a sending link's client may hold unsettled: past it the
+/// engine hands the link nothing more until the client settles some,
+/// whatever credit it grants (the consumer's prefetch).
+pub const MAX_UNSETTLED: u32 = 2000;
 
-/// The prefetch for a client that granted `granted` credit and holds
-/// `unsettled` messages; never 0, which 0-9-1 reads as no limit.
-fn prefetch_for(granted: u32, unsettled: usize) -> u32 {
-    let unsettled = u32::try_from(unsettled).unwrap_or(u32::MAX);
-    granted.saturating_add(unsettled).clamp(1, MAX_PREFETCH)
-}
-
-async fn set_prefetch(
-    session: &EngineSession,
-    channel: u32,
-    prefetch: u32,
-) -> Result<(), Amqp1Error> {
-    session
-        .request_ok(|request_id| {
-            Command::Qos(pb::Qos {
-                request_id,
-                channel,
-                prefetch_count: prefetch,
-                global: false,
-            })
-        })
-        .await
-        .map(|_| ())
-}
-
+/// Starts the link's consumer, credit-limited with [`MAX_UNSETTLED`] as
+/// its prefetch; its tag and channel.
 async fn start_consumer(
     link: &LinkContext,
     queue: &str,
     settled: bool,
     shown: Amqp1Link,
-) -> Result<LinkChannel, Amqp1Error> {
+) -> Result<(String, LinkChannel), Amqp1Error> {
     let session = &link.session;
     let opened = session.open_link(shown).await?;
     let channel = opened.channel;
     let started = async {
-        // One message until the client's first flow says how many.
-        set_prefetch(session, channel, 1).await?;
+        session
+            .request_ok(|request_id| {
+                Command::Qos(pb::Qos {
+                    request_id,
+                    channel,
+                    prefetch_count: MAX_UNSETTLED,
+                    global: false,
+                })
+            })
+            .await?;
         session
             .request_ok(|request_id| {
                 Command::Consume(pb::Consume {
@@ -492,15 +499,22 @@ async fn start_consumer(
                     no_ack: settled,
                     exclusive: false,
                     arguments: Bytes::new(),
+                    credit_limited: true,
                 })
             })
             .await
     };
-    if let Err(error) = started.await {
-        session.close_link(channel).await;
-        return Err(error);
+    match started.await {
+        Ok(reply::Result::ConsumeOk(ok)) => Ok((ok.consumer_tag, opened)),
+        Ok(_) => {
+            session.close_link(channel).await;
+            Err(Amqp1Error::EngineGone)
+        }
+        Err(error) => {
+            session.close_link(channel).await;
+            Err(error)
+        }
     }
-    Ok(opened)
 }
 
 /// The engine's part of the client's outcome for one delivery, as RabbitMQ

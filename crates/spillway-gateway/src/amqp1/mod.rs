@@ -25,6 +25,7 @@
 //! (`gateway.max_message_size`).
 
 pub mod address;
+pub mod consumer_credit;
 pub mod credit;
 pub mod engine_session;
 pub mod guard;

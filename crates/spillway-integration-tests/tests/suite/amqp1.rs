@@ -4,8 +4,9 @@
 //! overfull queue (their credit), releasing them below resume capacity, and
 //! a receiver granting little credit drains a backlog that flowed to disk
 //! within the memory budget; a hand-driven client that sends a transfer
-//! with no credit is detached with `amqp:link:transfer-limit-exceeded`, and
-//! a busy sending link borrows credit from its connection's pool.
+//! with no credit is detached with `amqp:link:transfer-limit-exceeded`, a
+//! busy sending link borrows credit from its connection's pool, and a
+//! receiver that settles ranges of deliveries at once drains its queue.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -35,6 +36,7 @@ both_wirings!(
     a_low_credit_receiver_drains_a_spilled_backlog_within_the_budget,
     a_transfer_past_the_credit_detaches_the_link,
     a_busy_sender_borrows_from_its_connections_credit_pool,
+    a_receiver_settling_ranges_drains_its_queue,
 );
 
 async fn connect(sandbox: &Sandbox, name: &str) -> anyhow::Result<ConnectionHandle<()>> {
@@ -578,6 +580,64 @@ async fn a_busy_sender_borrows_from_its_connections_credit_pool(
 
     // Everything sent on both links was taken.
     queue_holds(&channel, "pool", LINK_FLOOR * 3 / 4 + 1).await?;
+    Ok(())
+}
+
+/// A receiver that settles fifty deliveries with one disposition (a range
+/// of delivery ids, as `accept_all` sends it) with 100 credits topped up by
+/// the library: every message comes, in order, and all are acknowledged.
+/// It holds up to 50 unsettled deliveries: while a link's consumer counted
+/// unacked messages against a prefetch of 1 instead of deliveries against
+/// the client's credit, one message came per flush of the client's
+/// settlements (about 20 a second).
+async fn a_receiver_settling_ranges_drains_its_queue(wiring: Wiring) -> anyhow::Result<()> {
+    use fe2o3_amqp::link::delivery::DeliveryInfo;
+    const COUNT: u64 = 6_000;
+    const TOGETHER: usize = 50;
+    let sandbox = Sandbox::start(wiring).await?;
+    let amqp = sandbox.connect().await?;
+    let channel = amqp.create_channel().await?;
+    let queue = "settled-in-ranges";
+    spillway_integration_tests::amqp::declare(&channel, queue, false, FieldTable::default())
+        .await?;
+    let publishing = amqp.create_channel().await?;
+    spillway_integration_tests::amqp::publish_numbered(publishing, queue.into(), COUNT, 64).await?;
+
+    let mut connection = connect(&sandbox, "ranges").await?;
+    let mut session = Session::begin(&mut connection).await?;
+    let mut receiver = Receiver::builder()
+        .name("ranges")
+        .source(format!("/queues/{queue}"))
+        .credit_mode(CreditMode::Auto(100))
+        .attach(&mut session)
+        .await?;
+    let mut pending: Vec<DeliveryInfo> = Vec::new();
+    let mut came = 0;
+    let draining = async {
+        for seq in 0..COUNT {
+            came = seq;
+            let delivery = receiver.recv::<Body<Value>>().await?;
+            let body = payload(delivery.body());
+            anyhow::ensure!(
+                body.get(..8) == Some(&seq.to_be_bytes()[..]),
+                "message {seq} came out of order"
+            );
+            pending.push(DeliveryInfo::from(&delivery));
+            if pending.len() == TOGETHER {
+                receiver.accept_all(pending.drain(..)).await?;
+            }
+        }
+        receiver.accept_all(pending.drain(..)).await?;
+        anyhow::Ok(())
+    };
+    tokio::time::timeout(Duration::from_secs(30), draining)
+        .await
+        .with_context(|| format!("the receiver stalled after {came} of {COUNT} messages"))??;
+    receiver.close().await?;
+    session.end().await?;
+    connection.close().await?;
+    // Unsettled deliveries would be back in the queue by now.
+    queue_holds(&channel, queue, 0).await?;
     Ok(())
 }
 

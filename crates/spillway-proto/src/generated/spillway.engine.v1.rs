@@ -24,7 +24,7 @@ pub struct AuthenticateResponse {
 pub struct SessionCommand {
     #[prost(
         oneof = "session_command::Command",
-        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 30, 31, 32"
+        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 30, 31, 32"
     )]
     pub command: ::core::option::Option<session_command::Command>,
 }
@@ -79,6 +79,8 @@ pub mod session_command {
         ExchangeBind(super::ExchangeBind),
         #[prost(message, tag = "23")]
         ExchangeUnbind(super::ExchangeBind),
+        #[prost(message, tag = "24")]
+        ConsumerCredit(super::ConsumerCredit),
         /// tx.select, tx.commit, tx.rollback (docs/transactions.md).
         #[prost(message, tag = "30")]
         TxSelect(super::TxMethod),
@@ -320,6 +322,26 @@ pub struct Consume {
     pub exclusive: bool,
     #[prost(bytes = "bytes", tag = "7")]
     pub arguments: ::prost::bytes::Bytes,
+    /// The consumer takes deliveries only within the credit ConsumerCredit
+    /// gives it (an AMQP 1.0 sending link), none before the first; its
+    /// prefetch still caps what it holds unacknowledged.
+    #[prost(bool, tag = "8")]
+    pub credit_limited: bool,
+}
+/// How many deliveries in all a credit-limited consumer may have had, as
+/// RabbitMQ 3's basic.credit: the engine hands it messages while its count
+/// of deliveries is below `delivery_limit`. A lower limit than before stops
+/// it at once (an AMQP 1.0 drain). No reply; a consumer that is gone is no
+/// error (its link may have ended meanwhile).
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ConsumerCredit {
+    #[prost(uint32, tag = "1")]
+    pub channel: u32,
+    #[prost(string, tag = "2")]
+    pub consumer_tag: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "3")]
+    pub delivery_limit: u64,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]

@@ -233,6 +233,7 @@ pub(super) fn translate(
                 no_ack: m.no_ack,
                 exclusive: m.exclusive,
                 arguments: encode_table(&m.arguments),
+                credit_limited: false,
             }),
         ),
         AMQPClass::Basic(basic::AMQPMethod::Cancel(m)) => {
