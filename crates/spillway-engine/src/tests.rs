@@ -149,12 +149,19 @@ impl Client {
     }
 
     async fn consume(&mut self, queue: &str) -> String {
+        self.start_consumer(queue, false).await
+    }
+
+    /// `credit_limited`: deliveries only within a `ConsumerCredit`'s limit
+    /// (an AMQP 1.0 link's consumer).
+    async fn start_consumer(&mut self, queue: &str, credit_limited: bool) -> String {
         let result = self
             .request(|request_id| {
                 Command::Consume(pb::Consume {
                     request_id,
                     channel: 1,
                     queue: queue.into(),
+                    credit_limited,
                     ..Default::default()
                 })
             })
@@ -1144,20 +1151,7 @@ async fn a_credit_limited_consumer_is_handed_what_its_credit_allows() {
     for body in [&b"1"[..], b"2", b"3", b"4", b"5"] {
         client.publish("q", body, false, 0).await;
     }
-    let started = client
-        .request(|request_id| {
-            Command::Consume(pb::Consume {
-                request_id,
-                channel: 1,
-                queue: "q".into(),
-                credit_limited: true,
-                ..Default::default()
-            })
-        })
-        .await;
-    let reply::Result::ConsumeOk(pb::ConsumeOk { consumer_tag: tag }) = started else {
-        panic!("expected consume-ok, got {started:?}");
-    };
+    let tag = client.start_consumer("q", true).await;
     let none: Vec<Vec<u8>> = Vec::new();
     assert_eq!(client.delivered_by_now().await, none, "no credit yet");
 

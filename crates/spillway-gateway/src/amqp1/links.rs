@@ -347,7 +347,7 @@ pub async fn deliver_to(
     let _attached = link.metrics.amqp1_link_attached();
     let mut outcomes = FuturesUnordered::new();
     // The engine hands the consumer what the client's credit allows, no
-    // more: a message the client releases is then the next one it gets.
+    // more (a delivery beyond it would wait here, unacknowledged).
     let mut limit = DeliveryLimit::default();
     let ended = 'link: loop {
         tokio::select! {
@@ -398,8 +398,8 @@ pub async fn deliver_to(
                             }
                         };
                         session.deliveries_written(1).await;
-                        limit.sent();
                         if sent.is_ok() {
+                            limit.sent();
                             link.metrics.count_delivered(1);
                         }
                         match sent {
