@@ -1158,13 +1158,8 @@ async fn a_credit_limited_consumer_is_handed_what_its_credit_allows() {
     client.credit(&tag, 2).await;
     assert_eq!(client.delivered_by_now().await, [b"1", b"2"]);
     // Acks free no credit (they would free a prefetch).
-    client
-        .send(Command::Ack(pb::Ack {
-            channel: 1,
-            delivery_tag: 2,
-            multiple: true,
-        }))
-        .await;
+    client.ack(1).await;
+    client.ack(2).await;
     assert_eq!(client.delivered_by_now().await, none);
 
     client.credit(&tag, 4).await;

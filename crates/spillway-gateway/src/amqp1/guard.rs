@@ -729,8 +729,7 @@ impl<S> FrameGuard<S> {
             let Some(frame) = self.outbound.take(size.max(8)) else {
                 break;
             };
-            let doff = usize::from(frame[4]) * 4;
-            self.write_at_flush |= !frame.get(doff..).is_some_and(may_wait);
+            self.write_at_flush |= !body_of(&frame).is_some_and(may_wait);
             match renamed(&frame, Direction::Outbound) {
                 Some(frame) => self.outbound_ready.extend_from_slice(&frame),
                 None => self.outbound_ready.extend_from_slice(&frame),
@@ -812,10 +811,15 @@ enum Direction {
     Outbound,
 }
 
+/// What follows a frame's header (its data offset says where).
+fn body_of(frame: &[u8]) -> Option<&[u8]> {
+    let doff = usize::from(*frame.get(4)?) * 4;
+    frame.get(doff..)
+}
+
 /// The frame with its attach renamed, when it is an attach to rename.
 fn renamed(frame: &[u8], direction: Direction) -> Option<Vec<u8>> {
-    let doff = usize::from(*frame.get(4)?) * 4;
-    let body = frame.get(doff..)?;
+    let body = body_of(frame)?;
     if !body.starts_with(&ATTACH) {
         return None;
     }
